@@ -1,0 +1,62 @@
+"""`bert-jax` command line: parse, build the config, call one library function.
+
+Each sub-module registers its sub-commands with `register(subparsers)`; heavy imports happen inside
+the handlers so `bert-jax --help` is instant. Bad input raises UserError/DataError and is printed as
+one line (exit status 2), never as a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bert_jax.errors import UserError
+from data_pipelines.errors import DataError
+
+_COMMAND_MODULES = ("pretrain",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(prog="bert-jax", description=__doc__.splitlines()[0])
+  subparsers = parser.add_subparsers(dest="command", required=True)
+  for name in _COMMAND_MODULES:
+    importlib.import_module(f"bert_jax.cli.{name}").register(subparsers)
+  return parser
+
+
+def split_config_overrides(argv):
+  """Separates `--config.a.b=v` / `--config.a.b v` overrides from the other arguments."""
+  rest, overrides = [], []
+  i = 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith("--config."):
+      if "=" not in arg:
+        if i + 1 >= len(argv):
+          raise UserError(f"{arg} needs a value: write {arg}=VALUE")
+        arg = f"{arg}={argv[i + 1]}"
+        i += 1
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    rest, overrides = split_config_overrides(argv)
+    args = build_parser().parse_args(rest)
+    args.config_overrides = overrides
+    result = args.handler(args)
+    return int(result or 0)
+  except (UserError, DataError) as e:
+    print(f"bert-jax {argv[0] if argv else ''}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,103 @@
+"""Loading `configs/<family>.py:<arg>` files, applying `--config.a.b=value` overrides, saving configs.
+
+The config file is a plain Python module with `get_config(arg) -> ml_collections.ConfigDict`. Paths are
+resolved against the working directory first and then against the installed project, so
+`--config configs/bert.py:tiny` works from the repo root and from anywhere after `pip install -e .`.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+from typing import Any, Sequence
+
+import ml_collections
+
+from bert_jax.errors import UserError
+
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _resolve_path(path: str) -> str:
+  for candidate in (path, os.path.join(_PROJECT_ROOT, path)):
+    if os.path.isfile(candidate):
+      return candidate
+  raise UserError(f"config file {path!r} not found (looked in {os.getcwd()} and {_PROJECT_ROOT}); "
+                  "pass e.g. --config configs/bert.py:tiny")
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """`path/to/file.py[:arg]` -> the ConfigDict its `get_config(arg)` returns (unlocked)."""
+  path, _, arg = spec.partition(":")
+  path = _resolve_path(path)
+  module_spec = importlib.util.spec_from_file_location(
+      f"bert_jax_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  try:
+    return module.get_config(arg) if arg else module.get_config()
+  except KeyError as e:
+    raise UserError(f"{path}: unknown preset {arg!r}; {e.args[0] if e.args else ''}") from None
+
+
+def _parse_value(text: str, current: Any) -> Any:
+  """Parses `text` as the type of the value it replaces (strings stay verbatim)."""
+  if isinstance(current, str):
+    return text
+  if isinstance(current, bool):
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes"):
+      return True
+    if lowered in ("false", "0", "no"):
+      return False
+    raise ValueError(f"expected true/false, got {text!r}")
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if current is None:
+      return text
+    raise ValueError(f"cannot parse {text!r} as {type(current).__name__}") from None
+  if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+    value = float(value)
+  if isinstance(current, tuple) and isinstance(value, list):
+    value = tuple(value)
+  if current is not None and not isinstance(value, type(current)):
+    raise ValueError(f"expected {type(current).__name__}, got {text!r}")
+  return value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+  """Applies `--config.a.b=value` (or `a.b=value`) strings; unknown keys are errors."""
+  for item in overrides:
+    key, sep, text = item.removeprefix("--").removeprefix("config.").partition("=")
+    if not sep:
+      raise UserError(f"override {item!r} has no value; write --config.{key}=VALUE")
+    *parents, leaf = key.split(".")
+    node = config
+    for i, part in enumerate(parents):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        raise UserError(f"unknown config key {'.'.join(parents[:i + 1])!r} in {item!r}")
+      node = node[part]
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+      known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
+      raise UserError(f"unknown config key {key!r}; known keys here: {known}")
+    try:
+      value = _parse_value(text, node[leaf])
+    except ValueError as e:
+      raise UserError(f"bad value for config.{key}: {e}") from None
+    with node.ignore_type():
+      node[leaf] = value
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """Loads, overrides and locks a config: afterwards a typo'd key raises instead of adding a key."""
+  config = load_config_file(spec)
+  apply_overrides(config, overrides)
+  config.lock()
+  return config
+
+
+def save_config(config: ml_collections.ConfigDict, path: str) -> None:
+  with open(path, "w") as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,47 @@
+"""BERT pretraining configs (Devlin et al. 2019; miniatures from Turc et al. 2019; LAMB from You et al. 2020).
+
+  bert-jax pretrain --config configs/bert.py:demo --workdir runs/demo       # laptop, embedded corpus
+  bert-jax pretrain --config configs/bert.py:base --workdir gs://b/base \
+      --config.data.corpus='gs://b/wiki/*.txt' --config.data.vocab=gs://b/vocab.txt
+
+`tiny`..`base` carry the BERT paper's recipe (Adam, lr 1e-4, batch 256, 1M steps, 10k warmup, seq 128,
+20 predictions); the miniatures (Turc et al.) were trained with the same recipe. `large` carries the
+LAMB paper's 32k-batch recipe (lr 5/(2^0.5 * 10^3), 15,625 steps, warmup 2,000 steps ~ 12.8%).
+`demo` is the `tiny` model with a schedule sized for the embedded corpus on two CPU cores.
+"""
+from configs import common
+
+# name: (layers, hidden, heads, intermediate)
+SIZES = {
+    "tiny": (2, 128, 2, 512),
+    "mini": (4, 256, 4, 1024),
+    "small": (4, 512, 8, 2048),
+    "medium": (8, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+}
+
+# name: (optimizer, learning rate, batch, steps, warmup)
+RECIPES = {
+    "bert": ("adamw", 1e-4, 256, 1_000_000, 10_000),
+    "lamb32k": ("lamb", 5 / (2 ** 0.5 * 1e3), 32_768, 15_625, 2_000),
+    "demo": ("adamw", 1e-3, 32, 1500, 100),
+}
+
+
+def get_config(arg: str = "base"):
+  size = "tiny" if arg == "demo" else arg
+  if size not in SIZES:
+    raise KeyError(f"choose one of {sorted(SIZES) + ['demo']}")
+  layers, hidden, heads, intermediate = SIZES[size]
+  c = common.base_config()
+  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)
+  recipe = "demo" if arg == "demo" else ("lamb32k" if size == "large" else "bert")
+  opt, lr, batch, steps, warmup = RECIPES[recipe]
+  c.optimizer.update(name=opt, learning_rate=lr, warmup_steps=warmup)
+  c.train.update(batch_size=batch, num_steps=steps)
+  if arg == "demo":
+    c.model.vocab_size = 8192  # the embedded vocabulary has fewer entries
+    c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
+    c.checkpoint.every_steps = 500
+  return c

@@ -1,0 +1,126 @@
+"""Sections every pretraining config shares. Family files (`bert.py`, `albert.py`, ...) fill in the numbers.
+
+Logical axis rules map the names the model puts on parameters and activations to mesh axes; they are
+the only place where the sharding layout is decided.
+"""
+import ml_collections
+
+# Logical axis -> mesh axes. `batch` is split over data and fsdp; weights over fsdp (ZeRO-3 style)
+# along `embed` and over tensor along the per-layer wide axes (Megatron style).
+LOGICAL_AXIS_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("layers", None),
+    ("positions", None),
+    ("type_vocab", None),
+    ("classes", None),
+    ("norm", None),
+)
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  """The encoder's fields (BERT-base values); see bert_jax/models/config.py for their meaning."""
+  c = ml_collections.ConfigDict()
+  c.vocab_size = 30522
+  c.hidden_size = 768
+  c.num_layers = 12
+  c.num_heads = 12
+  c.intermediate_size = 3072
+  c.max_position_embeddings = 512
+  c.type_vocab_size = 2
+  c.embedding_size = 0  # 0: same as hidden_size (no factorisation)
+  c.hidden_dropout = 0.1
+  c.attention_dropout = 0.1
+  c.layer_norm_eps = 1e-12
+  c.initializer_range = 0.02
+  c.hidden_act = "gelu"
+  c.position_style = "absolute"
+  c.pad_token_id = 0
+  c.share_layers = "none"
+  c.use_pooler = True
+  c.sentence_head = "nsp"
+  c.dtype = "float32"
+  c.param_dtype = "float32"
+  c.remat = "none"
+  c.scan_layers = True
+  c.attention_impl = "auto"
+  c.update(overrides)
+  return c
+
+
+def data_config(**overrides) -> ml_collections.ConfigDict:
+  """Input pipeline fields; see data_pipelines/README.md for their meaning."""
+  c = ml_collections.ConfigDict()
+  c.corpus = ""  # glob(s) of text files, comma separated; "" with no tfds_name: the embedded corpus
+  c.corpus_format = "sentence_per_line"  # or "document_per_line"
+  c.tfds_name = ""
+  c.tfds_split = "train"
+  c.tfds_feature = "text"
+  c.tfds_data_dir = ""
+  c.prepared = ""  # glob of records written by `bert-jax data prepare`
+  c.eval_corpus = ""  # "" : hold out eval_fraction of the documents
+  c.eval_fraction = 0.02
+  c.vocab = ""  # vocab.txt (WordPiece) or *.model (SentencePiece); "" : the embedded vocabulary
+  c.tokenizer = "wordpiece"
+  c.lower_case = True
+  c.max_seq_length = 128
+  c.max_predictions_per_seq = 20
+  c.mask_rate = 0.15
+  c.masking = "token"  # token | whole_word | ngram | span
+  c.example_builder = "nsp"  # nsp | sop | full_sentences | doc_sentences
+  c.short_seq_prob = 0.1
+  c.packing = False
+  c.num_shards = 8
+  c.shuffle_buffer = 10000
+  c.seed = 0
+  c.update(overrides)
+  return c
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """A complete pretraining config with BERT-base numbers; family files override what differs."""
+  c = ml_collections.ConfigDict()
+  c.model = model_config()
+  c.data = data_config()
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 256  # global, over all hosts and micro-batches
+  c.train.grad_accum_steps = 1
+  c.train.num_steps = 1_000_000
+  c.train.seed = 0
+  c.train.log_every_steps = 100
+  c.train.eval_every_steps = 10_000
+  c.train.eval_steps = 20
+  c.train.eval_batch_size = 0  # 0: same as batch_size
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "adamw"  # adamw | lamb
+  c.optimizer.learning_rate = 1e-4
+  c.optimizer.warmup_steps = 10_000
+  c.optimizer.decay = "linear"  # linear | polynomial | constant
+  c.optimizer.decay_power = 1.0
+  c.optimizer.end_learning_rate = 0.0
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.clip_norm = 1.0
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 5_000
+  c.checkpoint.keep = 3
+  c.checkpoint.async_save = True
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+  c.mesh.rules = LOGICAL_AXIS_RULES
+
+  c.init_from = ""
+  return c
