@@ -1,0 +1,181 @@
+"""Corpus readers: every source is a list of *units* (files or tfds sub-splits) read as a stream of documents.
+
+A document is a list of sentences: strings for raw text, lists of token ids for prepared records.
+Each reader starts at a saved position (byte offset or record index, plus the document index inside
+the unit) and yields `(document, next_offset, next_index)`, so a resumed iterator can seek straight to
+the block it was in. Nothing holds a whole file in memory: text is read line by line.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import re
+import struct
+from typing import Iterator
+
+from data_pipelines.errors import DataError
+from data_pipelines.tftools import open_binary, tf
+
+SENTENCE_PER_LINE = "sentence_per_line"
+DOCUMENT_PER_LINE = "document_per_line"
+_MAX_LINE_BYTES = 1 << 20
+_BINARY_PROBE_BYTES = 4096
+# A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by space and a capital/digit/quote.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+
+Stats = collections.Counter  # skipped_lines, skipped_files, short_documents, ...
+
+
+def split_sentences(text: str) -> list[str]:
+  """Paragraphs (newlines) then sentence ends; deterministic and dependency free."""
+  sentences = []
+  for paragraph in text.splitlines():
+    sentences.extend(s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip())
+  return sentences
+
+
+def list_files(patterns: str, field: str = "data.corpus") -> list[str]:
+  """Comma-separated globs on any tf.io.gfile path -> sorted unique files; a pattern matching nothing is an error."""
+  files = set()
+  for pattern in (p.strip() for p in patterns.split(",")):
+    if not pattern:
+      continue
+    matched = tf().io.gfile.glob(pattern)
+    if not matched:
+      raise DataError(f"{field}: {pattern!r} matches no file; check the path or glob")
+    files.update(m for m in matched if not tf().io.gfile.isdir(m))
+  if not files:
+    raise DataError(f"{field}: no files in {patterns!r}; pass a glob of text files")
+  return sorted(files)
+
+
+def document_hash(unit: str, index: int) -> int:
+  """A stable 64-bit hash of a document's identity, for host sharding and the eval hold-out."""
+  return int.from_bytes(hashlib.blake2b(f"{unit}\0{index}".encode(), digest_size=8).digest(), "little")
+
+
+def _looks_binary(path: str) -> bool:
+  with open_binary(path) as f:
+    return b"\0" in f.read(_BINARY_PROBE_BYTES)
+
+
+def _lines(path: str, offset: int, stats: Stats) -> Iterator[tuple[str | None, int]]:
+  """(decoded line or None for a skipped one, byte offset after it); invalid UTF-8 lines are counted skips."""
+  with open_binary(path) as f:
+    f.seek(offset)
+    while True:
+      raw = f.readline(_MAX_LINE_BYTES)
+      if not raw:
+        return
+      offset += len(raw)
+      try:
+        if b"\0" in raw or (len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n")):
+          raise UnicodeDecodeError("utf-8", raw[:1], 0, 1, "binary or overlong line")
+        yield raw.decode("utf-8").strip(), offset
+      except UnicodeDecodeError:
+        if not stats["skipped_lines"]:
+          logging.warning("%s: skipping lines that are not UTF-8 text (counted in stats)", path)
+        stats["skipped_lines"] += 1
+        yield None, offset
+
+
+class TextSource:
+  """Plain text files: one sentence per line with blank lines between documents, or one document per line."""
+
+  def __init__(self, files: list[str], corpus_format: str, stats: Stats):
+    if corpus_format not in (SENTENCE_PER_LINE, DOCUMENT_PER_LINE):
+      raise DataError(f"data.corpus_format={corpus_format!r}; use {SENTENCE_PER_LINE!r} or "
+                      f"{DOCUMENT_PER_LINE!r}")
+    self.units, self.format, self.stats = files, corpus_format, stats
+    self._binary = {}
+
+  def _skip_binary(self, path: str) -> bool:
+    if path not in self._binary:
+      self._binary[path] = _looks_binary(path)
+      if self._binary[path]:
+        logging.warning("%s: binary file (NUL bytes), skipped", path)
+        self.stats["skipped_files"] += 1
+    return self._binary[path]
+
+  def read(self, unit: str, offset: int, index: int):
+    if self._skip_binary(unit):
+      return
+    if self.format == DOCUMENT_PER_LINE:
+      for line, offset in _lines(unit, offset, self.stats):
+        if line:
+          yield split_sentences(line), offset, index + 1
+          index += 1
+      return
+    sentences = []
+    for line, next_offset in _lines(unit, offset, self.stats):
+      if line:
+        sentences.append(line)
+      elif line is not None and sentences:
+        yield sentences, next_offset, index + 1
+        index, sentences = index + 1, []
+    if sentences:
+      yield sentences, next_offset, index + 1
+
+
+def _tfrecords(path: str, offset: int) -> Iterator[tuple[bytes, int]]:
+  """(payload, offset after it) from a TFRecord file, seekable (format: u64 len, u32 crc, data, u32 crc)."""
+  with open_binary(path) as f:
+    f.seek(offset)
+    while True:
+      header = f.read(12)
+      if len(header) < 12:
+        return
+      (length,) = struct.unpack("<Q", header[:8])
+      payload = f.read(length)
+      f.read(4)
+      offset += 16 + length
+      yield payload, offset
+
+
+class RecordSource:
+  """Records written by `bert-jax data prepare`: one tf.train.Example per document (ids + sentence lengths)."""
+
+  def __init__(self, files: list[str], stats: Stats):
+    self.units, self.stats = files, stats
+
+  def read(self, unit: str, offset: int, index: int):
+    example_cls = tf().train.Example
+    for payload, offset in _tfrecords(unit, offset):
+      features = example_cls.FromString(payload).features.feature
+      ids = features["ids"].int64_list.value
+      sentences, start = [], 0
+      for length in features["lengths"].int64_list.value:
+        sentences.append(list(ids[start:start + length]))
+        start += length
+      yield sentences, offset, index + 1
+      index += 1
+
+
+class TfdsSource:
+  """A tfds text dataset, split into `num_units` even sub-splits; each record's text feature is one document."""
+
+  def __init__(self, name: str, split: str, feature: str, data_dir: str, num_units: int, stats: Stats):
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+    self._tfds, self.feature, self.stats = tfds, feature, stats
+    try:
+      self._builder = tfds.builder(name, data_dir=data_dir or None)
+      self.units = tfds.even_splits(split, n=num_units)
+    except Exception as e:  # tfds raises many types for unknown names / unprepared data
+      raise DataError(f"data.tfds_name={name!r}: {e}; prepare it with `tfds build {name}` "
+                      "and set data.tfds_data_dir") from None
+    if feature not in self._builder.info.features:
+      raise DataError(f"data.tfds_feature={feature!r} is not a feature of {name}; it has "
+                      f"{sorted(self._builder.info.features)}")
+
+  def read(self, unit: str, offset: int, index: int):
+    ds = self._builder.as_dataset(split=unit, shuffle_files=False).skip(offset)
+    for record in self._tfds.as_numpy(ds):
+      offset, index = offset + 1, index + 1
+      text = record[self.feature]
+      try:
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+      except UnicodeDecodeError:
+        self.stats["skipped_lines"] += 1
+        continue
+      yield split_sentences(text), offset, index

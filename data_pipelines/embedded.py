@@ -1,0 +1,111 @@
+"""The embedded default corpus: English prose every Python install carries, plus a WordPiece vocab built from it.
+
+Text: the docstrings of the standard library (parsed with `ast`, never imported) and the `pydoc`
+help topics, keeping prose paragraphs only (no doctest or indented code). Documents are one docstring
+or one help topic, shuffled with a fixed seed and written one sentence per line. The vocabulary
+(8192 entries, lower-cased) is trained on it. Both are cached under
+$BERT_JAX_CACHE, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax, in a folder keyed by a hash
+of the recipe and the source files; the folder is built aside and renamed into place, so concurrent
+processes never see half a cache.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import random
+import re
+import shutil
+import sys
+import sysconfig
+import tempfile
+
+from data_pipelines import corpora, vocab
+
+VOCAB_SIZE = 8192
+_RECIPE = "embedded-v1"
+_SKIP_DIRS = ("site-packages", "test", "tests", "idlelib", "turtledemo", "__pycache__")
+_PROSE = re.compile(r"[A-Za-z][A-Za-z ,;:'()-]*[.!?]$")
+
+
+def cache_root() -> str:
+  if os.environ.get("BERT_JAX_CACHE"):
+    return os.environ["BERT_JAX_CACHE"]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "bert_jax")
+
+
+def _stdlib_files() -> list[str]:
+  root, files = sysconfig.get_paths()["stdlib"], []
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS)
+    files.extend(os.path.join(directory, n) for n in sorted(names) if n.endswith(".py"))
+  return files
+
+
+def _cache_key(files: list[str]) -> str:
+  h = hashlib.sha256(f"{_RECIPE}|{sys.version}|{VOCAB_SIZE}".encode())
+  for path in files:
+    h.update(f"{os.path.relpath(path, sysconfig.get_paths()['stdlib'])}:{os.path.getsize(path)}\n".encode())
+  return h.hexdigest()[:16]
+
+
+def _prose_sentences(text: str) -> list[str]:
+  """Sentences of the paragraphs that read as prose: unindented, no doctest, ending like a sentence."""
+  sentences = []
+  for paragraph in re.split(r"\n\s*\n", text):
+    lines = paragraph.splitlines()
+    if not lines or any(l.startswith((" ", "\t", ">>>")) or "::" in l for l in lines):
+      continue
+    joined = " ".join(l.strip() for l in lines)
+    if len(joined.split()) >= 5 and _PROSE.search(joined):
+      sentences.extend(corpora.split_sentences(joined))
+  return sentences
+
+
+def _docstrings(path: str):
+  try:
+    with open(path, "rb") as f:
+      tree = ast.parse(f.read())
+  except (SyntaxError, ValueError, OSError):
+    return
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(node)
+      if doc:
+        yield doc
+
+
+def build_documents(files: list[str]) -> list[list[str]]:
+  import pydoc_data.topics  # pylint: disable=import-outside-toplevel
+  texts = [doc for path in files for doc in _docstrings(path)]
+  texts += [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)]
+  documents = [s for s in map(_prose_sentences, texts) if s]
+  random.Random(0).shuffle(documents)
+  return documents
+
+
+def _build(directory: str, files: list[str]) -> None:
+  documents = build_documents(files)
+  with open(os.path.join(directory, "corpus.txt"), "w", encoding="utf-8") as f:
+    for document in documents:
+      f.write("\n".join(document) + "\n\n")
+  vocab.train_wordpiece((s for d in documents for s in d), VOCAB_SIZE, directory, lower_case=True)
+
+
+def ensure_embedded() -> tuple[str, str]:
+  """(corpus.txt, vocab.txt) of the embedded corpus, built on first use (a few seconds) and cached."""
+  files = _stdlib_files()
+  final = os.path.join(cache_root(), f"embedded-{_cache_key(files)}")
+  if not os.path.isdir(final):
+    os.makedirs(cache_root(), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".building-", dir=cache_root())
+    try:
+      _build(staging, files)
+      os.rename(staging, final)
+    except OSError:
+      if not os.path.isdir(final):
+        raise
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  return os.path.join(final, "corpus.txt"), os.path.join(final, "vocab.txt")
