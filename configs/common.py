@@ -43,6 +43,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
   c.pad_token_id = 0
   c.share_layers = "none"
   c.use_pooler = True
+  c.mlm_head = True
   c.sentence_head = "nsp"
   c.dtype = "float32"
   c.param_dtype = "float32"
@@ -66,7 +67,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.eval_corpus = ""  # "" : hold out eval_fraction of the documents
   c.eval_fraction = 0.02
   c.vocab = ""  # vocab.txt (WordPiece) or *.model (SentencePiece); "" : the embedded vocabulary
-  c.tokenizer = "wordpiece"
+  c.tokenizer = "wordpiece"  # wordpiece | sentencepiece; must match the vocab file
   c.lower_case = True
   c.max_seq_length = 128
   c.max_predictions_per_seq = 20
@@ -74,9 +75,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.masking = "token"  # token | whole_word | ngram | span
   c.example_builder = "nsp"  # nsp | sop | full_sentences | doc_sentences
   c.short_seq_prob = 0.1
-  c.packing = False
-  c.num_shards = 8
-  c.shuffle_buffer = 10000
+  c.packing = False  # pack whole documents per row (full_sentences/doc_sentences only)
+  c.num_shards = 8  # virtual shards; a multiple of the process count, dividing the global batch
+  c.shuffle_buffer = 1000  # documents per shuffle block (rows are built and shuffled per block)
   c.seed = 0
   c.update(overrides)
   return c
@@ -85,6 +86,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
   """A complete pretraining config with BERT-base numbers; family files override what differs."""
   c = ml_collections.ConfigDict()
+  c.objective = "bert"  # bert (MLM + nsp/sop/none)
   c.model = model_config()
   c.data = data_config()
 

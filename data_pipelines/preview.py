@@ -1,0 +1,42 @@
+"""`bert-jax data preview`: a few batches exactly as the model gets them, saved to .npz, one printed."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from data_pipelines.pipeline import make_pretrain_input
+from data_pipelines.tftools import tf
+
+_SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
+
+
+def render_example(batch: dict, row: int, tokenizer) -> str:
+  """Tokens of one row up to its padding; a prediction shows as `[input->ORIGINAL]`."""
+  length = int(batch["input_mask"][row].sum())
+  tokens = tokenizer.decode_tokens(batch["input_ids"][row][:length])
+  weights = batch["masked_lm_weights"][row] > 0
+  for position, label in zip(batch["masked_lm_positions"][row][weights], batch["masked_lm_ids"][row][weights]):
+    tokens[position] = f"[{tokens[position]}->{tokenizer.id_to_token(int(label))}]"
+  return " ".join(tokens)
+
+
+def preview(config, num_batches: int, output: str) -> str:
+  """Writes `num_batches` batches (arrays [N, B, ...]) plus token metadata to `output`; returns one example."""
+  data = make_pretrain_input(config.data, global_batch_size=config.train.batch_size, process_index=0,
+                             process_count=1, seed=config.train.seed,
+                             max_position_embeddings=config.model.max_position_embeddings,
+                             model_vocab_size=config.model.vocab_size)
+  batches = [next(data) for _ in range(num_batches)]
+  arrays = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+  tokenizer = data.tokenizer
+  arrays["special_token_ids"] = np.array([tokenizer.special_ids[t] for t in _SPECIALS], np.int32)
+  arrays["special_token_names"] = np.array(_SPECIALS)
+  arrays["mask_token_id"] = np.int32(tokenizer.special_ids["[MASK]"])
+  arrays["vocab"] = np.array(tokenizer.vocab)
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  with tf().io.gfile.GFile(output, "wb") as f:
+    f.write(buffer.getvalue())
+  label = int(batches[0]["next_sentence_labels"][0])
+  return f"next_sentence_label={label}\n{render_example(batches[0], 0, tokenizer)}"
