@@ -1,0 +1,70 @@
+"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview`: thin wrappers over data_pipelines."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _vocab(args):
+  from data_pipelines import vocab  # pylint: disable=import-outside-toplevel
+  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
+                          args.corpus_format, args.model_type))
+
+
+def _tokenize(args):
+  from data_pipelines.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
+  tokenizer = load_tokenizer(args.vocab, args.lower_case)
+  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
+  for line in sys.stdin:
+    print(json.dumps([cls, *tokenizer.encode(line.rstrip("\n")), sep]))
+
+
+def _prepare(args):
+  from data_pipelines import prepare  # pylint: disable=import-outside-toplevel
+  print(json.dumps(prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case,
+                                   args.corpus_format, args.workers), indent=1))
+
+
+def _preview(args):
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from data_pipelines import preview  # pylint: disable=import-outside-toplevel
+  print(preview.preview(load_config(args.config, args.config_overrides), args.num_batches, args.output))
+
+
+def _add_text_args(parser):
+  parser.add_argument("--lower-case", action=argparse.BooleanOptionalAction, default=True,
+                      help="lower-case and strip accents (uncased vocabularies); --no-lower-case for cased")
+  parser.add_argument("--corpus-format", default="sentence_per_line",
+                      choices=("sentence_per_line", "document_per_line"))
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
+  p.add_argument("--corpus", required=True, help="glob(s) of text files, comma separated")
+  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
+  p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
+  p.add_argument("--size", type=int, default=30522)
+  p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
+  _add_text_args(p)
+  p.set_defaults(handler=_vocab)
+
+  p = subparsers.add_parser("tokenize", help="stdin lines -> JSON lists of ids, [CLS] ... [SEP]")
+  p.add_argument("--vocab", required=True, help="vocab.txt (WordPiece) or *.model (SentencePiece)")
+  _add_text_args(p)
+  p.set_defaults(handler=_tokenize)
+
+  data = subparsers.add_parser("data", help="offline preparation and preview of pretraining input")
+  sub = data.add_subparsers(dest="data_command", required=True)
+  p = sub.add_parser("prepare", help="tokenize text into sharded document records")
+  p.add_argument("--corpus", default="", help="glob(s) of text files; default: the embedded corpus")
+  p.add_argument("--vocab", default="", help="vocab.txt or *.model; default: the embedded vocabulary")
+  p.add_argument("--output", required=True)
+  p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU)")
+  _add_text_args(p)
+  p.set_defaults(handler=_prepare)
+  p = sub.add_parser("preview", help="write batches as the model gets them to .npz; print one")
+  p.add_argument("--config", required=True, help="e.g. configs/bert.py:demo")
+  p.add_argument("--num-batches", type=int, default=2)
+  p.add_argument("--output", required=True, help="FILE.npz")
+  p.set_defaults(handler=_preview)
