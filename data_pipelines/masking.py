@@ -1,12 +1,13 @@
 """On-the-fly masked-LM targets: choose positions, then 80% [MASK] / 10% random token / 10% unchanged.
 
-All strategies pick *spans of units* in random anchor order until the budget
+All strategies pick *spans of units* until the budget
 `min(max_predictions, max(1, round(rate * candidates)))` is spent; a unit is a token (`token`) or a
 whole word (`whole_word`, `ngram`, `span`: word = a piece plus its continuation pieces). Span lengths
 in units: 1 (token, whole_word), n in 1..3 with p ~ 1/n (ALBERT n-gram), or a geometric(p=0.2)
 truncated to 1..10 and renormalised, mean 3.8 (SpanBERT). A span never overlaps an earlier one and
-never crosses a special token (an overlapping draw is skipped, as in SpanBERT); a span that would overrun the budget keeps only the units that fit
-(for single-unit strategies that means the word is skipped, as in BERT's whole-word masking).
+never crosses a special token. The last multi-unit span is finished even past the budget, cut only
+at max_predictions (the rate overshoots by part of one span; the length distribution stays exact);
+a single unit that overruns the budget is skipped and the next tried, as in BERT's whole-word masking.
 [CLS], [SEP], [PAD] (any special id) are never candidates.
 """
 from __future__ import annotations
@@ -77,26 +78,53 @@ def _units(ids: np.ndarray, cfg: MaskingConfig):
   return starts, ends, run, int(candidate.sum())
 
 
-def _choose_spans(starts, ends, run, budget, cfg, rng):
-  """[(first_unit, last_unit_exclusive)] with at most `budget` tokens, non-overlapping."""
-  taken = np.zeros(len(starts), bool)
+def _single_units(starts, ends, budget, rng):
+  """BERT: units in random order, each taken whole if it fits in what is left of the budget."""
   spans, used = [], 0
-  lengths = rng.choice(len(cfg.lengths), size=len(starts), p=cfg.lengths) + 1
-  for anchor, length in zip(rng.permutation(len(starts)), lengths):
+  for u in rng.permutation(len(starts)):
     if used >= budget:
       break
-    last = anchor
-    while last + 1 < min(anchor + length, len(starts)) and run[last + 1] == run[anchor]:
-      last += 1
-    if taken[anchor:last + 1].any():
-      continue
-    while last >= anchor and used + ends[last] - starts[anchor] > budget:
+    if used + ends[u] - starts[u] <= budget:
+      used += ends[u] - starts[u]
+      spans.append((starts[u], ends[u]))
+  return spans
+
+
+def _free_starts(blocked, run, length):
+  """Units where `length` consecutive free units start without crossing a special token."""
+  n = len(blocked) - length + 1
+  if n <= 0:
+    return np.zeros(0, np.int64)
+  taken = np.concatenate([[0], np.cumsum(blocked)])
+  u = np.arange(n)
+  return np.flatnonzero((taken[u + length] == taken[u]) & (run[u] == run[u + length - 1]))
+
+
+def _multi_unit_spans(starts, ends, run, budget, cfg, rng):
+  """Draw a length, then a uniformly random place where it fits. Drawing the place among free ones
+  (rather than skipping collisions) and finishing the last span past the budget (up to
+  max_predictions) keep long spans as likely as the length distribution says."""
+  blocked = np.zeros(len(starts), bool)
+  spans, used = [], 0
+  for length in rng.choice(len(cfg.lengths), size=len(starts) + 1, p=cfg.lengths) + 1:
+    if used >= budget:
+      break
+    free = _free_starts(blocked, run, length)
+    while not free.size and length > 1:
+      length -= 1
+      free = _free_starts(blocked, run, length)
+    if not free.size:
+      break
+    first = free[rng.integers(len(free))]
+    last = first + length - 1
+    while last >= first and used + ends[last] - starts[first] > cfg.max_predictions:
       last -= 1
-    if last < anchor:
+    if last < first:  # this unit alone overruns max_predictions: never anchor on it again
+      blocked[first] = True
       continue
-    taken[anchor:last + 1] = True
-    used += ends[last] - starts[anchor]
-    spans.append((starts[anchor], ends[last]))
+    blocked[first:last + 1] = True
+    used += ends[last] - starts[first]
+    spans.append((starts[first], ends[last]))
   return spans
 
 
@@ -104,7 +132,11 @@ def mask_tokens(ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator) -
   """Masks one unpadded row `ids` (int32[n], with its [CLS]/[SEP])."""
   starts, ends, run, num_candidates = _units(ids, cfg)
   budget = min(cfg.max_predictions, max(1, int(round(num_candidates * cfg.rate))))
-  spans = sorted(_choose_spans(starts, ends, run, budget, cfg, rng))
+  if len(cfg.lengths) == 1:
+    spans = _single_units(starts, ends, budget, rng)
+  else:
+    spans = _multi_unit_spans(starts, ends, run, budget, cfg, rng)
+  spans.sort()
   positions = np.concatenate([np.arange(a, b) for a, b in spans] or [[]]).astype(np.int32)
   left = np.concatenate([np.full(b - a, a - 1) for a, b in spans] or [[]]).astype(np.int32)
   right = np.concatenate([np.full(b - a, b) for a, b in spans] or [[]]).astype(np.int32)

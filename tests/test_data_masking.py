@@ -1,0 +1,122 @@
+"""Masking statistics over thousands of rows, against the numbers the papers state."""
+import numpy as np
+import pytest
+
+from data_pipelines.errors import DataError
+from data_pipelines.masking import MaskingConfig, mask_tokens
+
+VOCAB = 1000
+CLS, SEP, MASK, PAD = 2, 3, 4, 0
+SPECIAL = np.arange(VOCAB) < 5
+CONTINUATION = np.arange(VOCAB) >= 600  # ids 600.. play the role of "##piece"
+
+
+def _config(strategy, max_predictions=20, rate=0.15):
+  return MaskingConfig(strategy, rate, max_predictions, MASK, SPECIAL, CONTINUATION)
+
+
+def _rows(n, length, seed=0):
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(n):
+    body = rng.integers(5, VOCAB, size=length - 3).astype(np.int32)
+    cut = int(rng.integers(1, length - 4))
+    rows.append(np.concatenate([[CLS], body[:cut], [SEP], body[cut:], [SEP]]).astype(np.int32))
+  return rows
+
+
+def _mask_all(strategy, n=2000, length=128, **kw):
+  cfg = _config(strategy, **kw)
+  return [(row, mask_tokens(row, cfg, np.random.default_rng([7, i]))) for i, row in enumerate(_rows(n, length))]
+
+
+@pytest.fixture(scope="module")
+def token_masked():
+  return _mask_all("token", max_predictions=128)
+
+
+def test_rate_is_fifteen_percent_of_real_tokens(token_masked):
+  predicted = sum(len(m.positions) for _, m in token_masked)
+  candidates = sum(len(row) - 3 for row, _ in token_masked)
+  assert abs(predicted / candidates - 0.15) < 0.005
+
+
+def test_eighty_ten_ten(token_masked):
+  replaced = np.concatenate([m.input_ids[m.positions] for _, m in token_masked])
+  labels = np.concatenate([m.labels for _, m in token_masked])
+  n = len(labels)
+  assert abs((replaced == MASK).sum() / n - 0.8) < 0.015
+  assert abs((replaced == labels).sum() / n - 0.1) < 0.01
+  other = (replaced != MASK) & (replaced != labels)
+  assert abs(other.sum() / n - 0.1) < 0.01
+  assert not SPECIAL[replaced[other]].any()  # random replacements are never special tokens
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "ngram", "span"])
+def test_never_specials_and_budget(strategy):
+  for row, m in _mask_all(strategy, n=300):
+    assert not SPECIAL[row[m.positions]].any()
+    assert 1 <= len(m.positions) <= 20
+    assert np.all(np.diff(m.positions) > 0)
+    assert np.array_equal(m.labels, row[m.positions])
+    untouched = np.setdiff1d(np.arange(len(row)), m.positions)
+    assert np.array_equal(m.input_ids[untouched], row[untouched])
+
+
+def _words(row):
+  """[(start, end)] of whole words: a non-continuation piece plus following continuations."""
+  starts = [i for i in range(len(row)) if not SPECIAL[row[i]] and (not CONTINUATION[row[i]] or SPECIAL[row[i - 1]])]
+  words = []
+  for s in starts:
+    e = s + 1
+    while e < len(row) and CONTINUATION[row[e]] and not SPECIAL[row[e]]:
+      e += 1
+    words.append((s, e))
+  return words
+
+
+@pytest.mark.parametrize("strategy", ["whole_word", "ngram", "span"])
+def test_whole_words_masked_together(strategy):
+  for row, m in _mask_all(strategy, n=300):
+    masked = set(m.positions.tolist())
+    for s, e in _words(row):
+      inside = [p in masked for p in range(s, e)]
+      assert all(inside) or not any(inside), (strategy, row[s:e])
+
+
+def _span_lengths_in_words(row, m):
+  word_starts = {s for s, _ in _words(row)}
+  lengths = {}
+  for p, left, right in zip(m.positions, m.span_left, m.span_right):
+    lengths[(left, right)] = lengths.get((left, right), 0) + (p in word_starts)
+  return list(lengths.values())
+
+
+def test_spanbert_mean_span_length():
+  """Geometric(p=0.2) truncated to 1..10 words has mean 3.8 (SpanBERT, section 3.1)."""
+  lengths = []
+  for row, m in _mask_all("span", n=400, length=512, max_predictions=512):
+    lengths.extend(_span_lengths_in_words(row, m))
+    starts = m.span_left + 1
+    assert np.array_equal(m.positions - starts, m.span_offset)
+  assert abs(np.mean(lengths) - 3.8) < 0.25, np.mean(lengths)
+  assert max(lengths) <= 10
+
+
+def test_ngram_lengths_follow_one_over_n():
+  lengths = []
+  for row, m in _mask_all("ngram", n=600, length=512, max_predictions=512):
+    lengths.extend(_span_lengths_in_words(row, m))
+  freq = np.bincount(lengths, minlength=4)[1:4] / len(lengths)
+  assert np.allclose(freq, np.array([6, 3, 2]) / 11, atol=0.04), freq
+
+
+def test_fresh_masks_per_seed_and_bad_config():
+  row = _rows(1, 128)[0]
+  a = mask_tokens(row, _config("token"), np.random.default_rng(1))
+  b = mask_tokens(row, _config("token"), np.random.default_rng(2))
+  assert not np.array_equal(a.positions, b.positions)
+  with pytest.raises(DataError, match="data.masking"):
+    _config("random_words")
+  with pytest.raises(DataError, match="data.mask_rate"):
+    _config("token", rate=1.5)
