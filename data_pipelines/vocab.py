@@ -1,6 +1,6 @@
 """Training a vocabulary from a corpus: WordPiece (vocab.txt) or SentencePiece unigram/BPE (spm.model).
 
-Both read the corpus as a stream of sentences. Special tokens come first, in BERT's order for
+Both read the corpus as a stream of sentences; SentencePiece falls back to bytes, so any text round-trips. Special tokens come first, in BERT's order for
 WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK] = ids 0..4) and as [PAD]=0, [UNK]=1, control symbols
 [CLS] [SEP] [MASK] = 2..4 for SentencePiece, so `pad_token_id = 0` holds for both.
 """
@@ -56,7 +56,7 @@ def train_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, lo
           model_type=model_type, pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]",
           bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
           character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-          hard_vocab_limit=False, num_threads=os.cpu_count() or 1, minloglevel=2)
+          byte_fallback=True, hard_vocab_limit=False, num_threads=os.cpu_count() or 1, minloglevel=2)
     except RuntimeError as e:
       raise DataError(f"SentencePiece training failed: {e}; a larger corpus or a smaller --size helps") from None
     with open(prefix + ".model", "rb") as f:

@@ -1,0 +1,40 @@
+"""Small corpora and vocabularies shared by the tests/test_data_*.py files (real English from the embedded corpus)."""
+import functools
+import itertools
+import os
+
+from data_pipelines import embedded
+
+UNICODE_LINES = [
+    "Café déjà vu: naïve façade, résumé — Ångström, Øresund, Straße, İstanbul.",
+    "北京大学的学生在学习自然语言处理。日本語のテキストも少し。",
+    "Привет, мир! Это тест токенизатора BERT.",
+    "Mixed 中文 and English, with “smart quotes” and ‘apostrophes’… and emoji 🙂 too.",
+    "Tabs\tand\u00a0non-breaking\u2003spaces, soft\u00adhyphens and zero\u200bwidth joiners.",
+    "Ελληνικά γράμματα: αβγ ΔΕΖ, and العربية text, and עברית.",
+    "Accents in caps: ÉCOLE, ÀÉÎÕÜ, and ligatures ﬁ ﬂ, fullwidth ＡＢＣ１２３.",
+]
+
+
+@functools.cache
+def embedded_paths():
+  return embedded.ensure_embedded()
+
+
+@functools.cache
+def real_sentences(n: int) -> tuple:
+  with open(embedded_paths()[0], encoding="utf-8") as f:
+    return tuple(itertools.islice((l.strip() for l in f if l.strip()), n))
+
+
+def write_corpus(directory, num_docs=60, sentences_per_doc=6, num_files=4, offset=0):
+  """Sentence-per-line files of multi-sentence documents; returns the glob."""
+  sentences = real_sentences(offset + num_docs * sentences_per_doc)[offset:]
+  os.makedirs(directory, exist_ok=True)
+  files = [open(os.path.join(directory, f"part{i}.txt"), "w", encoding="utf-8") for i in range(num_files)]
+  for d in range(num_docs):
+    doc = sentences[d * sentences_per_doc:(d + 1) * sentences_per_doc]
+    files[d % num_files].write("\n".join(doc) + "\n\n")
+  for f in files:
+    f.close()
+  return os.path.join(directory, "*.txt")
