@@ -1,0 +1,106 @@
+"""The frozen model config passed down the module tree (built from the `model` section of a run config)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from bert_jax.errors import UserError
+
+_CHOICES = {
+    "hidden_act": ("gelu", "gelu_tanh", "relu"),
+    "position_style": ("absolute", "roberta"),
+    "share_layers": ("none", "all", "attention", "ffn"),
+    "sentence_head": ("nsp", "sop", "none"),
+    "dtype": ("float32", "bfloat16", "float16"),
+    "param_dtype": ("float32", "bfloat16"),
+    "remat": ("none", "full", "dots", "dots_no_batch"),
+    "attention_impl": ("auto", "xla", "cudnn"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Encoder hyper-parameters. Defaults are BERT-base.
+
+  embedding_size: width of the token embeddings; 0 means hidden_size. When it differs, a projection
+    E -> H follows the embedding LayerNorm (ALBERT's factorisation, ELECTRA-small) and the MLM head
+    projects back to E before the tied output layer.
+  position_style: "absolute" uses positions 0..T-1; "roberta" counts only non-pad tokens and starts at
+    pad_token_id + 1, as the released RoBERTa checkpoints do.
+  share_layers: cross-layer parameter sharing (ALBERT): none, all, attention, ffn.
+  remat: activation checkpointing per layer: none, full (save nothing), dots (save matmul outputs),
+    dots_no_batch (save matmuls without batch dims).
+  """
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  embedding_size: int = 0
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  hidden_act: str = "gelu"
+  position_style: str = "absolute"
+  pad_token_id: int = 0
+  share_layers: str = "none"
+  use_pooler: bool = True
+  mlm_head: bool = True
+  sentence_head: str = "nsp"
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: str = "none"
+  scan_layers: bool = True
+  attention_impl: str = "auto"
+
+  def __post_init__(self):
+    for name, allowed in _CHOICES.items():
+      if getattr(self, name) not in allowed:
+        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    if self.hidden_size % self.num_heads:
+      raise UserError(f"model.hidden_size={self.hidden_size} is not divisible by "
+                      f"model.num_heads={self.num_heads}")
+    if self.scan_layers and self.share_layers in ("attention", "ffn"):
+      # nn.scan lifts per collection, so a module shared by part of each layer would be stacked per
+      # layer (silently unshared). Full sharing scans fine: one layer applied num_layers times.
+      raise UserError(f"model.share_layers={self.share_layers!r} needs model.scan_layers=False "
+                      "(only 'all' and 'none' sharing can be scanned)")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                 "max_position_embeddings"):
+      if getattr(self, name) <= 0:
+        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+      raise UserError(f"unknown model config keys {unknown}; known: {sorted(names)}")
+    return cls(**dict(values))
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def embed_dim(self) -> int:
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self):
+    return jnp.dtype(self.param_dtype)

@@ -1,0 +1,109 @@
+"""Optimizers (optax): LAMB as in the reference implementation, AdamW, and warmup-then-decay schedules.
+
+optax.lamb computes one trust ratio per array. The reference LAMB (You et al. 2020; the TF/NVIDIA
+BERT recipes) computes one per layer and leaves LayerNorm and bias parameters out of weight decay and
+of the trust ratio. With scanned layers one array holds every layer's weights on a leading axis, so
+`scale_by_layerwise_trust_ratio` takes the norms per slice of that axis.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from bert_jax.errors import UserError
+
+_NO_DECAY_NAMES = ("bias", "output_bias", "scale")
+
+
+def _leaf_name(path) -> str:
+  names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+  return str(names[-1]) if names else ""
+
+
+def decay_mask(params: Any) -> Any:
+  """True for weights that get weight decay and layer adaptation: not LayerNorm, not biases."""
+  return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in _NO_DECAY_NAMES, params)
+
+
+def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to cfg.learning_rate, then linear/polynomial decay or constant."""
+  lr, warmup = cfg.learning_rate, cfg.warmup_steps
+  warm = optax.linear_schedule(0.0, lr, max(warmup, 1))
+  if cfg.decay == "constant":
+    after = optax.constant_schedule(lr)
+  elif cfg.decay in ("linear", "polynomial"):
+    power = 1.0 if cfg.decay == "linear" else cfg.decay_power
+    after = optax.polynomial_schedule(lr, cfg.end_learning_rate, power, max(num_steps - warmup, 1))
+  else:
+    raise UserError(f"optimizer.decay={cfg.decay!r} is not one of ('linear', 'polynomial', 'constant')")
+  return optax.join_schedules([warm, after], [warmup])
+
+
+class _EmptyState(NamedTuple):
+  pass
+
+
+def scale_by_layerwise_trust_ratio(adapt_mask: Callable[[Any], Any],
+                                   stacked: Any = None) -> optax.GradientTransformation:
+  """Multiplies each layer's update u by ||w|| / ||u|| (1 where either norm is 0).
+
+  adapt_mask(params) -> bool tree: which arrays are adapted (others keep ratio 1).
+  stacked: bool tree (or None): arrays whose leading axis stacks layers get one ratio per slice.
+  """
+
+  def update_fn(updates, state, params):
+    if params is None:
+      raise ValueError("scale_by_layerwise_trust_ratio needs params")
+    adapt = adapt_mask(params)
+    stack = stacked if stacked is not None else jax.tree.map(lambda _: False, params)
+
+    def scale(u, w, do_adapt, is_stacked):
+      if not do_adapt:
+        return u
+      axes = tuple(range(1, u.ndim)) if is_stacked else None
+      w_norm = jnp.sqrt(jnp.sum(jnp.square(w.astype(jnp.float32)), axis=axes, keepdims=is_stacked))
+      u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=is_stacked))
+      ratio = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / jnp.maximum(u_norm, 1e-30), 1.0)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree.map(scale, updates, params, adapt, stack), state
+
+  return optax.GradientTransformation(lambda _: _EmptyState(), update_fn)
+
+
+def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
+         eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0,
+         stacked: Any = None) -> optax.GradientTransformation:
+  """LAMB: clip by global norm, Adam moments (bias-corrected), decoupled decay, per-layer trust ratio."""
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask=decay_mask),
+      scale_by_layerwise_trust_ratio(decay_mask, stacked),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
+          eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0
+          ) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask),
+  )
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any = None
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The optimizer and its schedule from the `optimizer` config section."""
+  schedule = learning_rate_schedule(cfg, num_steps)
+  common = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
+  if cfg.name == "lamb":
+    return lamb(schedule, stacked=stacked, **common), schedule
+  if cfg.name == "adamw":
+    return adamw(schedule, **common), schedule
+  raise UserError(f"optimizer.name={cfg.name!r} is not one of ('lamb', 'adamw')")
