@@ -45,6 +45,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
   c.use_pooler = True
   c.mlm_head = True
   c.sentence_head = "nsp"
+  c.rtd_head = False
   c.dtype = "float32"
   c.param_dtype = "float32"
   c.remat = "none"

@@ -244,6 +244,17 @@ class MaskedLMHead(nn.Module):
     return embeddings.attend(h).astype(jnp.float32) + bias.astype(jnp.float32)
 
 
+class ReplacedTokenHead(nn.Module):
+  """ELECTRA's discriminator head: Dense(H) -> activation -> Dense(1), one logit per token."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, h: Array) -> Array:
+    cfg = self.config
+    h = activation(cfg)(dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense")(h))
+    return dense(cfg, 1, ("mlp", "classes"), "prediction")(h)[..., 0].astype(jnp.float32)
+
+
 def gather_positions(x: Array, positions: Array) -> Array:
   """x: [B, T, H], positions: int32[B, P] -> [B, P, H]."""
   return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
@@ -305,4 +316,6 @@ class BertModel(nn.Module):
         raise ValueError("a sentence head (nsp/sop) needs use_pooler=True")
       logits = dense(cfg, 2, ("embed", "classes"), "sentence_classifier")(out["pooled_output"])
       out[f"{cfg.sentence_head}_logits"] = logits.astype(jnp.float32)
+    if cfg.rtd_head:
+      out["rtd_logits"] = ReplacedTokenHead(cfg, name="rtd_head")(h)
     return ModelOutput(**out)

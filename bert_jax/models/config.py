@@ -30,6 +30,7 @@ class ModelConfig:
   position_style: "absolute" uses positions 0..T-1; "roberta" counts only non-pad tokens and starts at
     pad_token_id + 1, as the released RoBERTa checkpoints do.
   share_layers: cross-layer parameter sharing (ALBERT): none, all, attention, ffn.
+  rtd_head: ELECTRA's replaced-token-detection head (dense, activation, dense -> one logit per token).
   remat: activation checkpointing per layer: none, full (save nothing), dots (save matmul outputs),
     dots_no_batch (save matmuls without batch dims).
   """
@@ -52,6 +53,7 @@ class ModelConfig:
   use_pooler: bool = True
   mlm_head: bool = True
   sentence_head: str = "nsp"
+  rtd_head: bool = False
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
