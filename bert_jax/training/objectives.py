@@ -20,6 +20,8 @@ from bert_jax.models.config import ModelConfig
 
 Batch = Mapping[str, jax.Array]
 
+HEAD_NAMES = ("mlm_head", "sentence_classifier", "rtd_head")
+
 
 def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:
   """An all-zeros batch of the data contract's shapes (for init and abstract evaluation)."""
@@ -69,6 +71,10 @@ class BertPretraining:
     rngs = None if deterministic else {"dropout": rng}
     return self.model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic,
                             rngs=rngs)
+
+  def backbone(self, params: Any) -> Any:
+    """The parameters the papers count as the model's size: embeddings, encoder, pooler."""
+    return {k: v for k, v in params.items() if k not in HEAD_NAMES}
 
   def counts(self, batch: Batch) -> dict[str, jax.Array]:
     return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
