@@ -16,6 +16,7 @@ setup(
         "orbax-checkpoint>=0.11",
         "ml-collections>=1.0",
         "clu>=0.0.12",
+        "tensorboard",
         "numpy",
         "safetensors",
         "tensorflow>=2.16",

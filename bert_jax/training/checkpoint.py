@@ -168,3 +168,31 @@ def check_shapes(params: Any, abstract: Any, source: str) -> None:
   if problems:
     shown = "; ".join(problems[:6]) + (f"; ... {len(problems) - 6} more" if len(problems) > 6 else "")
     raise UserError(f"{source} does not fit the model: {shown}")
+
+
+def load_params_into(path: str, init_params: Any) -> Any:
+  """`init_params` with every parameter the checkpoint at `path` has, placed in the same shardings.
+
+  Parameters the checkpoint lacks (a head it was saved without) keep their fresh init and are named
+  on stdout; parameters only the checkpoint has (a head this model does not use) are dropped; a shape
+  mismatch is an error naming the tensor and both shapes.
+  """
+  saved, _ = load_params(path)
+  flat_saved = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved)}
+  leaves = [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(init_params)]
+  mismatched = [f"{name}: checkpoint {tuple(flat_saved[name].shape)} vs model {tuple(v.shape)}"
+                for name, _, v in leaves
+                if name in flat_saved and tuple(flat_saved[name].shape) != tuple(v.shape)]
+  if mismatched:
+    raise UserError(f"{path} does not fit the model: {'; '.join(mismatched[:6])}")
+  fresh = sorted({jax.tree_util.keystr(k[:1]) for name, k, _ in leaves if name not in flat_saved})
+  if fresh:
+    print(f"{path}: no weights for {', '.join(fresh)}; those start from a fresh init", flush=True)
+
+  def pick(key_path, leaf):
+    value = flat_saved.get(jax.tree_util.keystr(key_path))
+    if value is None:
+      return leaf
+    return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
+
+  return jax.tree_util.tree_map_with_path(pick, init_params)

@@ -21,6 +21,7 @@ from bert_jax.models.config import ModelConfig
 Batch = Mapping[str, jax.Array]
 
 HEAD_NAMES = ("mlm_head", "sentence_classifier", "rtd_head")
+FAMILY_OBJECTIVES = ("electra", "spanbert")  # in family.py
 
 
 def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:
@@ -112,4 +113,7 @@ def make_objective(config: ml_collections.ConfigDict):
   model_config = ModelConfig.from_dict(config.model.to_dict())
   if config.objective == "bert":
     return BertPretraining(model_config)
-  raise UserError(f"objective={config.objective!r} is not one of ('bert',)")
+  if config.objective in FAMILY_OBJECTIVES:
+    from bert_jax.training import family  # pylint: disable=import-outside-toplevel  (it imports this module)
+    return family.make_objective(config, model_config)
+  raise UserError(f"objective={config.objective!r} is not one of {('bert',) + FAMILY_OBJECTIVES}")

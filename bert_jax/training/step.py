@@ -93,19 +93,6 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[st
           **{f"count/{k}": v for k, v in objective.counts(batch).items()}}
 
 
-def _in_mesh_context(fn: Callable, mesh: Mesh, axis_rules) -> Callable:
-  """Calls (and so traces) `fn` with the concrete mesh and the logical axis rules active.
-
-  The mesh must be set outside jit: constraints resolved against an abstract mesh inside jit lose the
-  concrete mesh's device order, which silently permutes data on multi-axis meshes.
-  """
-  @functools.wraps(fn)
-  def wrapped(*args, **kwargs):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(axis_rules):
-      return fn(*args, **kwargs)
-  return wrapped
-
-
 def check_batch_layout(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
   batch, accum = config.train.batch_size, config.train.grad_accum_steps
   dp = partitioning.data_parallel_size(mesh)
@@ -145,8 +132,6 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
   jit_eval = jax.jit(functools.partial(eval_step, objective=objective),
                      in_shardings=(state_shardings.params, data_sharding), out_shardings=replicated)
   jit_init = jax.jit(init_state, out_shardings=state_shardings)
-  jit_train, jit_eval, jit_init = (_in_mesh_context(f, mesh, axis_rules)
-                                   for f in (jit_train, jit_eval, jit_init))
   return TrainSetup(config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule,
                     state_shardings=state_shardings, init_state=jit_init, train_step=jit_train,
                     eval_step=jit_eval)

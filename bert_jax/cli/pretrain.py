@@ -1,0 +1,65 @@
+"""`bert-jax pretrain`, `bert-jax info`, `bert-jax benchmark`."""
+from __future__ import annotations
+
+import json
+
+
+def _add_config(parser, default=None):
+  parser.add_argument("--config", required=default is None, default=default,
+                      help="config file and preset, e.g. configs/bert.py:base; override fields with "
+                           "--config.train.batch_size=64")
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser("pretrain", help="pretrain (or resume) a model in a workdir")
+  _add_config(p)
+  p.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
+  p.add_argument("--coordinator-address", help="host:port of process 0 (GPU/CPU clusters)")
+  p.add_argument("--num-processes", type=int)
+  p.add_argument("--process-id", type=int)
+  p.set_defaults(handler=_pretrain)
+
+  p = subparsers.add_parser("info", help="parameter count and per-device memory, nothing allocated")
+  _add_config(p)
+  p.add_argument("--json", action="store_true")
+  p.set_defaults(handler=_info)
+
+  p = subparsers.add_parser("benchmark", help="time the compiled train step on synthetic batches")
+  _add_config(p, default="configs/bert.py:base")
+  p.add_argument("--batch-size", type=int, default=32)
+  p.add_argument("--seq-length", type=int, default=128)
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--json", action="store_true")
+  p.set_defaults(handler=_benchmark)
+
+
+def _pretrain(args) -> int:
+  from bert_jax.training import distributed, trainer
+  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  config = trainer.load_run_config(args.config, args.config_overrides)
+  result = trainer.pretrain(config, args.workdir)
+  return 143 if result.get("preempted") else 0
+
+
+def _info(args) -> int:
+  from bert_jax.config_utils import load_config
+  from bert_jax.training import info
+  result = info.model_info(load_config(args.config, args.config_overrides))
+  print(json.dumps(result) if args.json else info.format_info(result))
+  return 0
+
+
+def _benchmark(args) -> int:
+  from bert_jax.config_utils import load_config
+  from bert_jax.training import benchmark
+  config = load_config(args.config, args.config_overrides)
+  r = benchmark.run_benchmark(config, args.batch_size, args.seq_length, args.steps, repeats=args.repeats)
+  if args.json:
+    print(json.dumps(r))
+  else:
+    print(f"{r['device']} x{r['devices']} {r['dtype']} batch {r['batch_size']} seq {r['seq_length']}: "
+          f"{r['tokens_per_sec']:,.0f} tokens/s, step {r['step_time_s'] * 1e3:.1f} ms, "
+          f"{r['model_tflops_per_sec']:.3f} TFLOP/s, mfu {r['mfu']:.1%} of {r['peak_tflops_per_sec']:.3f} "
+          f"TFLOP/s ({r['peak_source']})")
+  return 0

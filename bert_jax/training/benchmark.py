@@ -1,0 +1,130 @@
+"""`bert-jax benchmark`: the compiled train step on synthetic batches; tokens/s, step time and MFU.
+
+Model FLOPs are counted analytically (matmuls only, 2 per multiply-add; backward = 2x forward) with
+the MLM head at the predicted positions only, so MFU does not reward computing wasted logits. The
+peak is the device's bf16/fp32 spec-sheet number where known, else a matmul peak measured in the
+same run (on CPU always measured: fp32 matmul of 2048 x 2048).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax.errors import UserError
+from bert_jax.models.config import ModelConfig
+from bert_jax.training import partitioning
+from bert_jax.training.step import build_train_setup
+
+# Dense peak FLOP/s per device from vendor spec sheets, by (device_kind prefix, compute dtype).
+PEAK_FLOPS = {
+    ("NVIDIA H100", "bfloat16"): 989e12,
+    ("NVIDIA H200", "bfloat16"): 989e12,
+    ("NVIDIA A100", "bfloat16"): 312e12,
+    ("TPU v3", "bfloat16"): 61.5e12,
+    ("TPU v4", "bfloat16"): 275e12,
+    ("TPU v5 lite", "bfloat16"): 197e12,
+    ("TPU v5p", "bfloat16"): 459e12,
+    ("TPU v6 lite", "bfloat16"): 918e12,
+}
+
+
+def predictions_for(seq_length: int) -> int:
+  """BERT's max_predictions_per_seq for a length: 20 at 128, 80 at 512."""
+  return max(1, round(seq_length * 20 / 128))
+
+
+def train_flops_per_step(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> float:
+  h, i, e, v, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size, cfg.num_layers
+  tokens = batch * seq
+  layer = 2 * 4 * h * h + 2 * 2 * h * i + 2 * 2 * seq * h  # q,k,v,out; FFN; scores and weighted sum
+  forward = tokens * n_layers * layer
+  if e != h:
+    forward += tokens * 2 * e * h
+  if cfg.use_pooler:
+    forward += batch * 2 * h * h
+  if cfg.sentence_head != "none":
+    forward += batch * 2 * h * 2
+  if cfg.mlm_head:
+    forward += batch * predictions * (2 * h * e + 2 * e * v)
+  return 3.0 * forward
+
+
+def measured_matmul_peak(dtype=jnp.float32, n: int = 2048, repeats: int = 5) -> float:
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(repeats))
+  return 2 * n ** 3 / best
+
+
+def _timed(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def spec_peak(dtype: str) -> float | None:
+  kind = jax.devices()[0].device_kind
+  for (prefix, peak_dtype), peak in PEAK_FLOPS.items():
+    if kind.startswith(prefix) and peak_dtype == dtype:
+      return peak
+  return None
+
+
+def synthetic_batch(batch: int, seq: int, predictions: int, vocab: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  positions = np.sort(np.stack([rng.choice(seq - 1, predictions, replace=False) + 1 for _ in range(batch)]), -1)
+  return {"input_ids": rng.integers(5, vocab, (batch, seq), dtype=np.int32),
+          "input_mask": np.ones((batch, seq), np.int32),
+          "segment_ids": (np.arange(seq)[None] >= seq // 2).astype(np.int32).repeat(batch, 0),
+          "masked_lm_positions": positions.astype(np.int32),
+          "masked_lm_ids": rng.integers(5, vocab, (batch, predictions), dtype=np.int32),
+          "masked_lm_weights": np.ones((batch, predictions), np.float32),
+          "next_sentence_labels": rng.integers(0, 2, (batch,), dtype=np.int32)}
+
+
+def run_benchmark(config: ml_collections.ConfigDict, batch: int, seq: int, steps: int,
+                  warmup: int = 2, repeats: int = 3) -> dict[str, Any]:
+  """Times `steps` train steps after `warmup`, `repeats` times; reports the median."""
+  if config.objective != "bert":
+    raise UserError(f"benchmark counts FLOPs for objective=bert, got {config.objective!r}")
+  predictions = predictions_for(seq)
+  with config.unlocked():
+    config.train.batch_size, config.data.max_seq_length = batch, seq
+    config.data.max_predictions_per_seq = predictions
+  setup = build_train_setup(config)
+  model_cfg = setup.objective.config
+  state = setup.init_state(jax.random.key(0))
+  data = partitioning.global_batch(synthetic_batch(batch, seq, predictions, model_cfg.vocab_size),
+                                   setup.mesh)
+  rng = jax.random.key(1)
+  for _ in range(warmup):
+    state, metrics = setup.train_step(state, data, rng)
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(steps):
+      state, metrics = setup.train_step(state, data, rng)
+    jax.block_until_ready(metrics)
+    times.append((time.perf_counter() - start) / steps)
+  step_time = statistics.median(times)
+  flops = train_flops_per_step(model_cfg, batch, seq, predictions)
+  peak = spec_peak(model_cfg.dtype)
+  peak_source = "spec sheet"
+  if peak is None:
+    peak, peak_source = measured_matmul_peak(jnp.dtype(model_cfg.dtype)), "measured matmul"
+  peak *= jax.device_count()
+  return {"device": jax.devices()[0].device_kind, "devices": jax.device_count(),
+          "dtype": model_cfg.dtype, "batch_size": batch, "seq_length": seq,
+          "max_predictions": predictions, "step_time_s": step_time,
+          "step_times_s": times, "tokens_per_sec": batch * seq / step_time,
+          "model_flops_per_step": flops, "model_tflops_per_sec": flops / step_time / 1e12,
+          "peak_tflops_per_sec": peak / 1e12, "peak_source": peak_source,
+          "mfu": flops / step_time / peak, "loss": float(metrics["loss"])}
