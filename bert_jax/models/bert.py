@@ -260,10 +260,14 @@ def gather_positions(x: Array, positions: Array) -> Array:
   return jnp.take_along_axis(x, positions[..., None].astype(jnp.int32), axis=1)
 
 
-def default_position_ids(config: ModelConfig, input_ids: Array) -> Array:
+def default_position_ids(config: ModelConfig, input_ids: Array, attention_mask: Optional[Array] = None
+                         ) -> Array:
   if config.position_style == "roberta":
     # As the released RoBERTa models: non-pad tokens count from pad_token_id + 1, pads sit at pad_token_id.
-    not_pad = (input_ids != config.pad_token_id).astype(jnp.int32)
+    # Pads are read from the attention mask when there is one: a vocabulary trained here may give [PAD]
+    # another id than the model's pad_token_id (which then only sets the offset).
+    not_pad = input_ids != config.pad_token_id if attention_mask is None else attention_mask != 0
+    not_pad = not_pad.astype(jnp.int32)
     return jnp.cumsum(not_pad, axis=1) * not_pad + config.pad_token_id
   return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
@@ -293,12 +297,12 @@ class BertModel(nn.Module):
     if input_ids.shape[1] > cfg.max_position_embeddings:
       raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                        f"{cfg.max_position_embeddings}")
+    if position_ids is None:
+      position_ids = default_position_ids(cfg, input_ids, attention_mask)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    if position_ids is None:
-      position_ids = default_position_ids(cfg, input_ids)
     embeddings = Embeddings(cfg, name="embeddings")
     x = embeddings(input_ids, token_type_ids, position_ids, deterministic)
     mask = attention_mask_from(attention_mask, document_ids)
