@@ -1,0 +1,39 @@
+"""Progressive stacking (Gong et al. 2019): BERT-base trained as 3 -> 6 -> 12 layers.
+
+Each stage trains, then `bert-jax grow` doubles its depth (layer i + L starts as a copy of layer i) into
+the params checkpoint the next stage starts from:
+
+  bert-jax pretrain --config configs/stacking.py:stage1 --workdir runs/stacking/stage1 $DATA
+  bert-jax grow --from runs/stacking/stage1 --to runs/stacking/stage1-grown
+  bert-jax pretrain --config configs/stacking.py:stage2 --workdir runs/stacking/stage2 $DATA
+  bert-jax grow --from runs/stacking/stage2 --to runs/stacking/stage2-grown
+  bert-jax pretrain --config configs/stacking.py:stage3 --workdir runs/stacking/stage3 $DATA
+
+with DATA='--config.data.corpus=gs://b/wiki/*.txt --config.data.vocab=gs://b/vocab.txt'.
+
+stage1: 3 layers, fresh init (init_from "").
+stage2: 6 layers, init_from "runs/stacking/stage1-grown" (stage 1 stacked on itself).
+stage3: 12 layers, init_from "runs/stacking/stage2-grown" (stage 2 stacked on itself).
+Override `--config.init_from` when the runs live elsewhere. Steps per stage follow the paper's BERT-base
+run (50k, 70k and 280k: 400k in all); every stage uses BERT's recipe otherwise (configs/bert.py:base),
+with a fresh optimizer and warm-up.
+"""
+from configs import bert
+
+# name: (layers, steps, init_from)
+STAGES = {
+    "stage1": (3, 50_000, ""),
+    "stage2": (6, 70_000, "runs/stacking/stage1-grown"),
+    "stage3": (12, 280_000, "runs/stacking/stage2-grown"),
+}
+
+
+def get_config(arg: str = "stage1"):
+  if arg not in STAGES:
+    raise KeyError(f"choose one of {sorted(STAGES)}")
+  layers, steps, init_from = STAGES[arg]
+  c = bert.get_config("base")
+  c.model.num_layers = layers
+  c.train.num_steps = steps
+  c.init_from = init_from
+  return c
