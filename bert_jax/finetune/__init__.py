@@ -1,0 +1,8 @@
+"""Fine-tuning: GLUE, SQuAD v1.1/v2.0, CoNLL-2003 NER and the embedded demo task.
+
+  tasks/data:  glue.py, squad.py, ner.py, embedded.py   text -> features, outputs -> metrics/predictions
+  model:       heads.py                                  the encoder plus one task head
+  training:    optim.py, init.py, trainer.py             optimizer tricks, init_from, the loop
+  evaluation:  metrics.py                                official metric definitions
+  sweeps:      sweep.py                                  grids with successive halving, seed statistics
+"""

@@ -1,0 +1,61 @@
+"""The embedded demo task: is this sentence in its original word order, or shuffled?
+
+Built from the embedded corpus (stdlib docstrings), so it runs offline right after
+`bert-jax pretrain --config configs/bert.py:demo`. Half the sentences have their words permuted; a
+model has to know English word order to tell them apart, which MLM pretraining teaches. Dev sentences
+come from the start of the corpus, training sentences after them, so no sentence is in both.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import ml_collections
+
+from bert_jax.finetune import glue
+from bert_jax.finetune.tasks import Task
+
+SPEC = glue.GlueSpec(("sentence", None), ("sentence", None, "label"), ("original", "shuffled"),
+                     ("accuracy",), "EMBEDDED")
+_MIN_WORDS, _MAX_WORDS = 6, 40
+
+
+def make_rows(sentences, seed: int) -> list[tuple[str, None, str]]:
+  """About half the sentences (chosen at random) shuffled until their word order differs.
+
+  The final punctuation mark stays last, so that a stray mid-sentence full stop gives nothing away.
+  """
+  rng = random.Random(seed)
+  rows = []
+  for sentence in sentences:
+    words, end = sentence[:-1].split(), sentence[-1]
+    if rng.random() < 0.5:
+      shuffled = words[:]
+      while shuffled == words:
+        rng.shuffle(shuffled)
+      rows.append((" ".join(shuffled) + end, None, "shuffled"))
+    else:
+      rows.append((sentence, None, "original"))
+  return rows
+
+
+def corpus_sentences(limit: int) -> list[str]:
+  from data_pipelines import embedded  # pylint: disable=import-outside-toplevel
+  corpus, _ = embedded.ensure_embedded()
+  with open(corpus, encoding="utf-8") as f:
+    usable = (l.strip() for l in f
+              if len(set(l.split())) >= _MIN_WORDS and len(l.split()) <= _MAX_WORDS)
+    return list(itertools.islice(usable, limit))
+
+
+def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
+  num_dev, num_train = config.task.num_dev, config.task.num_train
+  sentences = corpus_sentences(num_dev + num_train)
+  dev = glue.eval_set(config, SPEC, tokenizer, make_rows(sentences[:num_dev], seed=1), "dev",
+                      "EMBEDDED.dev.tsv")
+  train = None
+  if need_train:
+    train = glue.featurize(make_rows(sentences[num_dev:], seed=2), SPEC, tokenizer,
+                           config.data.max_seq_length, config.data.train_limit)
+  return Task(name="embedded", head="classification", num_labels=2, train=train, evals=[dev], tests=[],
+              selection=SPEC.metrics)

@@ -1,0 +1,82 @@
+"""Helpers every task shares: reading tfds splits, [CLS] a [SEP] b [SEP] encoding, padding rows.
+
+The feature contract the model and train step read (all int32 unless noted, N rows, T max_seq_length):
+  input_ids, attention_mask, token_type_ids: [N, T]
+  classification: label [N];  regression: label float32[N]
+  token: token_labels [N, T], label_weights float32[N, T] (1 on each word's first sub-token)
+  span: start_positions, end_positions [N] (0, the [CLS] position, for "no answer in this window")
+Eval sets add example_weight float32[N] (0 on rows that only pad the last batch).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from bert_jax.errors import UserError
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def tfds_examples(name: str, split: str, data_dir: str = "") -> Iterator[dict]:
+  """The examples of a tfds split as numpy dicts (TF kept off the accelerators JAX uses)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  tf.config.set_visible_devices([], "GPU")
+  try:
+    dataset = tfds.load(name, split=split, data_dir=data_dir or None, shuffle_files=False)
+  except Exception as e:  # tfds raises several types for "not prepared" / "no such split"
+    raise UserError(f"cannot load tfds {name!r} split {split!r}: {e}; prepare it with tfds or set "
+                    "--config.data.data_dir to local files") from None
+  yield from tfds.as_numpy(dataset)
+
+
+def text(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:
+  """Drops tokens from the end of the longer sequence until both fit (BERT's _truncate_seq_pair)."""
+  a, b = list(a), list(b)
+  while len(a) + len(b) > max_tokens:
+    (a if len(a) > len(b) else b).pop()
+  return a, b
+
+
+def encode_pair(tokenizer, a: list[int], b: list[int] | None, max_len: int) -> dict[str, np.ndarray]:
+  """[CLS] a [SEP] (b [SEP]) from token ids, truncated longest-first and padded to max_len."""
+  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
+  if b is None:
+    ids, types = [cls, *a[:max_len - 2], sep], None
+  else:
+    a, b = truncate_pair(a, b, max_len - 3)
+    ids = [cls, *a, sep, *b, sep]
+    types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  return pad_row(tokenizer, ids, types, max_len)
+
+
+def pad_row(tokenizer, ids: list[int], types: list[int] | None, max_len: int) -> dict[str, np.ndarray]:
+  row = {name: np.zeros(max_len, np.int32) for name in MODEL_INPUTS}
+  row["input_ids"][:] = tokenizer.special_ids["[PAD]"]
+  row["input_ids"][:len(ids)] = ids
+  row["attention_mask"][:len(ids)] = 1
+  if types is not None:
+    row["token_type_ids"][:len(types)] = types
+  return row
+
+
+def stack(rows: list[dict[str, np.ndarray]], **extra: np.ndarray) -> dict[str, np.ndarray]:
+  if not rows:
+    raise UserError("no examples: the split is empty (check --config.data.data_dir or the tfds name)")
+  out = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+  out.update(extra)
+  return out
+
+
+def pad_to_multiple(features: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+  """Appends copies of row 0 with example_weight 0 so the row count divides `multiple`."""
+  n = len(next(iter(features.values())))
+  extra = -n % multiple
+  out = {k: np.concatenate([v, np.repeat(v[:1], extra, axis=0)]) for k, v in features.items()}
+  out["example_weight"] = np.r_[np.ones(n, np.float32), np.zeros(extra, np.float32)]
+  return out

@@ -1,0 +1,248 @@
+"""SQuAD v1.1 and v2.0 (Rajpurkar et al. 2016, 2018) from tfds `squad` or the official JSON files.
+
+Pre-processing (as the original run_squad.py): the question is cut to max_query_length tokens; the
+context is covered by windows of the remaining length that start doc_stride tokens apart. Training
+rows whose window does not contain the whole answer (and v2.0's unanswerable questions) point at
+[CLS] (position 0). Each context token keeps its character span in the context, so an answer span
+maps to tokens, and a predicted token span back to the exact context text.
+
+Post-processing: in every window, the n_best_size best starts and ends form candidate spans (inside
+the context, end >= start, at most max_answer_length tokens, start in the window where it has the most
+context); the best-scoring span over all windows is the answer. v2.0 answers "" when the [CLS] score
+(lowest over the windows) beats the best span by more than null_score_diff_threshold.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import unicodedata
+
+import ml_collections
+import numpy as np
+
+from bert_jax.errors import UserError
+from bert_jax.finetune import features as feats
+from bert_jax.finetune import metrics as M
+from bert_jax.finetune.tasks import EvalSet, Task
+
+
+@dataclasses.dataclass
+class Example:
+  qid: str
+  question: str
+  context: str
+  answers: list[tuple[str, int]]  # (text, character offset in context)
+  impossible: bool = False
+
+
+@dataclasses.dataclass
+class Window:
+  """Where a row's context tokens come from: context token i sits at row position offset + i - start."""
+  example: int
+  start: int
+  length: int
+  offset: int
+  max_context: np.ndarray  # bool[length]: this window gives token start + i its most context
+
+
+def read_json(path: str) -> list[Example]:
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)["data"]
+  return [Example(qa["id"], qa["question"], paragraph["context"],
+                  [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])],
+                  bool(qa.get("is_impossible", False)))
+          for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+
+
+def read_tfds(version: str, split: str, data_dir: str) -> list[Example]:
+  examples = []
+  for ex in feats.tfds_examples(f"squad/{version}", split, data_dir):
+    answers = list(zip((feats.text(t) for t in ex["answers"]["text"]),
+                       (int(s) for s in ex["answers"]["answer_start"])))
+    examples.append(Example(feats.text(ex["id"]), feats.text(ex["question"]), feats.text(ex["context"]),
+                            answers, bool(ex.get("is_impossible", False))))
+  return examples
+
+
+def _normalize_char(char: str, lower_case: bool) -> str:
+  """One context character as BERT's BasicTokenizer would write it."""
+  if not lower_case:
+    return char
+  return "".join(c for c in unicodedata.normalize("NFD", char.lower()) if unicodedata.category(c) != "Mn")
+
+
+def tokenize_context(context: str, tokenizer) -> tuple[list[int], np.ndarray]:
+  """Token ids of the context and each token's [start, end) character span in it.
+
+  Sub-tokens of one word share the word's span; a word is found in the character-wise normalised
+  context by searching forward from the previous word.
+  """
+  from data_pipelines.tokenizers import basic_tokenize  # pylint: disable=import-outside-toplevel
+  lower_case, normalized, origin = tokenizer.lower_case, [], []
+  for i, char in enumerate(context):
+    for c in _normalize_char(char, lower_case):
+      normalized.append(c)
+      origin.append(i)
+  normalized_text, origin = "".join(normalized), origin + [len(context)]
+  ids, spans, cursor = [], [], 0
+  for word in basic_tokenize(context, lower_case):
+    found = normalized_text.find(word, cursor)
+    if found < 0:  # lower-casing that depends on context (a final sigma): an empty span where we are
+      span = (origin[cursor], origin[cursor])
+    else:
+      span = (origin[found], origin[found + len(word) - 1] + 1)
+      cursor = found + len(word)
+    pieces = tokenizer.encode(word)
+    ids.extend(pieces)
+    spans.extend([span] * len(pieces))
+  return ids, np.asarray(spans, np.int64).reshape(-1, 2)
+
+
+def answer_tokens(spans: np.ndarray, text: str, char_start: int) -> tuple[int, int] | None:
+  """First and last context token overlapping [char_start, char_start + len(text)); None if none do."""
+  char_end = char_start + len(text)
+  inside = np.flatnonzero((spans[:, 1] > char_start) & (spans[:, 0] < char_end))
+  return (int(inside[0]), int(inside[-1])) if len(inside) else None
+
+
+def windows(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+  """(start, length) of the windows covering num_tokens tokens."""
+  out, start = [], 0
+  while True:
+    length = min(num_tokens - start, max_tokens)
+    out.append((start, length))
+    if start + length >= num_tokens:
+      return out
+    start += min(length, stride)
+
+
+def max_context(spans: list[tuple[int, int]]) -> list[np.ndarray]:
+  """Per window, per token: is this the window where min(left, right context) + 0.01 * length peaks?"""
+  best: dict[int, tuple[float, int]] = {}
+  for w, (start, length) in enumerate(spans):
+    for i in range(length):
+      value = min(i, length - 1 - i) + 0.01 * length
+      if start + i not in best or value > best[start + i][0]:
+        best[start + i] = (value, w)
+  return [np.array([best[start + i][1] == w for i in range(length)]) for w, (start, length) in enumerate(spans)]
+
+
+@dataclasses.dataclass
+class Featurized:
+  features: dict[str, np.ndarray]
+  windows: list[Window]
+  spans: list[np.ndarray]  # per example: its context tokens' character spans
+
+
+def featurize(examples: list[Example], tokenizer, task_cfg, max_len: int, training: bool) -> Featurized:
+  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
+  rows, starts, ends, all_windows, all_spans = [], [], [], [], []
+  for e, example in enumerate(examples):
+    query = tokenizer.encode(example.question)[:task_cfg.max_query_length]
+    ids, spans = tokenize_context(example.context, tokenizer)
+    all_spans.append(spans)
+    target = None
+    if training and not example.impossible:
+      target = next((t for t in (answer_tokens(spans, *a) for a in example.answers[:1]) if t), None)
+      if target is None:  # an answer that is not in its context: nothing to learn from
+        continue
+    offset = len(query) + 2
+    placed = windows(len(ids), max_len - offset - 1, task_cfg.doc_stride)
+    for (start, length), best in zip(placed, max_context(placed)):
+      rows.append(feats.pad_row(tokenizer, [cls, *query, sep, *ids[start:start + length], sep],
+                                [0] * offset + [1] * (length + 1), max_len))
+      inside = target is not None and start <= target[0] and target[1] < start + length
+      starts.append(target[0] - start + offset if inside else 0)
+      ends.append(target[1] - start + offset if inside else 0)
+      all_windows.append(Window(e, start, length, offset, best))
+  features = feats.stack(rows, start_positions=np.asarray(starts, np.int32),
+                         end_positions=np.asarray(ends, np.int32))
+  return Featurized(features, all_windows, all_spans)
+
+
+def best_answers(start_logits: np.ndarray, end_logits: np.ndarray, examples: list[Example],
+                 featurized: Featurized, task_cfg) -> tuple[dict[str, str], dict[str, float]]:
+  """Answer text and null-score difference (null minus best span; -inf without candidates) per question."""
+  best: dict[int, tuple[float, int, int]] = {}  # example -> (score, first char, end char)
+  null: dict[int, float] = {}
+  for row, window in enumerate(featurized.windows):
+    e, s, t = window.example, start_logits[row], end_logits[row]
+    null[e] = min(null.get(e, np.inf), float(s[0] + t[0]))
+    lo, hi = window.offset, window.offset + window.length
+    top_starts = np.argsort(-s)[:task_cfg.n_best_size]
+    top_ends = np.argsort(-t)[:task_cfg.n_best_size]
+    for i in top_starts:
+      if not (lo <= i < hi and window.max_context[i - lo]):
+        continue
+      for j in top_ends:
+        if j < i or j >= hi or j - i + 1 > task_cfg.max_answer_length:
+          continue
+        score = float(s[i] + t[j])
+        if e not in best or score > best[e][0]:
+          spans = featurized.spans[e]
+          best[e] = (score, spans[window.start + i - lo][0], spans[window.start + j - lo][1])
+  answers, null_diff = {}, {}
+  for e, example in enumerate(examples):
+    if e not in null:
+      continue
+    score, first, last = best.get(e, (-np.inf, 0, 0))
+    null_diff[example.qid] = null[e] - score
+    text = example.context[first:last]
+    answers[example.qid] = "" if task_cfg.version == "v2.0" and (
+        null_diff[example.qid] > task_cfg.null_score_diff_threshold) else text
+  return answers, null_diff
+
+
+def _files(version: str) -> dict[str, str]:
+  return {"train": f"train-{version}.json", "dev": f"dev-{version}.json"}
+
+
+def _read_split(config: ml_collections.ConfigDict, split: str) -> list[Example]:
+  version = config.task.version
+  if config.data.data_dir:
+    path = os.path.join(config.data.data_dir, _files(version)[split])
+    if not os.path.exists(path):
+      raise UserError(f"{path} not found: data.data_dir must hold the official SQuAD {version} JSON files")
+    examples = read_json(path)
+  else:
+    examples = read_tfds(version, "validation" if split == "dev" else split, config.data.tfds_data_dir)
+  limit = config.data.train_limit if split == "train" else config.data.eval_limit
+  return examples[:limit] if limit else examples
+
+
+def write_predictions(directory: str, split: str, answers: dict[str, str], null_diff: dict[str, float],
+                      version: str) -> None:
+  """predictions.SPLIT.json ({id: answer}) and, for v2.0, null_odds.SPLIT.json as the official script reads."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, f"predictions.{split}.json"), "w", encoding="utf-8") as f:
+    json.dump(answers, f, indent=1)
+  if version == "v2.0":
+    with open(os.path.join(directory, f"null_odds.{split}.json"), "w", encoding="utf-8") as f:
+      json.dump({k: v if np.isfinite(v) else 1e9 for k, v in null_diff.items()}, f, indent=1)
+
+
+def _dev_set(config, tokenizer) -> EvalSet:
+  examples = _read_split(config, "dev")
+  featurized = featurize(examples, tokenizer, config.task, config.data.max_seq_length, training=False)
+  features = feats.pad_to_multiple(featurized.features, config.train.eval_batch_size)
+  golds = {ex.qid: [] if ex.impossible else [text for text, _ in ex.answers] for ex in examples}
+  decode = lambda out: best_answers(out["start_logits"], out["end_logits"], examples, featurized,  # noqa: E731
+                                    config.task)
+  return EvalSet(
+      name="dev", features=features,
+      evaluate=lambda out: M.squad_scores(decode(out)[0], golds),
+      write_predictions=lambda d, out: write_predictions(d, "dev", *decode(out), config.task.version))
+
+
+def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
+  if config.task.version not in ("v1.1", "v2.0"):
+    raise UserError(f"task.version={config.task.version!r} is not one of ('v1.1', 'v2.0')")
+  if config.predict_split == "test":
+    raise UserError("SQuAD's test set is hidden; use predict_split=dev (the official submission format)")
+  train = None
+  if need_train:
+    train = featurize(_read_split(config, "train"), tokenizer, config.task, config.data.max_seq_length,
+                      training=True).features
+  return Task(name=config.task.name, head="span", num_labels=2, train=train, evals=[_dev_set(config, tokenizer)],
+              tests=[], selection=("exact_match", "f1"))

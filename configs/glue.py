@@ -1,0 +1,89 @@
+"""Fine-tuning configs for GLUE and the embedded demo task; squad.py and ner.py build on `base_config`.
+
+  bert-jax finetune --config configs/glue.py:rte --config.init_from=runs/base --workdir runs/rte
+  bert-jax finetune --config configs/glue.py:mnli --config.init_from=CKPT --config.data.data_dir=glue/MNLI ...
+  bert-jax finetune --config configs/glue.py:embedded --config.init_from=runs/demo --workdir runs/demo-ft
+  bert-jax sweep --config configs/glue.py:rte --config.init_from=CKPT --workdir runs/rte-sweep
+
+Defaults follow the BERT paper's fine-tuning recipe: Adam (bias-corrected; optimizer.bias_correction
+=False gives the original BERTAdam), lr 2e-5 (grid {5e-5, 4e-5, 3e-5, 2e-5}), batch 32 ({16, 32}),
+3 epochs ({2, 3, 4}), 10% warmup then linear decay, weight decay 0.01, dropout 0.1, length 128.
+The model section is used only without init_from (the checkpoint's architecture wins otherwise).
+"""
+import ml_collections
+
+from configs import common
+
+GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+
+# The BERT paper's grid, searched by `bert-jax sweep`.
+SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "epochs": (2.0, 3.0, 4.0),
+         "seeds": (0, 1, 2)}
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte"})
+  c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
+  c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
+  c.predict_split = "dev"  # "" | dev | test: which split gets a prediction file
+  c.model = common.model_config(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.data_dir = ""  # local files (GLUE TSVs, SQuAD JSON, CoNLL); "" : tfds
+  c.data.tfds_data_dir = ""
+  c.data.vocab = ""  # "" : the checkpoint's vocabulary (the embedded one without init_from)
+  c.data.lower_case = True
+  c.data.max_seq_length = 128
+  c.data.train_limit = 0  # use only the first N training examples (0: all)
+  c.data.eval_limit = 0
+
+  c.head = ml_collections.ConfigDict()
+  c.head.pooling = "pooled"  # pooled ([CLS] through the pooler) | layer_mix (weighted all layers)
+  c.head.dropout = 0.1
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.learning_rate = 2e-5  # for the pretrained weights
+  c.optimizer.head_learning_rate = 0.0  # for the new head; 0: same as learning_rate
+  c.optimizer.layer_decay = 1.0  # layer-wise decay: layer i trains at lr * decay ** (L + 1 - i)
+  c.optimizer.bias_correction = True  # False: the original BERTAdam
+  c.optimizer.warmup_ratio = 0.1
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.999
+  c.optimizer.eps = 1e-6
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.clip_norm = 1.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.batch_size = 32
+  c.train.epochs = 3.0
+  c.train.seed = 0
+  c.train.eval_batch_size = 64
+  c.train.eval_every_steps = 0  # 0: once per epoch
+  c.train.log_every_steps = 50
+  c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those
+  c.train.early_stopping_patience = 0  # stop after this many evaluations without improvement (0: never)
+  c.train.reinit_layers = 0  # re-initialise the top k encoder layers and the pooler
+
+  c.sweep = ml_collections.ConfigDict(SWEEP)
+  c.sweep.eta = 2  # successive halving: keep the best 1/eta configurations at each rung
+  c.sweep.min_fraction = 0.25  # the first rung trains this fraction of each run's steps
+
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.mesh.rules = common.LOGICAL_AXIS_RULES
+  return c
+
+
+def get_config(arg: str = "rte"):
+  c = base_config()
+  if arg == "embedded":
+    c.task = ml_collections.ConfigDict({"family": "embedded", "name": "embedded", "num_train": 4000,
+                                        "num_dev": 500})
+    c.data.max_seq_length = 64
+    c.optimizer.learning_rate = 1e-4  # a tiny model: the BERT-base rates barely move it
+    c.train.update(epochs=3.0, batch_size=32, log_every_steps=25)
+    return c
+  if arg not in GLUE_TASKS:
+    raise KeyError(f"choose one of {list(GLUE_TASKS) + ['embedded']}")
+  c.task.name = arg
+  return c
