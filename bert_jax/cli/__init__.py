@@ -13,7 +13,7 @@ import sys
 from bert_jax.errors import UserError
 from data_pipelines.errors import DataError
 
-_COMMAND_MODULES = ("pretrain", "data", "grow")
+_COMMAND_MODULES = ("pretrain", "data", "grow", "finetune", "convert")
 
 
 def build_parser() -> argparse.ArgumentParser:
