@@ -1,0 +1,84 @@
+"""What every reader returns and every writer takes: a family, a ModelConfig, params and the tokenizer."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from bert_jax.conversion import params as params_lib
+from bert_jax.conversion.layout import HEADS
+from bert_jax.errors import UserError
+from bert_jax.models.config import ModelConfig
+
+# The heads each family is pretrained with; ELECTRA's generator is the one with an MLM head.
+PRETRAINING_HEADS = {"bert": ("pooler", "mlm", "sentence"), "roberta": ("mlm",),
+                     "albert": ("pooler", "mlm", "sentence"), "electra": ("rtd",),
+                     "electra_generator": ("mlm",)}
+SENTENCE_HEAD = {"bert": "nsp", "albert": "sop"}
+TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
+                   "bpe": ("vocab.json", "merges.txt")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizer:
+  """kind: wordpiece | sentencepiece | bpe; files: {name in a converted dir: source path}."""
+  kind: str
+  lower_case: bool
+  files: dict[str, str]
+
+
+@dataclasses.dataclass
+class Converted:
+  family: str
+  config: ModelConfig
+  params: dict
+  tokenizer: Tokenizer | None
+  missing_heads: tuple[str, ...] = ()
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def present_heads(config: ModelConfig) -> tuple[str, ...]:
+  return tuple(h for h in HEADS if params_lib.head_enabled(config, h))
+
+
+def with_heads(config: ModelConfig, family: str, heads) -> ModelConfig:
+  """`config` with exactly `heads` switched on (a sentence head brings the pooler it reads)."""
+  sentence = "sentence" in heads and family in SENTENCE_HEAD
+  return config.replace(use_pooler="pooler" in heads or sentence, mlm_head="mlm" in heads,
+                        sentence_head=SENTENCE_HEAD[family] if sentence else "none", rtd_head="rtd" in heads)
+
+
+def expected_heads(family: str, present) -> tuple[str, ...]:
+  key = "electra_generator" if family == "electra" and "mlm" in present else family
+  return PRETRAINING_HEADS[key]
+
+
+def infer_family(config: ModelConfig) -> str:
+  """The foreign family a bert_jax model exports as (its config says which architecture it is)."""
+  if config.share_layers == "all":
+    return "albert"
+  if config.position_style == "roberta":
+    return "roberta"
+  if config.rtd_head or config.embed_dim != config.hidden_size:
+    return "electra"
+  return "bert"
+
+
+def tokenizer_from_files(directory: str, lower_case: bool) -> Tokenizer | None:
+  """The tokenizer files that sit in a foreign checkpoint directory, if any."""
+  for kind, names in TOKENIZER_FILES.items():
+    if all(os.path.exists(os.path.join(directory, n)) for n in names):
+      return Tokenizer(kind, lower_case and kind != "bpe", {n: os.path.join(directory, n) for n in names})
+  models = sorted(n for n in os.listdir(directory) if n.endswith(".model"))
+  if models:
+    return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.path.join(directory, models[0])})
+  return None
+
+
+_ACTS_TO_OURS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                 "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+def hidden_act(name: str, source: str) -> str:
+  if name not in _ACTS_TO_OURS:
+    raise UserError(f"{source}: hidden_act={name!r} is not supported; known: {sorted(_ACTS_TO_OURS)}")
+  return _ACTS_TO_OURS[name]

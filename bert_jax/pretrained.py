@@ -1,0 +1,111 @@
+"""`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.conversion import common, hf, native, tf_checkpoint
+from bert_jax.errors import UserError
+from bert_jax.models.bert import BertModel
+
+
+def source_kind(path: str) -> str:
+  """"bert_jax", "hf" or "tf" for a checkpoint path; UserError when it is none of them."""
+  if not os.path.exists(path) and tf_checkpoint.find_prefix(path) is None:
+    raise UserError(f"{path} does not exist")
+  if os.path.isdir(path) and native.is_native(path):
+    return "bert_jax"
+  config = os.path.join(path, "config.json")
+  if os.path.exists(config):
+    with open(config) as f:
+      try:
+        keys = json.load(f)
+      except ValueError as e:
+        raise UserError(f"{config}: not valid JSON ({e})") from None
+    if isinstance(keys, dict) and ("model_type" in keys or "architectures" in keys):
+      return "hf"
+  if tf_checkpoint.find_prefix(path) is not None:
+    return "tf"
+  raise UserError(f"{path}: not a Hugging Face directory (config.json with model_type), an original TF "
+                  "checkpoint (*.ckpt*.index) or a bert_jax checkpoint (params/ or checkpoints/)")
+
+
+def read_checkpoint(path: str, *, scan_layers: bool | None = None,
+                    electra_part: str | None = None) -> common.Converted:
+  """Family, ModelConfig, params and tokenizer of any supported checkpoint (params as stored)."""
+  kind = source_kind(path)
+  if kind == "bert_jax":
+    return native.read(path, scan_layers)
+  scan = True if scan_layers is None else scan_layers
+  if kind == "hf":
+    return hf.read(path, scan)
+  return tf_checkpoint.read(path, scan, electra_part)
+
+
+def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
+  heads = common.present_heads(converted.config) + converted.missing_heads
+  config = common.with_heads(converted.config, converted.family, heads)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  fresh = nn.meta.unbox(jax.jit(BertModel(config).init)(jax.random.key(seed), ids)["params"])
+  # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
+  return common.Converted(converted.family, config, {**fresh, **converted.params}, converted.tokenizer)
+
+
+def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers: bool | None = None,
+                    electra_part: str | None = None, seed: int = 0) -> tuple[BertModel, dict]:
+  """(BertModel, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint.
+
+  The heads the checkpoint holds are loaded. A pretraining head it lacks (a bare BertModel has no MLM
+  or NSP head) is named on stdout and left off the model, or initialised from `seed` when
+  `init_missing_heads`. scan_layers: stacked (True) or unrolled layers; None keeps a bert_jax
+  checkpoint's layout and stacks foreign ones. electra_part: "discriminator" or "generator" for an
+  original ELECTRA checkpoint holding both. The config is `model.config`.
+  """
+  converted = read_checkpoint(path, scan_layers=scan_layers, electra_part=electra_part)
+  for note in converted.notes:
+    print(note, flush=True)
+  if converted.missing_heads:
+    missing = ", ".join(converted.missing_heads)
+    if init_missing_heads:
+      converted = _add_fresh_heads(converted, seed)
+      print(f"{path}: no weights for {missing}; initialised fresh (seed {seed})", flush=True)
+    else:
+      print(f"{path}: no weights for {missing}; the model has them turned off "
+            "(init_missing_heads=True initialises them)", flush=True)
+  return BertModel(converted.config), converted.params
+
+
+def _tokenizer_info(path: str) -> common.Tokenizer | None:
+  kind = source_kind(path)
+  if kind == "bert_jax":
+    return native.tokenizer(path)
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  return hf.tokenizer(directory) if kind == "hf" else tf_checkpoint.tokenizer(directory)
+
+
+def build_tokenizer(info: common.Tokenizer):
+  """The tokenizer object (data_pipelines' WordPiece/SentencePiece, or byte-level BPE) for `info`."""
+  files = list(info.files.values())
+  if info.kind == "bpe":
+    from bert_jax.conversion.bpe import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
+    return ByteLevelBPETokenizer(*files)
+  from data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
+  return load_vocab(files[0], info.lower_case)
+
+
+def load_tokenizer(path: str):
+  """The tokenizer that travels with a checkpoint (converted dir, HF dir, TF dir, bert_jax workdir).
+
+  A vocabulary file itself (vocab.txt, *.model) loads lower-casing, as data_pipelines does.
+  """
+  if os.path.isfile(path):
+    kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
+    return build_tokenizer(common.Tokenizer(kind, True, {"vocab": path}))
+  info = _tokenizer_info(path)
+  if info is None:
+    raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt) found")
+  return build_tokenizer(info)
