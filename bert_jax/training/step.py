@@ -81,7 +81,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = objective.metrics(sums, counts)
-  metrics.update(loss=objective.loss(sums, counts), grad_norm=optax.global_norm(grads),
+  metrics.update(loss=objective.loss(sums, counts), grad_norm=optax.tree.norm(grads),
                  learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -1,0 +1,26 @@
+"""Small configs and batches shared by the core tests."""
+import numpy as np
+
+from bert_jax.config_utils import load_config
+
+TINY = ["--config.model.vocab_size=128", "--config.model.hidden_size=32", "--config.model.num_heads=4",
+        "--config.model.intermediate_size=64", "--config.model.num_layers=2",
+        "--config.model.max_position_embeddings=32", "--config.data.max_seq_length=16",
+        "--config.data.max_predictions_per_seq=4", "--config.train.batch_size=8"]
+
+
+def tiny_config(*overrides):
+  return load_config("configs/bert.py:tiny", TINY + list(overrides))
+
+
+def random_batch(seed=0, batch=8, seq=16, predictions=4, vocab=128):
+  rng = np.random.RandomState(seed)
+  lengths = rng.randint(seq // 2, seq + 1, batch)
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  return {"input_ids": (rng.randint(5, vocab, (batch, seq)) * mask).astype(np.int32),
+          "input_mask": mask,
+          "segment_ids": ((np.arange(seq)[None] >= lengths[:, None] // 2) * mask).astype(np.int32),
+          "masked_lm_positions": np.sort(rng.randint(1, seq // 2, (batch, predictions)), -1).astype(np.int32),
+          "masked_lm_ids": rng.randint(5, vocab, (batch, predictions)).astype(np.int32),
+          "masked_lm_weights": (rng.rand(batch, predictions) < 0.8).astype(np.float32),
+          "next_sentence_labels": rng.randint(0, 2, batch).astype(np.int32)}
