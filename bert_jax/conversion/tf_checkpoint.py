@@ -67,9 +67,12 @@ class _Tensors(collections.abc.Mapping):
       raise KeyError(name)
     try:
       return np.asarray(self._reader.get_tensor(name))
-    except self._errors as e:
+    except (self._errors, IndexError) as e:
       raise UserError(f"{self.prefix}: cannot read {name} ({_first_line(e)}); the checkpoint is "
                       "truncated or damaged") from None
+
+  def __contains__(self, name):
+    return name in self._shapes
 
   def __iter__(self):
     return iter(self._shapes)
@@ -117,27 +120,34 @@ def _read_json(directory: str, family: str) -> dict:
 
 
 def _sizes(tensors: _Tensors, family: str, names: dict, settings: dict, source: str) -> dict:
-  """Sizes read off the tensor shapes (the generator of an ELECTRA checkpoint has no config of its own)."""
-  vocab, embed = tensors.shape(f"{names['e']}/embeddings/word_embeddings")
-  layer0 = ("bert/encoder/transformer/group_0/inner_group_0/attention_1" if family == "albert"
-            else f"{names['t']}/encoder/layer_0/attention")
-  ffn0 = ("bert/encoder/transformer/group_0/inner_group_0/ffn_1/intermediate/dense/kernel" if family == "albert"
-          else f"{names['t']}/encoder/layer_0/intermediate/dense/kernel")
-  hidden = tensors.shape(f"{layer0}/self/query/kernel")[0]
+  """The encoder's sizes: from the config json when it describes this encoder, else off the shapes.
+
+  An original ELECTRA checkpoint's json describes the discriminator only; its generator's sizes come
+  from the shapes, with the original code's 64-dim heads.
+  """
+  hidden = tensors.shape(f"{_LAYER0[family].format(**names)}/attention_1/self/query/kernel"
+                         if family == "albert" else f"{_LAYER0[family].format(**names)}/attention/self/query/kernel")[0]
+  if settings and (family != "electra" or names["t"] == "electra" or settings.get("hidden_size") == hidden):
+    embedding = settings.get("embedding_size", settings["hidden_size"])
+    return dict(vocab_size=settings["vocab_size"], hidden_size=settings["hidden_size"],
+                embedding_size=0 if embedding == settings["hidden_size"] else embedding,
+                num_layers=settings["num_hidden_layers"], num_heads=settings["num_attention_heads"],
+                intermediate_size=settings["intermediate_size"],
+                max_position_embeddings=settings.get("max_position_embeddings", 512),
+                type_vocab_size=settings.get("type_vocab_size", 2))
   if family == "albert":
-    if "num_hidden_layers" not in settings:
-      raise UserError(f"{source}: an ALBERT checkpoint needs albert_config.json for num_hidden_layers")
-    layers = settings["num_hidden_layers"]
-  else:
-    layers = len({m.group(1) for n in tensors
-                  for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m})
-  same = settings.get("hidden_size") == hidden
+    raise UserError(f"{source}: an ALBERT checkpoint needs albert_config.json (for num_hidden_layers)")
+  vocab, embed = tensors.shape(f"{names['e']}/embeddings/word_embeddings")
+  layers = {m.group(1) for n in tensors for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m}
   return dict(vocab_size=vocab, embedding_size=0 if embed == hidden else embed, hidden_size=hidden,
-              num_layers=layers, intermediate_size=tensors.shape(ffn0)[1],
+              num_layers=len(layers), num_heads=max(1, hidden // 64),
+              intermediate_size=tensors.shape(f"{names['t']}/encoder/layer_0/intermediate/dense/kernel")[1],
               max_position_embeddings=tensors.shape(f"{names['e']}/embeddings/position_embeddings")[0],
-              type_vocab_size=tensors.shape(f"{names['e']}/embeddings/token_type_embeddings")[0],
-              # The original code's convention when no config speaks for this encoder: 64-dim heads.
-              num_heads=settings["num_attention_heads"] if same else max(1, hidden // 64))
+              type_vocab_size=tensors.shape(f"{names['e']}/embeddings/token_type_embeddings")[0])
+
+
+_LAYER0 = {"albert": "bert/encoder/transformer/group_0/inner_group_0", "bert": "{t}/encoder/layer_0",
+           "electra": "{t}/encoder/layer_0"}
 
 
 def _heads_in(tensors, family: str, names: dict) -> tuple[str, ...]:
@@ -172,7 +182,7 @@ def read(path: str, scan_layers: bool = True, electra_part: str | None = None) -
       share_layers="all" if family == "albert" else "none", scan_layers=scan_layers)
   config = common.with_heads(config, family, heads)
   params = params_lib.to_params(config, family, tensors, "tf", names, path)
-  notes = [f"{path}: no {_CONFIG_FILES[family]}; assumed 64-dim attention heads and dropout 0.1"] if not settings else []
+  notes = [f"{path}: no {_CONFIG_FILES[family]}; sizes read off the tensors, 64-dim attention heads assumed"] if not settings else []
   if family == "electra" and electra_part is None and {"electra/", "generator/"} <= {n[:n.find("/") + 1] for n in tensors}:
     notes.append(f"{path}: holds a discriminator and a generator; loaded the {'discriminator' if names['t'] == 'electra' else 'generator'} "
                  "(electra_part= chooses)")
