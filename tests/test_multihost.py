@@ -1,0 +1,46 @@
+"""Two local processes joined by jax.distributed (gloo CPU collectives) equal one process."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+COMMON = ["pretrain", "--config", "configs/bert.py:demo", "--config.data.max_seq_length=64",
+          "--config.data.max_predictions_per_seq=10", "--config.train.batch_size=16",
+          "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
+          "--config.data.shuffle_buffer=200", "--config.train.num_steps=4",
+          "--config.checkpoint.every_steps=2"]
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch(workdir, extra, devices_per_process):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+  return subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *COMMON, "--workdir", workdir, *extra],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line)["loss"] for line in f if '"eval"' not in line]
+
+
+def test_two_processes_equal_one(tmp_path):
+  port = _free_port()
+  multi = [_launch(str(tmp_path / "multi"), ["--coordinator-address", f"127.0.0.1:{port}",
+                                             "--num-processes", "2", "--process-id", str(i)], 1)
+           for i in range(2)]
+  single = _launch(str(tmp_path / "single"), [], 1)
+  outputs = [p.communicate(timeout=600)[0].decode() for p in multi + [single]]
+  for proc, out in zip(multi + [single], outputs):
+    assert proc.returncode == 0, out[-4000:]
+  assert "step 4/4" in outputs[0] and "step 4/4" not in outputs[1]  # only process 0 reports
+  np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=1e-5)
+  saved = set(os.listdir(tmp_path / "multi" / "checkpoints" / "4" / "data"))
+  assert {"data_state.process00000.json", "data_state.process00001.json"} <= saved
