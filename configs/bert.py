@@ -25,7 +25,7 @@ SIZES = {
 RECIPES = {
     "bert": ("adamw", 1e-4, 256, 1_000_000, 10_000),
     "lamb32k": ("lamb", 5 / (2 ** 0.5 * 1e3), 32_768, 15_625, 2_000),
-    "demo": ("adamw", 1e-3, 32, 1500, 100),
+    "demo": ("adamw", 1e-3, 32, 1200, 100),
 }
 
 
@@ -42,6 +42,8 @@ def get_config(arg: str = "base"):
   c.train.update(batch_size=batch, num_steps=steps)
   if arg == "demo":
     c.model.vocab_size = 8192  # the embedded vocabulary has fewer entries
+    # The embedded corpus's documents are short: 64 tokens hold most segment pairs.
+    c.data.update(max_seq_length=64, max_predictions_per_seq=10)
     c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
     c.checkpoint.every_steps = 500
   return c
