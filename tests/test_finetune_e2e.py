@@ -1,0 +1,147 @@
+"""End to end: a learnable task through the CLI must reach 95% dev accuracy; then eval-only,
+two-stage fine-tuning, early stopping with the best checkpoint kept, pause/resume and a sweep."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import data_fixtures
+from bert_jax import cli
+from bert_jax.config_utils import load_config
+from bert_jax.finetune import sweep, trainer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """Runs that differ only in seed or workdir compile the same programs: compile each once."""
+  options = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
+             "jax_persistent_cache_min_compile_time_secs": 0.0}
+  previous = {k: getattr(jax.config, k) for k in options}
+  for k, v in options.items():
+    jax.config.update(k, v)
+  yield
+  for k, v in previous.items():
+    jax.config.update(k, v)
+
+TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
+        "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
+        "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
+        "--config.train.log_every_steps=4"]
+
+
+def _glue_dir(directory, name, labels, header, n_train=256, n_dev=64):
+  """Real sentences whose label is written in their first word ("true ..." / "false ...")."""
+  os.makedirs(directory, exist_ok=True)
+  sentences = data_fixtures.real_sentences(n_train + n_dev)
+  rng = np.random.default_rng(0)
+  for split, chunk in (("train", sentences[:n_train]), ("dev", sentences[n_train:])):
+    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
+      f.write("\t".join(header) + "\n")
+      for i, sentence in enumerate(chunk):
+        y = int(rng.integers(2))
+        f.write(name(i, f"{('false', 'true')[y]} {sentence}", labels[y]) + "\n")
+  return str(directory)
+
+
+@pytest.fixture(scope="module")
+def sst2_run(tmp_path_factory):
+  data = _glue_dir(tmp_path_factory.mktemp("sst2"), lambda i, s, y: f"{s}\t{y}", ("0", "1"),
+                   ("sentence", "label"))
+  workdir = str(tmp_path_factory.mktemp("sst2-run"))
+  overrides = TINY + [f"--config.data.data_dir={data}", "--config.optimizer.learning_rate=3e-3",
+                      "--config.train.epochs=6"]
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
+  return data, workdir, overrides
+
+
+def test_learnable_task_reaches_95_percent(sst2_run):
+  _, workdir, _ = sst2_run
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    assert json.load(f)["accuracy"] >= 0.95
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  assert [r["step"] for r in records if "loss" in r] == list(range(4, 97, 4))  # 6 epochs of 16 steps
+  assert [r["step"] for r in records if "eval/accuracy" in r] == [16, 32, 48, 64, 80, 96]
+  with open(os.path.join(workdir, "predictions", "SST-2.dev.tsv")) as f:
+    lines = f.read().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 65 and lines[1].split("\t")[1] in ("0", "1")
+
+
+def test_eval_only_reproduces_results(sst2_run, tmp_path):
+  data, workdir, overrides = sst2_run
+  config = load_config("configs/glue.py:sst2", overrides + [f"--config.init_from={workdir}",
+                                                            "--config.eval_only=true"])
+  results = trainer.finetune(config, str(tmp_path))
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    assert results == json.load(f)
+
+
+def test_two_stage_takes_encoder_and_drops_other_head(sst2_run, tmp_path):
+  _, workdir, overrides = sst2_run
+  rte = _glue_dir(tmp_path / "rte", lambda i, s, y: f"{i}\t{s}\tyes\t{y}", ("entailment", "not_entailment"),
+                  ("index", "sentence1", "sentence2", "label"), n_train=32, n_dev=32)
+  config = load_config("configs/glue.py:rte", overrides + [f"--config.init_from={workdir}",
+                                                           f"--config.data.data_dir={rte}"])
+  run = trainer.Run(config, str(tmp_path / "run"))
+  saved, _ = trainer.checkpoint.load_params(workdir)
+  same = jax.tree.map(np.array_equal, jax.device_get(run.state.params["encoder"]), saved["encoder"])
+  assert all(jax.tree.leaves(same))
+  assert not np.array_equal(jax.device_get(run.state.params["head"]["classifier"]["kernel"]),
+                            saved["head"]["classifier"]["kernel"])
+
+
+def test_early_stopping_keeps_best(sst2_run, tmp_path):
+  data, _, overrides = sst2_run
+  config = load_config("configs/glue.py:sst2", overrides + [
+      f"--config.data.data_dir={data}", "--config.train.eval_every_steps=2", "--config.train.epochs=2",
+      "--config.train.early_stopping_patience=2", "--config.optimizer.learning_rate=1e-9",
+      "--config.data.train_limit=64"])
+  run = trainer.Run(config, str(tmp_path))
+  run.advance()
+  # lr ~ 0: the score never improves on the first evaluation, so two more evaluations stop the run
+  assert run.progress.stopped_early and run.progress.best_step == 2 and run.step == 6
+  assert run.finish()["accuracy"] == pytest.approx(run.progress.best_score)
+
+
+def test_paused_run_continues_exactly(sst2_run, tmp_path):
+  data, _, overrides = sst2_run
+  config = load_config("configs/glue.py:sst2", overrides + [
+      f"--config.data.data_dir={data}", "--config.train.epochs=1", "--config.data.train_limit=64",
+      "--config.train.keep_best=false"])
+  straight = trainer.Run(config, str(tmp_path / "straight"))
+  straight.advance()
+  paused = trainer.Run(config, str(tmp_path / "paused"))
+  paused.advance(2)
+  paused.pause()
+  resumed = trainer.Run(config, str(tmp_path / "paused"))
+  assert resumed.step == 2
+  resumed.advance()
+  close = jax.tree.map(lambda a, b: np.allclose(a, b, atol=1e-6), jax.device_get(straight.state.params),
+                       jax.device_get(resumed.state.params))
+  assert all(jax.tree.leaves(close))
+
+
+def test_sweep_halves_and_reports(sst2_run, tmp_path):
+  data, _, overrides = sst2_run
+  config = load_config("configs/glue.py:sst2", overrides + [
+      f"--config.data.data_dir={data}", "--config.data.train_limit=64", "--config.sweep.learning_rates=(1e-3, 1e-9)",
+      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(1.0,)", "--config.sweep.seeds=(0, 1)",
+      "--config.sweep.min_fraction=0.5", "--config.sweep.eta=2"])
+  table = sweep.sweep(config, str(tmp_path))
+  with open(tmp_path / "sweep_results.json") as f:
+    results = json.load(f)
+  fractions = {r["setting"]: r["fraction"] for r in results["settings"]}
+  assert fractions == {"lr0.001_bs16_ep1": 1.0, "lr1e-09_bs16_ep1": 0.5}  # the useless rate stopped early
+  assert "lr0.001_bs16_ep1" in table.splitlines()[1] and "significance test" in table
+  assert os.path.exists(tmp_path / "lr0.001_bs16_ep1" / "seed1" / "eval_results.json")
+  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep1" / "seed0" / "state")  # paused, not finished
+
+
+def test_sweep_statistics():
+  rows = sweep.summarize({sweep.Setting(1e-3, 16, 1.0): {"scores": [0.8, 0.9, 1.0], "fraction": 1.0}})
+  assert rows[0]["mean"] == pytest.approx(0.9) and rows[0]["std"] == pytest.approx(0.1)
+  test = sweep.compare([0.80, 0.82, 0.81, 0.83], [0.70, 0.71, 0.69, 0.72])
+  assert test["welch_p"] < 0.001 and test["permutation_p"] == pytest.approx(2 / 70)  # exact: 2 of C(8, 4)
+  assert sweep.rung_fractions(0.25, 2) == [0.25, 0.5, 1.0]
