@@ -8,8 +8,6 @@ the top k encoder layers and the pooler back to their initial distribution (Zhan
 """
 from __future__ import annotations
 
-import glob
-import os
 from typing import Any
 
 import jax
@@ -36,32 +34,17 @@ def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> Model
   return ModelConfig.from_dict(fields)
 
 
-def vocab_path(config: ml_collections.ConfigDict, saved: dict | None) -> tuple[str, bool]:
-  """(vocab file, lower_case): data.vocab if set, else the checkpoint's (its own copy first), else the
-  embedded vocabulary, which is what a pretraining run with data.vocab="" used."""
+def load_tokenizer(config: ml_collections.ConfigDict):
+  """data.vocab when set; else the tokenizer that travels with init_from; else the embedded vocabulary
+  (what a pretraining run with data.vocab="" used). WordPiece or SentencePiece: `.path` is its file."""
+  from data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   if config.data.vocab:
-    return config.data.vocab, config.data.lower_case
-  data = (saved or {}).get("data", {})
-  lower_case = data.get("lower_case", config.data.lower_case)
-  recorded = data.get("vocab", "")
-  ckpt_dir = os.path.abspath(config.init_from) if config.init_from else ""
-  candidates = [os.path.join(ckpt_dir, os.path.basename(recorded))] if recorded and ckpt_dir else []
-  candidates += [recorded] if recorded else []
-  candidates += sorted(glob.glob(os.path.join(ckpt_dir, "vocab.txt")) + glob.glob(os.path.join(ckpt_dir, "*.model"))) \
-      if ckpt_dir else []
-  found = next((c for c in candidates if c and os.path.isfile(c)), None)
-  if found:
-    return found, lower_case
-  if recorded:
-    raise UserError(f"the vocabulary {recorded!r} of {config.init_from} is not there; pass --config.data.vocab")
+    return load_vocab(config.data.vocab, config.data.lower_case)
+  if config.init_from:
+    import bert_jax  # pylint: disable=import-outside-toplevel
+    return bert_jax.load_tokenizer(config.init_from)
   from data_pipelines import embedded  # pylint: disable=import-outside-toplevel
-  return embedded.ensure_embedded()[1], lower_case
-
-
-def load_tokenizer(config: ml_collections.ConfigDict, saved: dict | None):
-  from data_pipelines.tokenizers import load_tokenizer as load  # pylint: disable=import-outside-toplevel
-  path, lower_case = vocab_path(config, saved)
-  return load(path, lower_case), path
+  return load_vocab(embedded.ensure_embedded()[1], config.data.lower_case)
 
 
 def _head_compatible(fresh_head: Any, saved_head: Any) -> bool:

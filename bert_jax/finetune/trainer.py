@@ -70,7 +70,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 
   loss, grads = jax.value_and_grad(compute_loss)(state.params)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
              "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
   return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state), metrics
 
@@ -179,11 +179,11 @@ def _json_line(path: str, record: dict) -> None:
     f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _saved_config(config: ml_collections.ConfigDict, model_config, vocab: str) -> dict:
-  """The workdir's config.json: the run config with the resolved model and the workdir's vocab copy."""
+def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer) -> dict:
+  """The workdir's config.json: the run config with the resolved model and the tokenizer's copy."""
   saved = config.to_dict()
   saved["model"] = model_config.to_dict()
-  saved["data"]["vocab"] = os.path.basename(vocab)
+  saved["data"].update(vocab=os.path.basename(tokenizer.path), lower_case=tokenizer.lower_case)
   return json.loads(json.dumps(saved, default=str))
 
 
@@ -204,7 +204,7 @@ class Run:
     self.config, self.workdir = config, os.path.abspath(workdir)
     os.makedirs(self.workdir, exist_ok=True)
     saved_params, saved_config = init.load_checkpoint(config.init_from)
-    self.tokenizer, self.vocab = init.load_tokenizer(config, saved_config)
+    self.tokenizer = init.load_tokenizer(config)
     self.task = build_task(config, self.tokenizer, need_train=not config.eval_only)
     model_config = heads.encoder_config(init.model_config(config, saved_config), self.task.head,
                                         config.head.pooling)
@@ -213,7 +213,7 @@ class Run:
                       f"train.batch_size={config.train.batch_size}")
     num_train = 0 if self.task.train is None else len(self.task.train["input_ids"])
     self.setup = build_setup(config, model_config, self.task, num_train)
-    self.saved_config = _saved_config(config, model_config, self.vocab)
+    self.saved_config = _saved_config(config, model_config, self.tokenizer)
     self.state, self.progress = self._start(saved_params, saved_config)
 
   def _path(self, *names: str) -> str:
@@ -281,7 +281,7 @@ class Run:
 
   def save_params(self, params: Any) -> None:
     checkpoint.save_params(self.workdir, params, self.saved_config,
-                           {os.path.basename(self.vocab): self.vocab})
+                           {os.path.basename(self.tokenizer.path): self.tokenizer.path})
 
   def pause(self) -> None:
     """Saves the train state so that a new Run on this workdir continues where this one stopped."""
