@@ -55,7 +55,7 @@ def test_roberta_trains_on_its_own_bpe_vocabulary(bpe_vocab, tmp_path):
 
 def test_progressive_stacking_continues_from_the_grown_model(tmp_path):
   tiny = ["--config.model.vocab_size=8192", "--config.model.hidden_size=128", "--config.model.num_heads=2",
-          "--config.model.intermediate_size=512", "--config.train.num_steps=30"]
+          "--config.model.intermediate_size=512", "--config.train.num_steps=20"]
   stage1 = train_losses("configs/stacking.py:stage1", tmp_path / "stage1", *tiny,
                         "--config.model.num_layers=1")
   assert cli.main(["grow", "--from", str(tmp_path / "stage1"), "--to", str(tmp_path / "grown")]) == 0
