@@ -145,3 +145,40 @@ def test_sweep_statistics():
   test = sweep.compare([0.80, 0.82, 0.81, 0.83], [0.70, 0.71, 0.69, 0.72])
   assert test["welch_p"] < 0.001 and test["permutation_p"] == pytest.approx(2 / 70)  # exact: 2 of C(8, 4)
   assert sweep.rung_fractions(0.25, 2) == [0.25, 0.5, 1.0]
+
+
+def _squad_files(directory, n=16):
+  """SQuAD v2.0 JSON: the answer is the context's first word; every fourth question is unanswerable."""
+  qas_per_context = []
+  for i, sentence in enumerate(data_fixtures.real_sentences(n)):
+    first = sentence.split()[0]
+    qa = {"id": f"q{i}", "question": "which word comes first?",
+          "answers": [] if i % 4 == 3 else [{"text": first, "answer_start": 0}], "is_impossible": i % 4 == 3}
+    qas_per_context.append({"context": sentence, "qas": [qa]})
+  for split in ("train", "dev"):
+    (directory / f"{split}-v2.0.json").write_text(json.dumps({"data": [{"title": "t",
+                                                                         "paragraphs": qas_per_context}]}))
+  return str(directory)
+
+
+def test_squad_v2_runs_end_to_end(tmp_path):
+  overrides = TINY + [f"--config.data.data_dir={_squad_files(tmp_path)}", "--config.train.epochs=1",
+                      "--config.task.doc_stride=8", "--config.task.max_query_length=8"]
+  results = trainer.finetune(load_config("configs/squad.py:v2", overrides), str(tmp_path / "run"))
+  assert set(results) == {"exact_match", "f1"} and 0.0 <= results["f1"] <= 100.0
+  with open(tmp_path / "run" / "predictions" / "predictions.dev.json") as f:
+    assert set(json.load(f)) == {f"q{i}" for i in range(16)}
+  assert os.path.exists(tmp_path / "run" / "predictions" / "null_odds.dev.json")
+
+
+def test_ner_runs_end_to_end(tmp_path):
+  lines = []
+  for sentence in data_fixtures.real_sentences(16):
+    lines += [f"{w} NN O {'B-PER' if w[0].isupper() else 'O'}" for w in sentence.split()] + [""]
+  for name in ("train.txt", "valid.txt"):
+    (tmp_path / name).write_text("\n".join(lines))
+  overrides = TINY + [f"--config.data.data_dir={tmp_path}", "--config.train.epochs=1"]
+  results = trainer.finetune(load_config("configs/ner.py:conll2003", overrides), str(tmp_path / "run"))
+  assert set(results) == {"precision", "recall", "f1"}
+  with open(tmp_path / "run" / "predictions" / "ner.dev.txt") as f:
+    assert len(f.read().split("\n\n")) >= 16
