@@ -31,7 +31,7 @@ def test_glue_tsv_layouts(tmp_path):
   assert glue.read_tsv(cola, glue.SPECS["cola"]) == [("The broncos won.", None, "1"), ("Won the.", None, "0")]
   cola_test = _write(tmp_path / "cola_test.tsv", [["index", "sentence"], ["0", "A test."]])
   assert glue.read_tsv(cola_test, glue.SPECS["cola"]) == [("A test.", None, None)]
-  mrpc = _write(tmp_path / "mrpc.tsv", [["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+  mrpc = _write(tmp_path / "mrpc.tsv", [["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
                                         ["1", "1", "2", "a b", "c d"], ["broken row"]])
   assert glue.read_tsv(mrpc, glue.SPECS["mrpc"]) == [("a b", "c d", "1")]
   header = ["index", "promptID", "pairID", "genre", "s1b", "s2b", "s1p", "s2p", "sentence1", "sentence2",

@@ -60,7 +60,7 @@ _COLA_POSITIONS = {"sentence": 3, "label": 1}
 def read_tsv(path: str, spec: GlueSpec) -> list[tuple[str, str | None, str | None]]:
   """(text a, text b, label string or None) rows of a GLUE TSV file; malformed rows are skipped."""
   csv.field_size_limit(sys.maxsize)
-  with open(path, encoding="utf-8", newline="") as f:
+  with open(path, encoding="utf-8-sig", newline="") as f:  # MRPC's files start with a byte-order mark
     rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
   if not rows:
     return []

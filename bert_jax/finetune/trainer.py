@@ -4,6 +4,7 @@ parameters, stop early, then evaluate and write predictions.
 Workdir layout:
   config.json, params/, <vocab>   the kept (best, or last) parameters as a params checkpoint, so the
                                   workdir is itself a valid init_from (two-stage fine-tuning)
+  run_config.json                 the config as given, written when the run starts
   state/, progress.json           the train state of a paused run (sweeps stop runs and continue some)
   metrics.jsonl                   one JSON object per logged step and per evaluation
   eval_results.json               the final dev metrics
