@@ -79,6 +79,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.packing = False  # pack whole documents per row (full_sentences/doc_sentences only)
   c.num_shards = 8  # virtual shards; a multiple of the process count, dividing the global batch
   c.shuffle_buffer = 1000  # documents per shuffle block (rows are built and shuffled per block)
+  # Processes building examples (Python, ~1 core each); 0 builds them in the training process. Same
+  # batches for any value; at most this host's shard count are used.
+  c.num_workers = 0
   c.seed = 0
   c.update(overrides)
   return c

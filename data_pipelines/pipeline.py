@@ -13,15 +13,27 @@ builds its rows with a generator seeded by (seeds, shard, block position) and sh
 row's mask is drawn from a generator seeded by (seeds, shard, row index), fresh for every row ever
 produced. The saved position of a shard is (block position, rows already taken from the block, row
 index): restoring re-reads one block and is exact.
+
+Parallelism: with `data.num_workers` = 0 this host's shards run in one Python generator behind tf.data
+prefetch, so example building uses about one core. With N > 0, N spawned worker processes each run a
+contiguous group of the shards (rebuilding the context from the picklable config) and send their
+piece of every batch, with their shards' positions, through a bounded queue; the main process joins
+the pieces in shard order. Shards are independent streams, so the batches are the same for any N.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
+import multiprocessing
 import os
+import queue
+import signal
 import threading
+import traceback
 
+import ml_collections
 import numpy as np
 
 from data_pipelines import corpora, embedded
@@ -54,6 +66,9 @@ SPAN_FEATURES = {
 }
 _STATE_FILE = "data_state.process{:05d}.json"
 _MASK_STREAM = 1  # separates the mask generator's seed from the block generator's
+_QUEUE_BATCHES = 2  # pieces a worker builds ahead, as the in-process path's prefetch(2)
+_POLL_SECONDS = 0.1  # how often a blocked queue call checks that the other side is still there
+_JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
 
 
 def feature_spec(data_cfg) -> dict:
@@ -183,35 +198,146 @@ class _ShardStream:
       self.state = {"cursor": cursor, "skip": 0, "index": index}
 
 
-class PretrainInput:
-  """Iterable of this host's rows of each global batch; `save`/`restore` its position."""
+def _shard_batches(ctx: _Context, shards, states: dict, rows_per_shard: int):
+  """(key, rows of `shards` stacked per feature, their states after those rows) for batch 0, 1, ..."""
+  streams = [_ShardStream(ctx, s, states[s]) for s in shards]
+  iterators = [iter(s) for s in streams]
+  for key in itertools.count():
+    rows = [next(it) for it in iterators for _ in range(rows_per_shard)]
+    yield key, {name: np.stack([r[name] for r in rows]) for name in ctx.spec}, {s.shard: s.state for s in streams}
 
-  def __init__(self, ctx: _Context, tokenizer, shards: range, rows_per_shard: int, process_index: int):
-    self._ctx, self.tokenizer, self._shards = ctx, tokenizer, shards
+
+def _put(out, message, stop) -> bool:
+  """Blocks while the queue is full; False when the main process asked to stop or is gone."""
+  parent = multiprocessing.parent_process()
+  while not stop.is_set() and parent.is_alive():
+    try:
+      out.put(message, timeout=_POLL_SECONDS)
+      return True
+    except queue.Full:
+      pass
+  return False
+
+
+def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int):
+  """(key, piece, states, stats) for every batch; if building fails, the error as the last message."""
+  try:
+    ctx = _context(ml_collections.ConfigDict(context_args["data_cfg"]),
+                   **{k: v for k, v in context_args.items() if k != "data_cfg"})
+    for key, piece, shard_states in _shard_batches(ctx, shards, states, rows_per_shard):
+      yield key, piece, shard_states, dict(ctx.stats)
+  except DataError as e:
+    yield e
+  except Exception:  # pylint: disable=broad-except  # any failure must reach the caller, with its trace
+    yield RuntimeError(f"data worker for shards {shards} failed:\n{traceback.format_exc()}")
+
+
+def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, out, stop):
+  """A worker process's main: sends its messages until stopped, or until the last one (an error)."""
+  # Ctrl-C and preemption signals reach the whole process group; the main process owns the shutdown
+  # (the trainer keeps reading batches after SIGTERM until the agreed stop step).
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  for message in _worker_messages(context_args, shards, states, rows_per_shard):
+    if not _put(out, message, stop):
+      out.cancel_join_thread()  # nobody will read what is still buffered: exit without flushing it
+      return
+
+
+class _WorkerPool:
+  """Worker processes, one per contiguous group of shards, each sending its piece of every batch."""
+
+  def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int):
+    mp = multiprocessing.get_context("spawn")  # forking a process that runs TF threads can deadlock
+    self._stop = mp.Event()
+    self._queues = [mp.Queue(_QUEUE_BATCHES) for _ in groups]
+    self._processes = [
+        mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
+                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, q, self._stop))
+        for g, q in zip(groups, self._queues)]
+    for p in self._processes:
+      p.start()
+    self.stats = [{} for _ in groups]
+    self._closed = False
+    # Registered after multiprocessing's own exit hook, so it runs first: workers ignore SIGTERM,
+    # which that hook would send them before waiting for them forever.
+    atexit.register(self.close)
+
+  def _get(self, i: int):
+    while True:
+      try:
+        message = self._queues[i].get(timeout=_POLL_SECONDS)
+      except queue.Empty:
+        if not self._processes[i].is_alive() and self._queues[i].empty():
+          raise RuntimeError(f"{self._processes[i].name} exited (code {self._processes[i].exitcode}) "
+                             "without a batch or an error; was it killed (out of memory)?") from None
+        continue
+      if isinstance(message, Exception):
+        raise message
+      return message
+
+  def next(self) -> tuple[dict, dict]:
+    """(this host's batch, its shards' states after it): the workers' pieces in shard order."""
+    pieces = [self._get(i) for i in range(len(self._processes))]
+    if len({key for key, *_ in pieces}) != 1:
+      raise RuntimeError(f"data workers are out of step: batch keys {[key for key, *_ in pieces]}")
+    states = {}
+    for i, (_, _, shard_states, stats) in enumerate(pieces):
+      states.update(shard_states)
+      self.stats[i] = stats
+    return {name: np.concatenate([piece[name] for _, piece, _, _ in pieces]) for name in pieces[0][1]}, states
+
+  def close(self) -> None:
+    if self._closed:  # at exit: once from the atexit hook, again from PretrainInput.__del__
+      return
+    self._closed = True
+    atexit.unregister(self.close)
+    self._stop.set()
+    for p in self._processes:
+      p.join(_JOIN_SECONDS)
+    for p in self._processes:
+      if p.is_alive():
+        p.kill()  # still building a block; it holds nothing but open input files
+        p.join()
+    for q in self._queues:
+      q.close()
+
+
+class PretrainInput:
+  """Iterable of this host's rows of each global batch; `save`/`restore` its position; `close` its workers."""
+
+  def __init__(self, ctx: _Context, shards: range, rows_per_shard: int, process_index: int,
+               num_workers: int, context_args: dict):
+    self._ctx, self.tokenizer, self._shards = ctx, ctx.tokenizer, shards
     self._rows_per_shard, self._process_index = rows_per_shard, process_index
     self._states = {s: None for s in shards}
     self._iterator = None
     self._error = None
     self._snapshots, self._lock = {}, threading.Lock()
+    # context_args rebuild ctx in a worker: picklable, unlike the tokenizer and the source
+    groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
+    self._groups = [[int(s) for s in g] for g in groups]
+    self._context_args, self._pool = context_args, None
+    self._closed_worker_stats = corpora.Stats()
 
   @property
   def stats(self) -> dict:
     """Counted skips: skipped_lines (not UTF-8), skipped_files (binary), short_documents."""
-    return dict(self._ctx.stats)
+    total = self._ctx.stats + self._closed_worker_stats
+    for worker_stats in (self._pool.stats if self._pool else []):
+      total.update(worker_stats)
+    return dict(total)
 
   @property
   def spec(self) -> dict:
     return self._ctx.spec
 
   def _batches(self):
-    streams = [_ShardStream(self._ctx, s, self._states[s]) for s in self._shards]
-    iterators = [iter(s) for s in streams]
     try:
-      for key in itertools.count():
-        rows = [next(it) for it in iterators for _ in range(self._rows_per_shard)]
+      for key, batch, states in _shard_batches(self._ctx, self._shards, self._states, self._rows_per_shard):
         with self._lock:
-          self._snapshots[key] = {s.shard: s.state for s in streams}
-        yield key, {name: np.stack([r[name] for r in rows]) for name in self._ctx.spec}
+          self._snapshots[key] = states
+        yield key, batch
     except DataError as e:
       self._error = e
       raise
@@ -230,6 +356,8 @@ class PretrainInput:
     return self
 
   def __next__(self) -> dict:
+    if self._groups:
+      return self._next_from_workers()
     if self._iterator is None:
       self._snapshots.clear()
       self._iterator = self._dataset().as_numpy_iterator()
@@ -244,6 +372,29 @@ class PretrainInput:
       for old in [k for k in self._snapshots if k < key]:
         del self._snapshots[old]
     return batch
+
+  def _next_from_workers(self) -> dict:
+    if self._pool is None:
+      self._pool = _WorkerPool(self._context_args, self._groups, self._states, self._rows_per_shard)
+    try:
+      batch, states = self._pool.next()
+    except BaseException:
+      self.close()  # a worker failed or we were interrupted: the next call restarts from the consumed position
+      raise
+    self._states.update(states)
+    return batch
+
+  def close(self) -> None:
+    """Stops the worker processes (if any); the next `next()` starts again from the consumed position."""
+    if self._pool is not None:
+      for worker_stats in self._pool.stats:
+        self._closed_worker_stats.update(worker_stats)
+      self._pool.close()
+      self._pool = None
+    self._iterator = None
+
+  def __del__(self):
+    self.close()
 
   def save(self, directory: str) -> None:
     """Writes this process's shard positions to `directory` (one file per process)."""
@@ -271,8 +422,8 @@ class PretrainInput:
     if missing:
       raise DataError(f"{directory}: no saved input position for shards {missing}; "
                       "was the checkpoint written by a run with the same data config?")
+    self.close()
     self._states = {s: found[s] for s in self._shards}
-    self._iterator = None
 
 
 def _check_layout(global_batch_size, process_index, process_count, num_shards):
@@ -331,14 +482,9 @@ def _source(data_cfg, split, num_shards, stats):
   return corpora.TextSource(files, data_cfg.corpus_format, stats), False, holdout
 
 
-def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int, process_count: int,
-                        seed: int, split: str = "train", max_position_embeddings: int | None = None,
-                        model_vocab_size: int | None = None) -> PretrainInput:
-  """This host's share of the pretraining (or held-out eval) stream; see the module docstring."""
-  if split not in ("train", "eval"):
-    raise DataError(f"split={split!r}; use 'train' or 'eval'")
-  num_shards = data_cfg.num_shards
-  _check_layout(global_batch_size, process_index, process_count, num_shards)
+def _context(data_cfg, split: str, seed: int, max_position_embeddings: int | None,
+             model_vocab_size: int | None) -> _Context:
+  """The shard streams' shared context; built this way in the main process and in every worker."""
   tokenizer = _tokenizer(data_cfg)
   _check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_size)
   special = tokenizer.special_ids
@@ -349,10 +495,27 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   if data_cfg.shuffle_buffer < 1:
     raise DataError(f"data.shuffle_buffer={data_cfg.shuffle_buffer}; use a positive number of documents")
   stats = corpora.Stats()
-  source, tokenized, holdout = _source(data_cfg, split, num_shards, stats)
-  ctx = _Context(source, tokenized, tokenizer, builder, masking, feature_spec(data_cfg),
-                 (data_cfg.seed, seed, 0 if split == "train" else 1), num_shards, holdout,
-                 data_cfg.shuffle_buffer, data_cfg.max_seq_length, stats)
+  source, tokenized, holdout = _source(data_cfg, split, data_cfg.num_shards, stats)
+  return _Context(source, tokenized, tokenizer, builder, masking, feature_spec(data_cfg),
+                  (data_cfg.seed, seed, 0 if split == "train" else 1), data_cfg.num_shards, holdout,
+                  data_cfg.shuffle_buffer, data_cfg.max_seq_length, stats)
+
+
+def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int, process_count: int,
+                        seed: int, split: str = "train", max_position_embeddings: int | None = None,
+                        model_vocab_size: int | None = None) -> PretrainInput:
+  """This host's share of the pretraining (or held-out eval) stream; see the module docstring."""
+  if split not in ("train", "eval"):
+    raise DataError(f"split={split!r}; use 'train' or 'eval'")
+  num_shards = data_cfg.num_shards
+  _check_layout(global_batch_size, process_index, process_count, num_shards)
+  if data_cfg.num_workers < 0:
+    raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build examples in this process) "
+                    "or a positive number of worker processes")
+  context_args = {"split": split, "seed": seed, "max_position_embeddings": max_position_embeddings,
+                  "model_vocab_size": model_vocab_size}
+  ctx = _context(data_cfg, **context_args)
   per_host = num_shards // process_count
   shards = range(process_index * per_host, (process_index + 1) * per_host)
-  return PretrainInput(ctx, tokenizer, shards, global_batch_size // num_shards, process_index)
+  return PretrainInput(ctx, shards, global_batch_size // num_shards, process_index, data_cfg.num_workers,
+                       {"data_cfg": data_cfg.to_dict(), **context_args})

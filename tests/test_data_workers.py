@@ -1,0 +1,105 @@
+"""data.num_workers: worker processes give the in-process batches, resume exactly, report errors, shut down."""
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import data_fixtures
+from configs import common
+from data_pipelines.errors import DataError
+from data_pipelines.pipeline import make_pretrain_input
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  return data_fixtures.write_corpus(str(tmp_path_factory.mktemp("corpus")), num_docs=40, num_files=4)
+
+
+def _cfg(corpus, num_workers, **kw):
+  # A small shuffle block, so a few batches cross block boundaries inside each shard.
+  return common.data_config(corpus=corpus, vocab=data_fixtures.embedded_paths()[1], max_seq_length=64,
+                            max_predictions_per_seq=10, num_shards=4, shuffle_buffer=3,
+                            num_workers=num_workers, **kw)
+
+
+def _input(cfg):
+  return make_pretrain_input(cfg, global_batch_size=BATCH, process_index=0, process_count=1, seed=3)
+
+
+def _assert_same(want, got):
+  assert want.keys() == got.keys()
+  for k in want:
+    assert want[k].dtype == got[k].dtype and np.array_equal(want[k], got[k]), k
+
+
+def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
+  reference = _input(_cfg(corpus, 0, masking="span"))
+  workers = _input(_cfg(corpus, 3, masking="span"))  # shard groups [0, 1], [2], [3]
+  try:
+    for _ in range(6):
+      _assert_same(next(reference), next(workers))
+    children = multiprocessing.active_children()
+    assert len(children) == 3
+  finally:
+    workers.close()
+  assert not any(c.is_alive() for c in children)
+  assert not set(multiprocessing.active_children()) & set(children)
+
+
+def test_save_with_workers_restore_with_another_count(corpus, tmp_path):
+  reference = _input(_cfg(corpus, 0))
+  expected = [next(reference) for _ in range(7)]
+  first = _input(_cfg(corpus, 2))
+  try:
+    for _ in range(3):
+      next(first)
+    first.save(str(tmp_path))
+    next(first)
+    first.restore(str(tmp_path))  # restarts its workers from the saved position
+    _assert_same(expected[3], next(first))
+  finally:
+    first.close()
+  resumed = _input(_cfg(corpus, 1))
+  try:
+    resumed.restore(str(tmp_path))
+    for want in expected[3:]:
+      _assert_same(want, next(resumed))
+  finally:
+    resumed.close()
+
+
+def test_worker_error_reaches_the_caller(tmp_path):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  data = _input(_cfg(str(empty), 1))
+  try:
+    with pytest.raises(DataError, match=r"shard \d of 4 produced no examples in a whole epoch"):
+      next(data)
+  finally:
+    data.close()
+
+
+def test_interpreter_exits_cleanly_with_running_workers(corpus):
+  # No close(): the workers are blocked on full queues when the interpreter exits.
+  script = textwrap.dedent(f"""
+      import os, sys
+      sys.path[:0] = {[os.path.dirname(__file__), os.getcwd()]!r}
+      import test_data_workers as t
+      data = t._input(t._cfg({corpus!r}, 2))
+      next(data)
+      print(*(p.pid for p in __import__("multiprocessing").active_children()))
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+  pids = [int(p) for p in done.stdout.split()]
+  assert len(pids) == 2
+  for pid in pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
