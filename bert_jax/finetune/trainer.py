@@ -83,13 +83,10 @@ def predict_step(params: Any, batch: dict[str, jax.Array], *, model: nn.Module) 
 @dataclasses.dataclass
 class Setup:
   model_config: Any
-  model: nn.Module
   mesh: Any
   num_steps: int
   steps_per_epoch: int
-  schedule: optax.Schedule
-  abstract_state: TrainState
-  state_shardings: Any
+  abstract_state: TrainState  # with the shardings, for restoring
   init_params: Callable
   make_state: Callable
   train_step: Callable
@@ -128,11 +125,9 @@ def build_setup(config: ml_collections.ConfigDict, model_config, task: Task, num
   data, replicated = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
   step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, kind=task.head)
   return Setup(
-      model_config=model_config, model=model, mesh=mesh, num_steps=num_steps,
-      steps_per_epoch=steps_per_epoch, schedule=schedule,
+      model_config=model_config, mesh=mesh, num_steps=num_steps, steps_per_epoch=steps_per_epoch,
       abstract_state=jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abstract_state, state_shardings),
-      state_shardings=state_shardings,
       init_params=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=param_shardings),
       make_state=jax.jit(make_state, in_shardings=(param_shardings,), out_shardings=state_shardings),
       train_step=jax.jit(step, in_shardings=(state_shardings, data, replicated),
