@@ -6,6 +6,7 @@ take an equivalent regex fast path; other lines run the original character loop.
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 
@@ -104,6 +105,13 @@ class _Tokenizer:
   """Shared surface: vocab list, special ids, id lookups, word-continuation table for masking."""
   vocab: list[str]
   special_ids: dict
+  kind: str
+  path: str
+
+  @property
+  def files(self) -> dict[str, str]:
+    """{file name: path}: what a checkpoint must carry to rebuild this tokenizer."""
+    return {os.path.basename(self.path): self.path}
 
   @property
   def vocab_size(self) -> int:
@@ -124,6 +132,7 @@ class _Tokenizer:
 
 class WordPieceTokenizer(_Tokenizer):
   """BERT WordPiece over a `vocab.txt` (one token per line, id = line number)."""
+  kind = "wordpiece"
 
   def __init__(self, path: str, lower_case: bool = True):
     self.path, self.lower_case = path, lower_case
@@ -185,6 +194,7 @@ class WordPieceTokenizer(_Tokenizer):
 
 class SentencePieceTokenizer(_Tokenizer):
   """SentencePiece (unigram or BPE) model; text is lower-cased first when `lower_case` (ALBERT style)."""
+  kind = "sentencepiece"
 
   def __init__(self, path: str, lower_case: bool = True):
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel

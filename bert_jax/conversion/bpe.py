@@ -56,6 +56,7 @@ class ByteLevelBPETokenizer:
   """RoBERTa's tokenizer: encode(text) -> ids (no <s>/</s>), vocab, special_ids, id_to_token."""
 
   lower_case = False
+  kind = "bpe"
 
   def __init__(self, vocab_path: str, merges_path: str):
     try:
@@ -66,6 +67,7 @@ class ByteLevelBPETokenizer:
     except (OSError, ValueError) as e:
       raise UserError(f"cannot read byte-level BPE files {vocab_path}, {merges_path}: {e}") from None
     self.path, self._ids = vocab_path, ids
+    self.files = {"vocab.json": vocab_path, "merges.txt": merges_path}
     self.vocab = [""] * (max(ids.values()) + 1)
     for token, i in ids.items():
       self.vocab[i] = token

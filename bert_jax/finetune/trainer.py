@@ -179,7 +179,8 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer) ->
   """The workdir's config.json: the run config with the resolved model and the tokenizer's copy."""
   saved = config.to_dict()
   saved["model"] = model_config.to_dict()
-  saved["data"].update(vocab=os.path.basename(tokenizer.path), lower_case=tokenizer.lower_case)
+  saved["data"].update(vocab=os.path.basename(tokenizer.path), tokenizer=tokenizer.kind,
+                       lower_case=tokenizer.lower_case)
   return json.loads(json.dumps(saved, default=str))
 
 
@@ -276,8 +277,7 @@ class Run:
     return self.progress.stopped_early
 
   def save_params(self, params: Any) -> None:
-    checkpoint.save_params(self.workdir, params, self.saved_config,
-                           {os.path.basename(self.tokenizer.path): self.tokenizer.path})
+    checkpoint.save_params(self.workdir, params, self.saved_config, self.tokenizer.files)
 
   def pause(self) -> None:
     """Saves the train state so that a new Run on this workdir continues where this one stopped."""
