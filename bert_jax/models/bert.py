@@ -241,7 +241,18 @@ class MaskedLMHead(nn.Module):
     h = activation(cfg)(dense(cfg, cfg.embed_dim, ("mlp", "embed"), "transform")(x))
     h = layer_norm(cfg, "layer_norm")(h)
     bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
-    return embeddings.attend(h).astype(jnp.float32) + bias.astype(jnp.float32)
+    return embeddings.attend(h).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), h.shape[:-1])
+
+
+def rows_of(v: Array, lead_shape: tuple[int, ...]) -> Array:
+  """v: [V] -> [*lead_shape, V], as the product ones[..., 1] @ v[1, V] (exact: one term, HIGHEST precision).
+
+  The values are those of broadcasting; the point is the gradient, a matmul ones^T @ g instead of a
+  sum over rows. XLA:CPU (YNNPACK reduce) took 117 ms for that sum over a [320, 30522] MLM gradient
+  and 4.4 ms for the matmul (2 EPYC cores, jax 0.10.2): ~8% of the `mini` train step.
+  """
+  ones = jnp.ones(lead_shape + (1,), v.dtype)
+  return jnp.einsum("...o,ov->...v", ones, v[None], precision=jax.lax.Precision.HIGHEST)
 
 
 class ReplacedTokenHead(nn.Module):
