@@ -51,8 +51,13 @@ class _Preemption:
 
 def make_inputs(config: ml_collections.ConfigDict, split: str, batch_size: int):
   from data_pipelines import pipeline  # TensorFlow is imported only when there is input to read
+  data_cfg = config.data
+  if split == "eval" and data_cfg.num_workers:
+    # Evaluation rewinds its input before every run; worker processes would restart each time.
+    data_cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+    data_cfg.num_workers = 0
   return pipeline.make_pretrain_input(
-      config.data, global_batch_size=batch_size, process_index=jax.process_index(),
+      data_cfg, global_batch_size=batch_size, process_index=jax.process_index(),
       process_count=jax.process_count(), seed=config.data.seed, split=split,
       max_position_embeddings=config.model.max_position_embeddings,
       model_vocab_size=config.model.vocab_size)
@@ -130,6 +135,9 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     preemption = stack.enter_context(_Preemption())
     stack.callback(logger.close)
     stack.callback(ckpt.close)
+    stack.callback(inputs.close)
+    if eval_inputs is not None:
+      stack.callback(eval_inputs.close)
     for step in range(start + 1, train_cfg.num_steps + 1):
       batch = partitioning.global_batch(next(inputs), setup.mesh)
       state, metrics = setup.train_step(state, batch, rng)
