@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from bert_jax.errors import UserError
@@ -45,6 +46,8 @@ def split_config_overrides(argv):
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
+  # TensorFlow (the input pipeline) prints C++ start-up notes that are noise here; yours wins if set.
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
     rest, overrides = split_config_overrides(argv)
     args = build_parser().parse_args(rest)
