@@ -14,8 +14,8 @@ row's mask is drawn from a generator seeded by (seeds, shard, row index), fresh 
 produced. The saved position of a shard is (block position, rows already taken from the block, row
 index): restoring re-reads one block and is exact.
 
-Parallelism: with `data.num_workers` = 0 this host's shards run in one Python generator behind tf.data
-prefetch, so example building uses about one core. With N > 0, N spawned worker processes each run a
+Parallelism: with `data.num_workers` = 0 this host's shards run in one Python generator on a prefetch
+thread (two batches ahead), so example building uses about one core. With N > 0, N spawned worker processes each run a
 contiguous group of the shards (rebuilding the context from the picklable config) and send their
 piece of every batch, with their shards' positions, through a bounded queue; the main process joins
 the pieces in shard order. Shards are independent streams, so the batches are the same for any N.
@@ -66,7 +66,7 @@ SPAN_FEATURES = {
 }
 _STATE_FILE = "data_state.process{:05d}.json"
 _MASK_STREAM = 1  # separates the mask generator's seed from the block generator's
-_QUEUE_BATCHES = 2  # pieces a worker builds ahead, as the in-process path's prefetch(2)
+_QUEUE_BATCHES = 2  # pieces a worker builds ahead, as the in-process prefetch thread does
 _POLL_SECONDS = 0.1  # how often a blocked queue call checks that the other side is still there
 _JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
 
@@ -303,6 +303,52 @@ class _WorkerPool:
       q.close()
 
 
+class _Prefetcher:
+  """Runs a batch generator in a background thread, `depth` batches ahead; `close` stops it at once.
+
+  The batches carry the shard states they end at, so the consumer records exactly what it consumed.
+  (tf.data's from_generator did this job first: destroying its iterator while its thread was inside
+  the Python generator deadlocked on the GIL, which hung processes at exit.)
+  """
+
+  def __init__(self, make_batches, depth: int = 2):
+    self._queue = queue.Queue(maxsize=depth)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(make_batches,), daemon=True)
+    self._thread.start()
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        continue
+    return False
+
+  def _run(self, make_batches):
+    try:
+      for item in make_batches():
+        if not self._put(("batch", item)):
+          return
+      self._put(("end", None))
+    except BaseException as e:  # pylint: disable=broad-except  # re-raised in the consumer
+      self._put(("error", e))
+
+  def next(self):
+    kind, value = self._queue.get()
+    if kind == "error":
+      raise value
+    if kind == "end":
+      raise StopIteration
+    return value
+
+  def close(self) -> None:
+    self._stop.set()
+    if threading.current_thread() is not self._thread:
+      self._thread.join()
+
+
 class PretrainInput:
   """Iterable of this host's rows of each global batch; `save`/`restore` its position; `close` its workers."""
 
@@ -311,9 +357,7 @@ class PretrainInput:
     self._ctx, self.tokenizer, self._shards = ctx, ctx.tokenizer, shards
     self._rows_per_shard, self._process_index = rows_per_shard, process_index
     self._states = {s: None for s in shards}
-    self._iterator = None
-    self._error = None
-    self._snapshots, self._lock = {}, threading.Lock()
+    self._prefetcher = None
     # context_args rebuild ctx in a worker: picklable, unlike the tokenizer and the source
     groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
     self._groups = [[int(s) for s in g] for g in groups]
@@ -332,45 +376,17 @@ class PretrainInput:
   def spec(self) -> dict:
     return self._ctx.spec
 
-  def _batches(self):
-    try:
-      for key, batch, states in _shard_batches(self._ctx, self._shards, self._states, self._rows_per_shard):
-        with self._lock:
-          self._snapshots[key] = states
-        yield key, batch
-    except DataError as e:
-      self._error = e
-      raise
-
-  def _dataset(self):
-    t = tf()
-    b = len(self._shards) * self._rows_per_shard
-    shapes = {"B": b, "T": self._ctx.max_seq_length, "P": self._ctx.masking.max_predictions}
-    signature = {name: t.TensorSpec([shapes[d] for d in dims], dtype)
-                 for name, (dtype, dims, _) in self._ctx.spec.items()}
-    ds = t.data.Dataset.from_generator(
-        self._batches, output_signature=(t.TensorSpec([], t.int64), signature))
-    return ds.prefetch(2)
-
   def __iter__(self):
     return self
 
   def __next__(self) -> dict:
     if self._groups:
       return self._next_from_workers()
-    if self._iterator is None:
-      self._snapshots.clear()
-      self._iterator = self._dataset().as_numpy_iterator()
-    try:
-      key, batch = next(self._iterator)
-    except Exception as e:  # tf wraps generator errors; surface ours as they were raised
-      if self._error is not None:
-        raise self._error from None
-      raise
-    with self._lock:
-      self._states.update(self._snapshots.pop(key))
-      for old in [k for k in self._snapshots if k < key]:
-        del self._snapshots[old]
+    if self._prefetcher is None:
+      self._prefetcher = _Prefetcher(
+          lambda: _shard_batches(self._ctx, self._shards, self._states, self._rows_per_shard))
+    _, batch, states = self._prefetcher.next()
+    self._states.update(states)
     return batch
 
   def _next_from_workers(self) -> dict:
@@ -391,7 +407,9 @@ class PretrainInput:
         self._closed_worker_stats.update(worker_stats)
       self._pool.close()
       self._pool = None
-    self._iterator = None
+    if self._prefetcher is not None:
+      self._prefetcher.close()
+      self._prefetcher = None
 
   def __del__(self):
     self.close()

@@ -103,3 +103,24 @@ def test_interpreter_exits_cleanly_with_running_workers(corpus):
   for pid in pids:
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("how", ["exit", "close"])
+def test_in_process_prefetch_never_blocks_exit_or_close(corpus, how):
+  # The prefetch thread is mid-generator (building ahead) when the input is dropped or the interpreter
+  # exits; tf.data's from_generator deadlocked on the GIL here.
+  script = textwrap.dedent(f"""
+      import os, sys
+      sys.path[:0] = {[os.path.dirname(__file__), os.getcwd()]!r}
+      import test_data_workers as t
+      data = t._input(t._cfg({corpus!r}, 0))
+      for _ in range(3):
+        next(data)
+      if {how!r} == "close":
+        data.close()
+        del data
+      print("done")
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+  assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
