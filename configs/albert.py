@@ -25,12 +25,8 @@ SIZES = {
 
 
 def get_config(arg: str = "base"):
-  if arg not in SIZES:
-    raise KeyError(f"choose one of {sorted(SIZES)}")
-  layers, hidden, heads, intermediate = SIZES[arg]
-  c = common.base_config()
-  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate,
-                 vocab_size=30000, embedding_size=128, share_layers="all", hidden_act="gelu_tanh",
+  c = common.sized_config(SIZES, arg)
+  c.model.update(vocab_size=30000, embedding_size=128, share_layers="all", hidden_act="gelu_tanh",
                  hidden_dropout=0.0, attention_dropout=0.0, sentence_head="sop")
   c.data.update(tokenizer="sentencepiece", example_builder="sop", masking="ngram", max_seq_length=512,
                 max_predictions_per_seq=20)

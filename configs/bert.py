@@ -31,11 +31,7 @@ RECIPES = {
 
 def get_config(arg: str = "base"):
   size = "tiny" if arg == "demo" else arg
-  if size not in SIZES:
-    raise KeyError(f"choose one of {sorted(SIZES) + ['demo']}")
-  layers, hidden, heads, intermediate = SIZES[size]
-  c = common.base_config()
-  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)
+  c = common.sized_config(SIZES, size, ("demo",))
   recipe = "demo" if arg == "demo" else ("lamb32k" if size == "large" else "bert")
   opt, lr, batch, steps, warmup = RECIPES[recipe]
   c.optimizer.update(name=opt, learning_rate=lr, warmup_steps=warmup)

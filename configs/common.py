@@ -130,3 +130,13 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.init_from = ""
   return c
+
+
+def sized_config(sizes: dict, size: str, other_presets: tuple = ()) -> ml_collections.ConfigDict:
+  """base_config() with the model dimensions of `sizes[size]`: (layers, hidden, heads, intermediate, ...)."""
+  if size not in sizes:
+    raise KeyError(f"choose one of {sorted(sizes) + list(other_presets)}")
+  layers, hidden, heads, intermediate = sizes[size][:4]
+  c = base_config()
+  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)
+  return c

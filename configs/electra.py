@@ -35,14 +35,11 @@ RECIPES = {
 
 
 def get_config(arg: str = "base"):
-  if arg not in SIZES:
-    raise KeyError(f"choose one of {sorted(SIZES)}")
-  layers, hidden, heads, intermediate, embedding, gen_fraction = SIZES[arg]
+  c = common.sized_config(SIZES, arg)
+  embedding, gen_fraction = SIZES[arg][4:]
   lr, batch, steps, warmup, seq, mask_rate = RECIPES[arg]
-  c = common.base_config()
   c.objective = "electra"
-  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate,
-                 embedding_size=embedding, use_pooler=False, mlm_head=False, sentence_head="none",
+  c.model.update(embedding_size=embedding, use_pooler=False, mlm_head=False, sentence_head="none",
                  rtd_head=True)
   c.electra = ml_collections.ConfigDict({"generator_hidden_fraction": gen_fraction,
                                          "generator_layer_fraction": 1.0, "disc_weight": 50.0})

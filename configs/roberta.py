@@ -34,12 +34,8 @@ RECIPES = {
 
 
 def get_config(arg: str = "base"):
-  if arg not in SIZES:
-    raise KeyError(f"choose one of {sorted(SIZES)}")
-  layers, hidden, heads, intermediate = SIZES[arg]
-  c = common.base_config()
-  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate,
-                 vocab_size=50265, position_style="roberta", pad_token_id=1, max_position_embeddings=514,
+  c = common.sized_config(SIZES, arg)
+  c.model.update(vocab_size=50265, position_style="roberta", pad_token_id=1, max_position_embeddings=514,
                  type_vocab_size=1, layer_norm_eps=1e-5, use_pooler=False, sentence_head="none")
   c.data.update(tokenizer="sentencepiece", lower_case=False, example_builder="full_sentences",
                 max_seq_length=512, max_predictions_per_seq=80)

@@ -22,13 +22,9 @@ SIZES = {
 
 
 def get_config(arg: str = "base"):
-  if arg not in SIZES:
-    raise KeyError(f"choose one of {sorted(SIZES)}")
-  layers, hidden, heads, intermediate = SIZES[arg]
-  c = common.base_config()
+  c = common.sized_config(SIZES, arg)
   c.objective = "spanbert"
-  c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate,
-                 vocab_size=28996, use_pooler=False, sentence_head="none")
+  c.model.update(vocab_size=28996, use_pooler=False, sentence_head="none")
   c.data.update(masking="span", example_builder="doc_sentences", lower_case=False, max_seq_length=512,
                 max_predictions_per_seq=80)
   c.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=10_000, weight_decay=0.01)
