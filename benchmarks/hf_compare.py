@@ -61,7 +61,7 @@ def bert_jax_worker(args, batch):
   from bert_jax.training.benchmark import TimedStep  # pylint: disable=import-outside-toplevel
   overrides = [f"--config.model.hidden_dropout={args.hidden_dropout}",
                f"--config.model.attention_dropout={args.attention_dropout}",
-               f"--config.model.dtype={args.dtype}", "--config.optimizer.name=adamw"]
+               f"--config.model.dtype={args.dtype}", "--config.optimizer.name=adamw", *args.jax_override]
   timed = TimedStep(load_config(f"configs/bert.py:{args.size}", overrides), args.batch_size, args.seq_length)
   import jax  # pylint: disable=import-outside-toplevel
   return (lambda: timed.run(1)), {"jax": jax.__version__, "device": jax.devices()[0].device_kind}
@@ -179,6 +179,7 @@ def _start(framework, args, batch_file):
   cmd += [f"--{k.replace('_', '-')}={json.dumps(v) if k == 'model' else v}" for k, v in vars(args).items()
           if k in ("size", "batch_size", "seq_length", "dtype", "hidden_dropout", "attention_dropout",
                    "device", "warmup", "model")]
+  cmd += [f"--jax-override={o}" for o in args.jax_override]
   cmd += ["--torch-compile"] if args.torch_compile else []
   env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
@@ -244,6 +245,8 @@ def main():
   p.add_argument("--warmup", type=int, default=2)
   p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
   p.add_argument("--torch-compile", action="store_true")
+  p.add_argument("--jax-override", action="append", default=[],
+                 help="a bert_jax config override for its worker, e.g. --jax-override=--config.model.scan_layers=False")
   p.add_argument("--jax-python", default=sys.executable)
   p.add_argument("--torch-python", default=sys.executable)
   p.add_argument("--hf-flax-python", default="/work/venv-hf/bin/python")

@@ -126,17 +126,17 @@ def test_paused_run_continues_exactly(sst2_run, tmp_path):
 def test_sweep_halves_and_reports(sst2_run, tmp_path):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [
-      f"--config.data.data_dir={data}", "--config.data.train_limit=64", "--config.sweep.learning_rates=(1e-3, 1e-9)",
-      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(1.0,)", "--config.sweep.seeds=(0, 1)",
+      f"--config.data.data_dir={data}", "--config.sweep.learning_rates=(3e-3, 1e-9)",
+      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(6.0,)", "--config.sweep.seeds=(0, 1)",
       "--config.sweep.min_fraction=0.5", "--config.sweep.eta=2"])
   table = sweep.sweep(config, str(tmp_path))
   with open(tmp_path / "sweep_results.json") as f:
     results = json.load(f)
   fractions = {r["setting"]: r["fraction"] for r in results["settings"]}
-  assert fractions == {"lr0.001_bs16_ep1": 1.0, "lr1e-09_bs16_ep1": 0.5}  # the useless rate stopped early
-  assert "lr0.001_bs16_ep1" in table.splitlines()[1] and "significance test" in table
-  assert os.path.exists(tmp_path / "lr0.001_bs16_ep1" / "seed1" / "eval_results.json")
-  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep1" / "seed0" / "state")  # paused, not finished
+  assert fractions == {"lr0.003_bs16_ep6": 1.0, "lr1e-09_bs16_ep6": 0.5}  # the useless rate stopped early
+  assert "lr0.003_bs16_ep6" in table.splitlines()[1] and "significance test" in table
+  assert os.path.exists(tmp_path / "lr0.003_bs16_ep6" / "seed1" / "eval_results.json")
+  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep6" / "seed0" / "state")  # paused, not finished
 
 
 def test_sweep_statistics():

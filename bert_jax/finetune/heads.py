@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from bert_jax.models import bert
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 POOLINGS = ("pooled", "layer_mix")
@@ -45,7 +46,7 @@ class Head(nn.Module):
   @nn.compact
   def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
     cfg = self.config
-    drop = nn.Dropout(self.dropout)
+    drop = Dropout(self.dropout)
     if self.kind == "span":
       logits = bert.dense(cfg, 2, ("embed", "classes"), "span")(out.last_hidden_state).astype(jnp.float32)
       logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)

@@ -6,6 +6,8 @@ contract that checkpoint conversion and sharding rules depend on: keep them stab
 
 Shapes: B batch, T length, N heads, D head dim, H hidden, E embedding width, V vocab, P predictions.
 
+Dropout is bert_jax.models.dropout.Dropout (cheaper random bits than flax's, same semantics).
+
 Parameters carry logical axis names; activations carry none. Their layouts follow from the jitted
 step's input and parameter shardings. With jax/XLA 0.10.2, any activation constraint (even one at the
 embedding output) made the scanned encoder compute wrong values on a data x fsdp x tensor mesh of CPU
@@ -22,11 +24,23 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
+
+def gelu(x: Array) -> Array:
+  """Exact GELU as the original BERT code and PyTorch write it: 0.5 x (1 + erf(x / sqrt(2))).
+
+  jax.nn.gelu(approximate=False) uses erfc for relative accuracy far in the negative tail, which
+  XLA:CPU lowers through exp and selects; erf is cheaper (~1% of the `mini` CPU step) and the
+  values differ by less than 1e-6 absolute (tests/test_model.py).
+  """
+  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype)))
+
+
 _ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu": gelu,
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
 }
@@ -93,7 +107,7 @@ class Embeddings(nn.Module):
     self.token_type_embeddings = embed(cfg.type_vocab_size,
                                        embedding_init=kernel_init(cfg, ("type_vocab", "embed")))
     self.layer_norm = layer_norm(cfg, "layer_norm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.dropout = Dropout(cfg.hidden_dropout)
     if cfg.embed_dim != cfg.hidden_size:
       self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "projection")
 
@@ -118,27 +132,38 @@ class HeadsProjection(nn.Module):
   kernel_axes: tuple[str, ...]
   equation: str
 
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def setup(self):
     cfg = self.config
-    kernel = self.param("kernel", kernel_init(cfg, self.kernel_axes), self.kernel_shape, cfg.weight_dtype)
+    self.kernel = self.param("kernel", kernel_init(cfg, self.kernel_axes), self.kernel_shape, cfg.weight_dtype)
     out_shape = self.kernel_shape[-1:] if self.kernel_axes[-1] == "embed" else self.kernel_shape[1:]
     out_axes = self.kernel_axes[-1:] if self.kernel_axes[-1] == "embed" else self.kernel_axes[1:]
-    bias = self.param("bias", zeros_init(out_axes), out_shape, cfg.weight_dtype)
-    y = jnp.einsum(self.equation, x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
-    return y + bias.astype(cfg.compute_dtype)
+    self.bias = self.param("bias", zeros_init(out_axes), out_shape, cfg.weight_dtype)
+
+  def __call__(self, x: Array) -> Array:
+    dtype = self.config.compute_dtype
+    return jnp.einsum(self.equation, x.astype(dtype), self.kernel.astype(dtype)) + self.bias.astype(dtype)
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention: q/k/v kernels [H, N, D], output kernel [N, D, H]."""
+  """Multi-head self-attention: q/k/v kernels [H, N, D], output kernel [N, D, H].
+
+  q, k and v come from one matmul against the three kernels stacked at run time ([H, 3, N, D]):
+  one wide matmul (and one for each gradient) instead of three narrow ones, ~5% of the `mini` CPU
+  step (BENCHMARKS.md). The parameters stay three separate q/k/v kernels, as checkpoints name them.
+  """
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     cfg = self.config
     n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-    q, k, v = (HeadsProjection(cfg, (h, n, d), ("embed", "heads", "kv"), "bth,hnd->btnd", name=name)(x)
-               for name in ("query", "key", "value"))
+    projections = [HeadsProjection(cfg, (h, n, d), ("embed", "heads", "kv"), "bth,hnd->btnd", name=name)
+                   for name in ("query", "key", "value")]
+    dtype = cfg.compute_dtype
+    kernel = jnp.stack([p.kernel.astype(dtype) for p in projections], axis=1)
+    bias = jnp.stack([p.bias.astype(dtype) for p in projections])
+    qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     if cfg.attention_dropout > 0 and not deterministic:
       y = self._attention_with_dropout(q, k, v, mask)
     else:
@@ -151,7 +176,7 @@ class SelfAttention(nn.Module):
     logits = jnp.einsum("btnd,bsnd->bnts", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
     logits = jnp.where(mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
-    probs = nn.Dropout(self.config.attention_dropout)(probs, deterministic=False)
+    probs = Dropout(self.config.attention_dropout)(probs, deterministic=False)
     return jnp.einsum("bnts,bsnd->btnd", probs, v)
 
 
@@ -180,7 +205,7 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, mask: Array, deterministic: bool):
     cfg = self.config
-    drop = nn.Dropout(cfg.hidden_dropout)
+    drop = Dropout(cfg.hidden_dropout)
     attention = self.attention or SelfAttention(cfg, name="attention")
     feed_forward = self.feed_forward or FeedForward(cfg, name="feed_forward")
     x = layer_norm(cfg, "attention_layer_norm")(

@@ -1,0 +1,92 @@
+"""Dropout whose random bits cost a quarter of flax's.
+
+`flax.linen.Dropout` draws one 32-bit uniform per element, and JAX's partitionable threefry spends a
+whole Threefry-2x32 block (two 32-bit words) on each; on CPU the hash is also lowered as a rolled
+loop, so the bits are materialised between rounds. Here each block's two words are split into four
+16-bit draws, and the hash is written out as plain jnp ops, so XLA fuses iota, hash, compare and
+select into one elementwise pass. On the `mini` CPU train step this is ~4% of the step time
+(BENCHMARKS.md).
+
+The drop probability is quantised to k / 65536 (0.1 -> 6554 / 65536 = 0.100006) and the kept
+values are scaled by the exact inverse of the keep fraction, so the expectation is preserved.
+Counters are global (row index over the leading axes, block index along the last), so the mask
+does not depend on how the array is sharded. The random streams differ from flax's.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Threefry-2x32 with 20 rounds (Salmon et al. 2011), elementwise over uint32 counters x1, x2.
+
+  The same function as `jax.extend.random.threefry2x32_p` (tests/test_model.py checks the bits),
+  written with jnp ops so that XLA can fuse it with its consumers.
+  """
+  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for i in range(5):
+    for r in _ROTATIONS[i % 2]:
+      x1 = x1 + x2
+      x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
+    x1 = x1 + ks[(i + 1) % 3]
+    x2 = x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x1, x2
+
+
+def _key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    data = jax.random.key_data(key)
+  else:
+    data = jnp.asarray(key)
+  if data.shape != (2,) or data.dtype != jnp.uint32:  # another PRNG implementation: derive a pair
+    data = jax.random.bits(key, (2,), jnp.uint32)
+  return data[0], data[1]
+
+
+def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+  """bool[shape], True with probability 1 - round(rate * 65536) / 65536, from `key`."""
+  if not shape:
+    return keep_mask(key, (1,), rate)[0]
+  rows, n = shape[:-1], shape[-1]
+  if math.prod(rows) >= 2 ** 32:
+    raise ValueError(f"dropout over {shape}: more than 2**32 rows of counters")
+  blocks = -(-n // 4)
+  row = jnp.zeros((), jnp.uint32)
+  for axis, size in enumerate(rows):
+    stride = math.prod(rows[axis + 1:])
+    row = row + jax.lax.broadcasted_iota(jnp.uint32, rows + (1, 1), axis) * np.uint32(stride)
+  col = jax.lax.broadcasted_iota(jnp.uint32, (1,) * len(rows) + (1, blocks), len(rows) + 1)
+  b1, b2 = threefry2x32(*_key_words(key), jnp.broadcast_to(row, rows + (1, blocks)),
+                        jnp.broadcast_to(col, rows + (1, blocks)))
+  threshold = np.uint32(round(rate * 65536))
+  low = np.uint32(0xFFFF)
+  keep = jnp.concatenate([(b1 & low) >= threshold, (b1 >> 16) >= threshold,
+                          (b2 & low) >= threshold, (b2 >> 16) >= threshold], axis=-2)
+  return keep.reshape(rows + (4 * blocks,))[..., :n]
+
+
+class Dropout(nn.Module):
+  """Inverted dropout with the random bits of `keep_mask`; a drop-in for `nn.Dropout(rate)`."""
+  rate: float
+  rng_collection: str = "dropout"
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    if not 0.0 <= self.rate <= 1.0:
+      raise ValueError(f"dropout rate must be in [0, 1], got {self.rate}")
+    dropped = round(self.rate * 65536)
+    if deterministic or dropped == 0:
+      return x
+    if dropped == 65536:
+      return jnp.zeros_like(x)
+    keep = keep_mask(self.make_rng(self.rng_collection), x.shape, self.rate)
+    scale = jnp.asarray(65536 / (65536 - dropped), x.dtype)
+    return jnp.where(keep, x * scale, jnp.zeros_like(x))
