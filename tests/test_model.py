@@ -77,6 +77,31 @@ def test_scanned_and_unrolled_layers_compute_the_same_function():
   np.testing.assert_allclose(a.last_hidden_state, b.last_hidden_state, atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [2, 3, 8])
+def test_unrolling_the_scan_changes_nothing_but_speed(unroll):
+  """Same parameters, same dropout masks, same values and gradients for any scan_unroll."""
+  ids, types = _inputs()
+  cfg = CFG.replace(hidden_dropout=0.1, attention_dropout=0.1)
+  params = _init(cfg, ids)
+
+  def loss(params, cfg):
+    out = BertModel(cfg).apply({"params": params}, ids, None, types, deterministic=False,
+                               rngs={"dropout": jax.random.key(7)})
+    return jnp.sum(out.mlm_logits ** 2) * 1e-3
+
+  a, grad_a = jax.value_and_grad(loss)(params, cfg)
+  b, grad_b = jax.value_and_grad(loss)(params, cfg.replace(scan_unroll=unroll))
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), grad_a, grad_b)
+
+
+def test_small_presets_unroll_their_scans():
+  from bert_jax.config_utils import load_config
+  assert load_config("configs/bert.py:mini").model.scan_unroll == 4
+  assert load_config("configs/bert.py:medium").model.scan_unroll == 8
+  assert load_config("configs/bert.py:base").model.scan_unroll == 1
+
+
 def test_remat_and_bf16_compute_keep_fp32_params_and_logits():
   ids, types = _inputs()
   cfg = CFG.replace(dtype="bfloat16", remat="dots")

@@ -234,6 +234,7 @@ class Encoder(nn.Module):
                         variable_broadcast="params" if share_all else False,
                         split_rngs={"params": not share_all, "dropout": True},
                         in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                        unroll=min(cfg.scan_unroll, cfg.num_layers),
                         metadata_params={nn.PARTITION_NAME: "layers"})
       x, outputs = scanned(cfg, self.keep_outputs, name="layers", **shared)(x, mask, deterministic)
       return x, outputs
