@@ -34,7 +34,7 @@ def gelu(x: Array) -> Array:
 
   jax.nn.gelu(approximate=False) uses erfc for relative accuracy far in the negative tail, which
   XLA:CPU lowers through exp and selects; erf is cheaper (~1% of the `mini` CPU step) and the
-  values differ by less than 1e-6 absolute (tests/test_model.py).
+  values differ by less than 1e-6 absolute (tests/test_dropout.py).
   """
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype)))
 
