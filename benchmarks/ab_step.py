@@ -59,7 +59,7 @@ def parse_variant(text: str) -> tuple[str, dict, list[str], str]:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", default="configs/bert.py:mini")
-  p.add_argument("--variant", action="append", required=True)
+  p.add_argument("--variant", action="append", default=[])
   p.add_argument("--batch-size", type=int, default=16)
   p.add_argument("--seq-length", type=int, default=128)
   p.add_argument("--rounds", type=int, default=7)
@@ -71,10 +71,12 @@ def main() -> None:
   if args.worker:
     worker(args)
     return
+  if not args.variant:
+    p.error("give at least one --variant NAME:SPEC")
   procs = []
   for text in args.variant:
     name, env, overrides, tree = parse_variant(text)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--variant=-", f"--config={args.config}",
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--config={args.config}",
            f"--batch-size={args.batch_size}", f"--seq-length={args.seq_length}", f"--warmup={args.warmup}",
            *(f"--override={o}" for o in overrides)]
     proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **env, "PYTHONPATH": tree}, text=True,
