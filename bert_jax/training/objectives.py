@@ -35,15 +35,18 @@ def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[s
 
 
 def token_nll_and_correct(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """logits: f32[..., V], labels: int[...] -> (negative log-likelihood, argmax == label).
+  """logits: f32[..., V], labels: int[...] -> (negative log-likelihood, label logit == max logit).
 
   One-hot products rather than gathers/argmax along V: the vocab axis may be sharded over the mesh.
+  The loss is (max - label logit) + log(sum(exp(logits - max))): no cancellation between two large
+  log-sum-exp and label terms, and exactly the log-sum-exp term when the label is the max.
   """
   logits = logits.astype(jnp.float32)
   one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
   label_logit = jnp.sum(logits * one_hot, axis=-1)
-  nll = jax.nn.logsumexp(logits, axis=-1) - label_logit
-  correct = (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  nll = (top - label_logit) + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  correct = (label_logit >= top).astype(jnp.float32)
   return nll, correct
 
 
