@@ -1,4 +1,6 @@
 """The sharded train step: a 2x2x2 data/fsdp/tensor mesh of 8 CPU devices equals one device."""
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -38,6 +40,23 @@ def test_2x2x2_mesh_equals_one_device(one_device):
   # Weights really are split: fsdp over `embed`, tensor over heads.
   query = setup.state_shardings.params["encoder"]["layers"]["attention"]["query"]["kernel"]
   assert tuple(query.spec) == (None, "fsdp", "tensor", None)
+
+
+def test_activations_stay_split_over_the_batch():
+  """No collective in the compiled 2x2x2 step holds a whole global batch of activations.
+
+  Before the embedding tables were gathered over fsdp ahead of the lookup (`bert.lookup`), XLA
+  all-gathered the [batch, length, hidden] lookup output onto every device to reshard it.
+  """
+  config = tiny_config("--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+  setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
+  batch = partitioning.global_batch(random_batch(0), setup.mesh)
+  hlo = setup.train_step.lower(setup.init_state(jax.random.key(0)), batch,
+                               jax.random.key(1)).compile().as_text()
+  shapes = re.findall(r"= \(?f32\[([\d,]+)\][^ ]* (?:all-gather|all-reduce|all-to-all)", hlo)
+  assert shapes, "expected the step's collectives in the HLO"
+  whole = [s for s in shapes if s.startswith("8,16")]  # random_batch: 8 rows of 16 tokens
+  assert not whole, whole
 
 
 def test_gradient_accumulation_equals_the_full_batch():

@@ -130,10 +130,11 @@ def build_setup(config: ml_collections.ConfigDict, model_config, task: Task, num
                                   abstract_state, state_shardings),
       init_params=jax.jit(lambda rng: nn.meta.unbox(init_boxed(rng)), out_shardings=param_shardings),
       make_state=jax.jit(make_state, in_shardings=(param_shardings,), out_shardings=state_shardings),
-      train_step=jax.jit(step, in_shardings=(state_shardings, data, replicated),
+      train_step=jax.jit(partitioning.in_mesh(step, mesh, rules),
+                         in_shardings=(state_shardings, data, replicated),
                          out_shardings=(state_shardings, replicated), donate_argnums=0),
-      predict=jax.jit(functools.partial(predict_step, model=model), in_shardings=(param_shardings, data),
-                      out_shardings=data))
+      predict=jax.jit(partitioning.in_mesh(functools.partial(predict_step, model=model), mesh, rules),
+                      in_shardings=(param_shardings, data), out_shardings=data))
 
 
 def train_batches(features: dict[str, np.ndarray], batch_size: int, seed: int, start_step: int,

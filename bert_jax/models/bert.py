@@ -93,6 +93,17 @@ def activation(config: ModelConfig):
   return _ACTIVATIONS[config.hidden_act]
 
 
+def lookup(embed: nn.Embed, ids: Array, table_axes: tuple) -> Array:
+  """Rows of an nn.Embed table, with the table first gathered to `table_axes` (logical names).
+
+  The `embed` axis of a table is split over fsdp for storage; gathering it back before the lookup
+  (as FSDP does for every weight) keeps the looked-up rows split over the batch, like the ids. A
+  vocab axis split over tensor stays split: each device gathers the ids it holds, then a sum.
+  """
+  table = nn.with_logical_constraint(embed.embedding, table_axes)
+  return jnp.take(table, ids, axis=0).astype(embed.dtype)
+
+
 class Embeddings(nn.Module):
   """Word + position + token-type embeddings, LayerNorm, dropout, and the E -> H projection if E != H."""
   config: ModelConfig
@@ -113,8 +124,9 @@ class Embeddings(nn.Module):
 
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
                deterministic: bool) -> Array:
-    x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-         + self.token_type_embeddings(token_type_ids))
+    x = (lookup(self.word_embeddings, input_ids, ("vocab", None))
+         + lookup(self.position_embeddings, position_ids, (None, None))
+         + lookup(self.token_type_embeddings, token_type_ids, (None, None)))
     x = self.dropout(self.layer_norm(x), deterministic=deterministic)
     if self.config.embed_dim != self.config.hidden_size:
       x = self.projection(x)
@@ -190,6 +202,18 @@ class FeedForward(nn.Module):
     return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
 
 
+def constrain_hidden(x: Array) -> Array:
+  """Hidden states [B, T, H] split over the batch only (logical `batch`): every token's full vector
+  on the devices that hold its row, as the next layer's matmuls want it.
+
+  Without this, XLA propagates the word-embedding table's sharding (`embed` over fsdp) into the
+  lookup's output and then reshards it by replicating the whole global batch of activations on
+  every device ("involuntary full rematerialization"). A no-op outside `nn.logical_axis_rules` and a
+  mesh (the train and eval steps trace inside both).
+  """
+  return nn.with_logical_constraint(x, ("batch", "length", None))
+
+
 class TransformerLayer(nn.Module):
   """A post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
@@ -212,6 +236,7 @@ class TransformerLayer(nn.Module):
         x + drop(attention(x, mask, deterministic), deterministic=deterministic))
     x = layer_norm(cfg, "output_layer_norm")(
         x + drop(feed_forward(x), deterministic=deterministic))
+    x = constrain_hidden(x)
     return x, (x if self.keep_output else None)
 
 
@@ -341,7 +366,7 @@ class BertModel(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     embeddings = Embeddings(cfg, name="embeddings")
-    x = embeddings(input_ids, token_type_ids, position_ids, deterministic)
+    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic))
     mask = attention_mask_from(attention_mask, document_ids)
     h, layer_outputs = Encoder(cfg, output_hidden_states, name="encoder")(x, mask, deterministic)
     out = {"last_hidden_state": h}

@@ -6,8 +6,9 @@ come from `logical_shardings`.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -51,6 +52,16 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device]
 
 def rules(mesh_cfg: ml_collections.ConfigDict) -> tuple:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_cfg.rules)
+
+
+def in_mesh(fn: Callable, mesh: Mesh, axis_rules: Sequence) -> Callable:
+  """fn traced with `mesh` and the logical axis rules in context, so the model's
+  `nn.with_logical_constraint`s (activation shardings) take effect inside jit."""
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(axis_rules):
+      return fn(*args, **kwargs)
+  return traced
 
 
 def logical_shardings(abstract_boxed: Any, mesh: Mesh, axis_rules: Sequence) -> Any:

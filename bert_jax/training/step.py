@@ -127,9 +127,10 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
   replicated = partitioning.replicated(mesh)
   step_fn = functools.partial(train_step, objective=objective, tx=tx, schedule=schedule,
                               grad_accum_steps=config.train.grad_accum_steps)
-  jit_train = jax.jit(step_fn, in_shardings=(state_shardings, data_sharding, replicated),
+  jit_train = jax.jit(partitioning.in_mesh(step_fn, mesh, axis_rules),
+                      in_shardings=(state_shardings, data_sharding, replicated),
                       out_shardings=(state_shardings, replicated), donate_argnums=0)
-  jit_eval = jax.jit(functools.partial(eval_step, objective=objective),
+  jit_eval = jax.jit(partitioning.in_mesh(functools.partial(eval_step, objective=objective), mesh, axis_rules),
                      in_shardings=(state_shardings.params, data_sharding), out_shardings=replicated)
   jit_init = jax.jit(init_state, out_shardings=state_shardings)
   return TrainSetup(config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule,
