@@ -27,11 +27,13 @@ def one_device():
                           "--config.optimizer.learning_rate=1e-2"), jax.devices()[:1])
 
 
-def test_2x2x2_mesh_equals_one_device(one_device):
+@pytest.mark.parametrize("unroll", [2, 1], ids=["unrolled-scan", "rolled-scan"])
+def test_2x2x2_mesh_equals_one_device(one_device, unroll):
   assert jax.device_count() == 8
   config = tiny_config("--config.optimizer.name=lamb", "--config.optimizer.warmup_steps=1",
                        "--config.optimizer.learning_rate=1e-2", "--config.mesh.data=2",
-                       "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+                       "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+                       f"--config.model.scan_unroll={unroll}")
   losses, params, setup = _run(config, jax.devices())
   ref_losses, ref_params, _ = one_device
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)

@@ -8,10 +8,11 @@ Shapes: B batch, T length, N heads, D head dim, H hidden, E embedding width, V v
 
 Dropout is bert_jax.models.dropout.Dropout (cheaper random bits than flax's, same semantics).
 
-Parameters carry logical axis names; activations carry none. Their layouts follow from the jitted
-step's input and parameter shardings. With jax/XLA 0.10.2, any activation constraint (even one at the
-embedding output) made the scanned encoder compute wrong values on a data x fsdp x tensor mesh of CPU
-devices (tests/test_sharding.py compares 1 device with 2x2x2), while unrolled layers were right.
+Parameters carry logical axis names. Activations carry two constraints, applied when the step traces
+inside a mesh and logical rules (`partitioning.in_mesh`): embedding tables are gathered over fsdp
+before the lookup (`lookup`), and hidden states between layers stay split over the batch
+(`constrain_hidden`); the rest follows from the jitted step's shardings. tests/test_sharding.py
+compares 1 device with a 2x2x2 mesh for rolled and unrolled layer scans.
 """
 from __future__ import annotations
 
