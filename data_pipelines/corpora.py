@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
+import posixpath
 import re
 import struct
 from typing import Iterator
@@ -51,8 +52,11 @@ def list_files(patterns: str, field: str = "data.corpus") -> list[str]:
 
 
 def document_hash(unit: str, index: int) -> int:
-  """A stable 64-bit hash of a document's identity, for host sharding and the eval hold-out."""
-  return int.from_bytes(hashlib.blake2b(f"{unit}\0{index}".encode(), digest_size=8).digest(), "little")
+  """A stable 64-bit hash of a document's identity (file name and index), for host sharding and the
+  eval hold-out. The directory is left out: the same corpus gives the same shards and the same
+  held-out documents wherever it lies (another machine, a bucket, a resumed run after a move)."""
+  name = posixpath.basename(str(unit).rstrip("/"))  # tfds units are split objects
+  return int.from_bytes(hashlib.blake2b(f"{name}\0{index}".encode(), digest_size=8).digest(), "little")
 
 
 def _looks_binary(path: str) -> bool:

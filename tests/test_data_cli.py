@@ -21,7 +21,9 @@ def test_prepare_then_preview(tmp_path, capsys):
   assert '"documents": 40' in capsys.readouterr().out
   out = str(tmp_path / "preview.npz")
   _run(["data", "preview", "--config", "configs/bert.py:demo", "--num-batches", "2", "--output", out],
-       [f"--config.data.prepared={tmp_path}/records/*.tfrecord", "--config.data.masking=span",
+       # 40 documents: 2 hash shards, not the default 8 (a shard may get none; that is an error).
+       [f"--config.data.prepared={tmp_path}/records/*.tfrecord", "--config.data.num_shards=2",
+        "--config.data.masking=span",
         "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10"])
   printed = capsys.readouterr().out
   assert "->" in printed and "[CLS]" in printed

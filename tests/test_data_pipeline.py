@@ -183,3 +183,11 @@ def test_tfds_corpus_with_mock_data():
   with tfds.testing.mock_data(num_examples=40):
     batch = _batches(cfg, 2, batch=4)[1]
   assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_weights"].sum() > 0
+
+
+def test_document_identity_ignores_the_directory():
+  """Shards and the eval hold-out hash (file name, index): moving a corpus keeps both (data README)."""
+  from data_pipelines import corpora
+  assert corpora.document_hash("/data/wiki/part-3.txt", 7) == corpora.document_hash("gs://b/x/part-3.txt", 7)
+  assert corpora.document_hash("part-3.txt", 7) != corpora.document_hash("part-3.txt", 8)
+  assert corpora.document_hash("part-3.txt", 7) != corpora.document_hash("part-4.txt", 7)
