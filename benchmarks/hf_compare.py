@@ -42,7 +42,7 @@ NO_DECAY = ("bias", "scale", "LayerNorm.weight", "LayerNorm.bias")
 
 
 def _sizes(size: str) -> dict:
-  from configs import bert  # pylint: disable=import-outside-toplevel
+  from bert_jax.configs import bert  # pylint: disable=import-outside-toplevel
   layers, hidden, heads, intermediate = bert.SIZES[size]
   return dict(vocab_size=30522, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
               intermediate_size=intermediate, max_position_embeddings=512, type_vocab_size=2)

@@ -1,4 +1,4 @@
-"""Loading `configs/<family>.py:<arg>` files, applying `--config.a.b=value` overrides, saving configs.
+"""Loading `configs/<family>.py:<arg>` files and applying `--config.a.b=value` overrides.
 
 The config file is a plain Python module with `get_config(arg) -> ml_collections.ConfigDict`. Paths are
 resolved against the working directory first and then against the installed project, so
@@ -7,9 +7,10 @@ resolved against the working directory first and then against the installed proj
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
-import json
 import os
+import traceback
 from typing import Any, Sequence
 
 import ml_collections
@@ -17,13 +18,16 @@ import ml_collections
 from bert_jax.errors import UserError
 
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.abspath(__file__))  # holds configs/ in a non-editable install
 
 
 def _resolve_path(path: str) -> str:
-  for candidate in (path, os.path.join(_PROJECT_ROOT, path)):
+  """The config file: as given, else under the project checkout, else under the installed package."""
+  folders = list(dict.fromkeys(os.path.abspath(d) for d in (os.getcwd(), _PROJECT_ROOT, _PACKAGE_ROOT)))
+  for candidate in [path] + [os.path.join(d, path) for d in folders[1:]]:
     if os.path.isfile(candidate):
       return candidate
-  raise UserError(f"config file {path!r} not found (looked in {os.getcwd()} and {_PROJECT_ROOT}); "
+  raise UserError(f"config file {path!r} not found (looked in {', '.join(folders)}); "
                   "pass e.g. --config configs/bert.py:tiny")
 
 
@@ -34,11 +38,29 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   module_spec = importlib.util.spec_from_file_location(
       f"bert_jax_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  try:
+    module_spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise UserError(f"{e.filename or path}, line {e.lineno}: {e.msg} (a syntax error in the config file)") from None
+  except Exception as e:  # pylint: disable=broad-except  # any error in the user's file: name where
+    raise UserError(f"{_where(e, path)}: {type(e).__name__}: {e} (while loading the config file)") from None
+  if not callable(getattr(module, "get_config", None)):
+    raise UserError(f"{path}: defines no get_config(arg) function")
   try:
     return module.get_config(arg) if arg else module.get_config()
   except KeyError as e:
     raise UserError(f"{path}: unknown preset {arg!r}; {e.args[0] if e.args else ''}") from None
+  except UserError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"{_where(e, path)}: {type(e).__name__}: {e} (in get_config)") from None
+
+
+def _where(error: Exception, path: str) -> str:
+  """`path, line N` of the deepest traceback frame inside the config file."""
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(path)]
+  return f"{path}, line {lines[-1]}" if lines else path
 
 
 def _parse_value(text: str, current: Any) -> Any:
@@ -67,6 +89,18 @@ def _parse_value(text: str, current: Any) -> Any:
   return value
 
 
+def _did_you_mean(config: ml_collections.ConfigDict, key: str) -> str:
+  """' (did you mean config.a.b?)' for the closest existing dotted key, or ''."""
+  def flat(node, prefix=""):
+    for name, value in node.items():
+      yield from flat(value, f"{prefix}{name}.") if isinstance(value, ml_collections.ConfigDict) else [prefix + name]
+  close = difflib.get_close_matches(key, list(flat(config)), n=1, cutoff=0.6)
+  if not close:  # a right leaf under a wrong section: train.learning_rate -> optimizer.learning_rate
+    leaf = key.rsplit(".", 1)[-1]
+    close = [k for k in flat(config) if k.rsplit(".", 1)[-1] == leaf][:1]
+  return f" (did you mean config.{close[0]}?)" if close else ""
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
   """Applies `--config.a.b=value` (or `a.b=value`) strings; unknown keys are errors."""
   for item in overrides:
@@ -77,11 +111,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     node = config
     for i, part in enumerate(parents):
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-        raise UserError(f"unknown config key {'.'.join(parents[:i + 1])!r} in {item!r}")
+        raise UserError(f"unknown config key {'.'.join(parents[:i + 1])!r} in {item!r}"
+                        f"{_did_you_mean(config, key)}")
       node = node[part]
     if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
       known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
-      raise UserError(f"unknown config key {key!r}; known keys here: {known}")
+      raise UserError(f"unknown config key {key!r}{_did_you_mean(config, key)}; known keys here: {known}")
     try:
       value = _parse_value(text, node[leaf])
     except ValueError as e:
@@ -97,7 +132,3 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   config.lock()
   return config
 
-
-def save_config(config: ml_collections.ConfigDict, path: str) -> None:
-  with open(path, "w") as f:
-    json.dump(config.to_dict(), f, indent=2, sort_keys=True, default=str)

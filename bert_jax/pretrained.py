@@ -1,31 +1,30 @@
 """`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints."""
 from __future__ import annotations
 
-import json
 import os
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from etils import epath
 
+from bert_jax import workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
+from bert_jax.training import finite
 
 
 def source_kind(path: str) -> str:
   """"bert_jax", "hf" or "tf" for a checkpoint path; UserError when it is none of them."""
-  if not os.path.exists(path) and tf_checkpoint.find_prefix(path) is None:
-    raise UserError(f"{path} does not exist")
-  if os.path.isdir(path) and native.is_native(path):
+  workdir.check_bucket(path)
+  if native.is_native(path):
     return "bert_jax"
-  config = os.path.join(path, "config.json")
-  if os.path.exists(config):
-    with open(config) as f:
-      try:
-        keys = json.load(f)
-      except ValueError as e:
-        raise UserError(f"{config}: not valid JSON ({e})") from None
+  location = epath.Path(path)
+  if not location.exists() and tf_checkpoint.find_prefix(path) is None:
+    raise UserError(f"{path} does not exist")
+  if (location / "config.json").exists():
+    keys = workdir.read_json(location / "config.json")
     if isinstance(keys, dict) and ("model_type" in keys or "architectures" in keys):
       return "hf"
   if tf_checkpoint.find_prefix(path) is not None:
@@ -41,9 +40,9 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
   if kind == "bert_jax":
     return native.read(path, scan_layers)
   scan = True if scan_layers is None else scan_layers
-  if kind == "hf":
-    return hf.read(path, scan)
-  return tf_checkpoint.read(path, scan, electra_part)
+  converted = hf.read(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
+  finite.check_params_finite(converted.params, path)
+  return converted
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
@@ -68,6 +67,9 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
   converted = read_checkpoint(path, scan_layers=scan_layers, electra_part=electra_part)
   for note in converted.notes:
     print(note, flush=True)
+  if converted.task_head:
+    print(f"{path}: a fine-tuned {converted.task_head.kind} model; BertModel leaves params['head'] unused "
+          "(bert_jax.Predictor.load runs the whole model)", flush=True)
   if converted.missing_heads:
     missing = ", ".join(converted.missing_heads)
     if init_missing_heads:
@@ -83,7 +85,8 @@ def _tokenizer_info(path: str) -> common.Tokenizer | None:
   kind = source_kind(path)
   if kind == "bert_jax":
     return native.tokenizer(path)
-  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  location = epath.Path(path)
+  directory = os.fspath(location if location.is_dir() else location.parent)
   return hf.tokenizer(directory) if kind == "hf" else tf_checkpoint.tokenizer(directory)
 
 
@@ -93,7 +96,7 @@ def build_tokenizer(info: common.Tokenizer):
   if info.kind == "bpe":
     from bert_jax.conversion.bpe import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
     return ByteLevelBPETokenizer(*files)
-  from data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   return load_vocab(files[0], info.lower_case)
 
 
@@ -102,7 +105,7 @@ def load_tokenizer(path: str):
 
   A vocabulary file itself (vocab.txt, *.model) loads lower-casing, as data_pipelines does.
   """
-  if os.path.isfile(path):
+  if epath.Path(path).is_file():
     kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
     return build_tokenizer(common.Tokenizer(kind, True, {"vocab": path}))
   info = _tokenizer_info(path)

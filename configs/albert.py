@@ -12,7 +12,7 @@ Recipe (paper section 4.1): LAMB, lr 0.00176, batch 4096, 125k steps, 3,125 warm
 512 tokens, 20 predictions.
 `tiny` (E=64, H=128, 2 layers) runs on the embedded corpus with its WordPiece vocabulary.
 """
-from configs import common
+from bert_jax.configs import common
 
 # name: (layers, hidden, heads, intermediate)
 SIZES = {

@@ -8,8 +8,14 @@
 20 predictions); the miniatures (Turc et al.) were trained with the same recipe. `large` carries the
 LAMB paper's 32k-batch recipe (lr 5/(2^0.5 * 10^3), 15,625 steps, warmup 2,000 steps ~ 12.8%).
 `demo` is the `tiny` model with a schedule sized for the embedded corpus on two CPU cores.
+
+`large` fits as shipped on a v4-32 slice (16 chips), the smallest v4 slice in BENCHMARKS.md's table:
+bf16 compute, data-parallel, no remat, 32 micro-batches of 64 rows per chip (26.0 of 32 GiB of HBM
+per chip), evaluation in batches of 1,024; check with
+
+  bert-jax compile --config configs/bert.py:large --topology v4-32
 """
-from configs import common
+from bert_jax.configs import common
 
 # name: (layers, hidden, heads, intermediate)
 SIZES = {
@@ -36,6 +42,9 @@ def get_config(arg: str = "base"):
   opt, lr, batch, steps, warmup = RECIPES[recipe]
   c.optimizer.update(name=opt, learning_rate=lr, warmup_steps=warmup)
   c.train.update(batch_size=batch, num_steps=steps)
+  if size == "large":  # the 32k batch on v4-32 (see the docstring; BENCHMARKS.md for other slices)
+    c.model.dtype = "bfloat16"
+    c.train.update(grad_accum_steps=32, eval_batch_size=1024)
   if arg == "demo":
     c.model.vocab_size = 8192  # the embedded vocabulary has fewer entries
     # The embedded corpus's documents are short: 64 tokens hold most segment pairs.

@@ -3,7 +3,11 @@
 Logical axis rules map the names the model puts on parameters and activations to mesh axes; they are
 the only place where the sharding layout is decided.
 """
+import dataclasses
+
 import ml_collections
+
+from bert_jax.models.config import ModelConfig
 
 # Logical axis -> mesh axes. `batch` is split over data and fsdp; weights over fsdp (ZeRO-3 style)
 # along `embed` and over tensor along the per-layer wide axes (Megatron style).
@@ -23,35 +27,15 @@ LOGICAL_AXIS_RULES = (
 )
 
 
+# ModelConfig fields a job sets, not the user: one setting each (fine-tuning's train.adapter_size).
+SET_BY_JOBS = ("adapter_size",)
+
+
 def model_config(**overrides) -> ml_collections.ConfigDict:
-  """The encoder's fields (BERT-base values); see bert_jax/models/config.py for their meaning."""
-  c = ml_collections.ConfigDict()
-  c.vocab_size = 30522
-  c.hidden_size = 768
-  c.num_layers = 12
-  c.num_heads = 12
-  c.intermediate_size = 3072
-  c.max_position_embeddings = 512
-  c.type_vocab_size = 2
-  c.embedding_size = 0  # 0: same as hidden_size (no factorisation)
-  c.hidden_dropout = 0.1
-  c.attention_dropout = 0.1
-  c.layer_norm_eps = 1e-12
-  c.initializer_range = 0.02
-  c.hidden_act = "gelu"
-  c.position_style = "absolute"
-  c.pad_token_id = 0
-  c.share_layers = "none"
-  c.use_pooler = True
-  c.mlm_head = True
-  c.sentence_head = "nsp"
-  c.rtd_head = False
-  c.dtype = "float32"
-  c.param_dtype = "float32"
-  c.remat = "none"
-  c.scan_layers = True
-  c.scan_unroll = 1
-  c.attention_impl = "auto"
+  """The encoder's fields with ModelConfig's defaults (BERT-base); see bert_jax/models/config.py for
+  their meaning."""
+  c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(ModelConfig)
+                                 if f.name not in SET_BY_JOBS})
   c.update(overrides)
   return c
 
@@ -59,6 +43,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
 def data_config(**overrides) -> ml_collections.ConfigDict:
   """Input pipeline fields; see data_pipelines/README.md for their meaning."""
   c = ml_collections.ConfigDict()
+  c.format = "text"  # text (corpus/prepared/tfds_name) | bert_tfrecord (create_pretraining_data.py records in corpus)
   c.corpus = ""  # glob(s) of text files, comma separated; "" with no tfds_name: the embedded corpus
   c.corpus_format = "sentence_per_line"  # or "document_per_line"
   c.tfds_name = ""
@@ -75,6 +60,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.max_predictions_per_seq = 20
   c.mask_rate = 0.15
   c.masking = "token"  # token | whole_word | ngram | span
+  c.masking_mode = "dynamic"  # dynamic (fresh masks every epoch) | static (dupe_factor fixed copies)
+  c.dupe_factor = 10  # static masking: epochs repeat rows and masks with this period (BERT: 10)
+  c.mask_token = "[MASK]"  # what the 80% branch writes: [MASK] or [UNK] (Clinchant et al. 2019)
   c.example_builder = "nsp"  # nsp | sop | full_sentences | doc_sentences
   c.short_seq_prob = 0.1
   c.packing = False  # pack whole documents per row (full_sentences/doc_sentences only)
@@ -104,6 +92,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every_steps = 10_000
   c.train.eval_steps = 20
   c.train.eval_batch_size = 0  # 0: same as batch_size
+  c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
+  # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
+  c.train.skip_nonfinite_steps = 0
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"  # adamw | lamb

@@ -15,7 +15,7 @@ seq 512, mask rate 0.25. Predictions per row as the paper's code: (mask rate + 0
 """
 import ml_collections
 
-from configs import common
+from bert_jax.configs import common
 
 # name: (layers, hidden, heads, intermediate, embedding size, generator hidden fraction)
 SIZES = {

@@ -12,7 +12,7 @@ The model section is used only without init_from (the checkpoint's architecture 
 """
 import ml_collections
 
-from configs import common
+from bert_jax.configs import common
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
@@ -37,6 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_seq_length = 128
   c.data.train_limit = 0  # use only the first N training examples (0: all)
   c.data.eval_limit = 0
+  c.data.strict = False  # malformed rows, misplaced answers: False warns with a count and goes on; True stops
 
   c.head = ml_collections.ConfigDict()
   c.head.pooling = "pooled"  # pooled ([CLS] through the pooler) | layer_mix (weighted all layers)
@@ -44,6 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 2e-5  # for the pretrained weights
+  c.optimizer.frozen_learning_rate = 1e-3  # the base rate in train.mode=adapters / feature
   c.optimizer.head_learning_rate = 0.0  # for the new head; 0: same as learning_rate
   c.optimizer.layer_decay = 1.0  # layer-wise decay: layer i trains at lr * decay ** (L + 1 - i)
   c.optimizer.bias_correction = True  # False: the original BERTAdam
@@ -56,16 +58,45 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 32
+  c.train.grad_accum_steps = 1  # micro-batches per step (the update is the full batch's)
   c.train.epochs = 3.0
   c.train.seed = 0
+  # Separate streams (Dodge et al. 2020); -1: train.seed. head: the fresh parameters (the head, adapters;
+  # the whole model without init_from); data: the order of the training rows; dropout: dropout masks
+  # (and SMART's noise).
+  c.train.head_seed = -1
+  c.train.data_seed = -1
+  c.train.dropout_seed = -1
+  c.train.mode = "finetune"  # finetune (all) | adapters (Houlsby) | feature (frozen encoder, head only)
+  c.train.adapter_size = 64  # the adapters' bottleneck width with train.mode=adapters
   c.train.eval_batch_size = 64
   c.train.eval_every_steps = 0  # 0: once per epoch
   c.train.log_every_steps = 50
+  c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
+  # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
+  c.train.skip_nonfinite_steps = 0
   c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those
   c.train.early_stopping_patience = 0  # stop after this many evaluations without improvement (0: never)
   c.train.reinit_layers = 0  # re-initialise the top k encoder layers and the pooler
+  # Q8BERT: int8 matmuls in the forward pass (per-channel weights, dynamic activations), straight-through
+  # gradients; then `bert-jax quantize` stores the weights in int8. Needs bert_jax[quantize].
+  c.train.qat = False
+
+  # SMART (Jiang et al. 2019), the paper's values; finetune/smart.py.
+  c.smart = ml_collections.ConfigDict()
+  c.smart.enabled = False
+  c.smart.adversarial_weight = 1.0  # lambda_s (the paper's grid {1, 3, 5}); 0: no adversarial term
+  c.smart.bregman_weight = 1.0  # mu; 0: no Bregman proximal point term (and no teacher)
+  c.smart.noise_std = 1e-5  # sigma of the initial perturbation
+  c.smart.step_size = 1e-3  # eta of the ascent step
+  c.smart.epsilon = 1e-5  # the perturbation's infinity-norm bound
+  c.smart.iterations = 1  # ascent steps (T_x)
+  c.smart.momentum = 0.99  # beta of the teacher for the first momentum_switch of the steps ...
+  c.smart.late_momentum = 0.999  # ... and after
+  c.smart.momentum_switch = 0.1
 
   c.sweep = ml_collections.ConfigDict(SWEEP)
+  c.sweep.vary_seed = "all"  # which seed sweep.seeds set: all (train.seed) | head | data | dropout
   c.sweep.eta = 2  # successive halving: keep the best 1/eta configurations at each rung
   c.sweep.min_fraction = 0.25  # the first rung trains this fraction of each run's steps
 

@@ -7,7 +7,7 @@ Cased models should read cased text: --config.data.lower_case=False with a cased
 """
 import ml_collections
 
-from configs import glue
+from bert_jax.configs import glue
 
 # Tag names in tfds conll2003's order; the original IOB1 files use the same names.
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")

@@ -13,10 +13,10 @@ dynamic masking (the pipeline draws a fresh mask every time it builds a row).
 Recipe (paper Table 9): Adam b2 0.98, eps 1e-6, weight decay 0.01, peak lr 6e-4 (base) / 4e-4 (large),
 warmup 24k / 30k steps then linear decay, 500k steps of 8k sequences of 512 tokens.
 `tiny` is a 2-layer model for the embedded corpus; it needs a SentencePiece vocabulary too:
-  bert-jax vocab --corpus "$(python -c 'from data_pipelines import embedded; print(embedded.ensure_embedded()[0])')" \
+  bert-jax vocab --corpus "$(python -c 'from bert_jax.data_pipelines import embedded; print(embedded.ensure_embedded()[0])')" \
       --type sentencepiece --model-type bpe --size 4000 --no-lower-case --output vocab/
 """
-from configs import common
+from bert_jax.configs import common
 
 # name: (layers, hidden, heads, intermediate)
 SIZES = {

@@ -11,7 +11,7 @@ document. Recipe (paper section 4): AdamW, lr 1e-4, weight decay 0.01, warmup 10
 batch 256, 2.4M steps.
 `tiny` runs on the embedded corpus.
 """
-from configs import common
+from bert_jax.configs import common
 
 # name: (layers, hidden, heads, intermediate)
 SIZES = {

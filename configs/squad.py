@@ -9,7 +9,7 @@ doc stride 128 and questions of at most 64 tokens; n-best 20, answers of at most
 """
 import ml_collections
 
-from configs import glue
+from bert_jax.configs import glue
 
 # name: (SQuAD version, learning rate, batch, epochs)
 VERSIONS = {"v1": ("v1.1", 5e-5, 32, 3.0), "v2": ("v2.0", 5e-5, 48, 2.0)}

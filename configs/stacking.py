@@ -17,23 +17,31 @@ stage3: 12 layers, init_from "runs/stacking/stage2-grown" (stage 2 stacked on it
 Override `--config.init_from` when the runs live elsewhere. Steps per stage follow the paper's BERT-base
 run (50k, 70k and 280k: 400k in all); every stage uses BERT's recipe otherwise (configs/bert.py:base),
 with a fresh optimizer and warm-up.
-"""
-from configs import bert
 
-# name: (layers, steps, init_from)
+`tiny` (= `tiny-stage1`), `tiny-stage2`, `tiny-stage3`: the same three stages at `demo` size (hidden 128,
+1 -> 2 -> 4 layers) on the embedded corpus, 400 + 400 + 800 steps, in runs/stacking-tiny/ (no $DATA).
+"""
+from bert_jax.configs import bert
+
+# name: (bert.py preset, layers, steps, init_from)
 STAGES = {
-    "stage1": (3, 50_000, ""),
-    "stage2": (6, 70_000, "runs/stacking/stage1-grown"),
-    "stage3": (12, 280_000, "runs/stacking/stage2-grown"),
+    "stage1": ("base", 3, 50_000, ""),
+    "stage2": ("base", 6, 70_000, "runs/stacking/stage1-grown"),
+    "stage3": ("base", 12, 280_000, "runs/stacking/stage2-grown"),
+    "tiny-stage1": ("demo", 1, 400, ""),
+    "tiny-stage2": ("demo", 2, 400, "runs/stacking-tiny/stage1-grown"),
+    "tiny-stage3": ("demo", 4, 800, "runs/stacking-tiny/stage2-grown"),
 }
 
 
 def get_config(arg: str = "stage1"):
+  arg = "tiny-stage1" if arg == "tiny" else arg
   if arg not in STAGES:
-    raise KeyError(f"choose one of {sorted(STAGES)}")
-  layers, steps, init_from = STAGES[arg]
-  c = bert.get_config("base")
+    raise KeyError(f"choose one of {sorted([*STAGES, 'tiny'])}")
+  preset, layers, steps, init_from = STAGES[arg]
+  c = bert.get_config(preset)
   c.model.num_layers = layers
+  c.model.scan_unroll = layers if layers <= 8 else 1  # as configs/common.py:sized_config
   c.train.num_steps = steps
   c.init_from = init_from
   return c

@@ -15,17 +15,18 @@ import re
 import struct
 from typing import Iterator
 
-from data_pipelines.errors import DataError
-from data_pipelines.tftools import open_binary, tf
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.tftools import glob, isdir, open_binary, tf, tf_module
 
 SENTENCE_PER_LINE = "sentence_per_line"
 DOCUMENT_PER_LINE = "document_per_line"
-_MAX_LINE_BYTES = 1 << 20
+_LINE_CHUNK_BYTES = 1 << 20
+_MAX_LINE_BYTES = 64 << 20  # a longer "line" is a file without newlines, not a document
 _BINARY_PROBE_BYTES = 4096
 # A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by space and a capital/digit/quote.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
-Stats = collections.Counter  # skipped_lines, skipped_files, short_documents, ...
+Stats = collections.Counter  # skipped_lines, overlong_lines, skipped_files, short_documents, ...
 
 
 def split_sentences(text: str) -> list[str]:
@@ -37,15 +38,15 @@ def split_sentences(text: str) -> list[str]:
 
 
 def list_files(patterns: str, field: str = "data.corpus") -> list[str]:
-  """Comma-separated globs on any tf.io.gfile path -> sorted unique files; a pattern matching nothing is an error."""
+  """Comma-separated globs (local or gs://) -> sorted unique files; a pattern matching nothing is an error."""
   files = set()
   for pattern in (p.strip() for p in patterns.split(",")):
     if not pattern:
       continue
-    matched = tf().io.gfile.glob(pattern)
+    matched = glob(pattern)
     if not matched:
       raise DataError(f"{field}: {pattern!r} matches no file; check the path or glob")
-    files.update(m for m in matched if not tf().io.gfile.isdir(m))
+    files.update(m for m in matched if not isdir(m))
   if not files:
     raise DataError(f"{field}: no files in {patterns!r}; pass a glob of text files")
   return sorted(files)
@@ -64,18 +65,38 @@ def _looks_binary(path: str) -> bool:
     return b"\0" in f.read(_BINARY_PROBE_BYTES)
 
 
+def _read_line(f) -> tuple[bytes | None, int]:
+  """(the next line, or None if it is longer than _MAX_LINE_BYTES; bytes consumed). A long line is read
+  in chunks and dropped as soon as it passes the limit, so a file without newlines never fills memory."""
+  chunks, size = [], 0
+  while True:
+    chunk = f.readline(_LINE_CHUNK_BYTES)
+    size += len(chunk)
+    if size <= _MAX_LINE_BYTES:
+      chunks.append(chunk)
+    if not chunk or chunk.endswith(b"\n"):
+      return (b"".join(chunks) if size <= _MAX_LINE_BYTES else None), size
+
+
 def _lines(path: str, offset: int, stats: Stats) -> Iterator[tuple[str | None, int]]:
-  """(decoded line or None for a skipped one, byte offset after it); invalid UTF-8 lines are counted skips."""
+  """(decoded line or None for a skipped one, byte offset after it); lines that are not UTF-8 text and
+  lines over _MAX_LINE_BYTES are counted skips (skipped_lines, overlong_lines)."""
   with open_binary(path) as f:
     f.seek(offset)
     while True:
-      raw = f.readline(_MAX_LINE_BYTES)
-      if not raw:
+      raw, size = _read_line(f)
+      if not size:
         return
-      offset += len(raw)
+      offset += size
+      if raw is None:
+        if not stats["overlong_lines"]:
+          logging.warning("%s: skipping lines over %d MiB (counted in stats)", path, _MAX_LINE_BYTES >> 20)
+        stats["overlong_lines"] += 1
+        yield None, offset
+        continue
       try:
-        if b"\0" in raw or (len(raw) == _MAX_LINE_BYTES and not raw.endswith(b"\n")):
-          raise UnicodeDecodeError("utf-8", raw[:1], 0, 1, "binary or overlong line")
+        if b"\0" in raw:
+          raise UnicodeDecodeError("utf-8", raw[:1], 0, 1, "NUL byte")
         yield raw.decode("utf-8").strip(), offset
       except UnicodeDecodeError:
         if not stats["skipped_lines"]:
@@ -160,7 +181,7 @@ class TfdsSource:
   """A tfds text dataset, split into `num_units` even sub-splits; each record's text feature is one document."""
 
   def __init__(self, name: str, split: str, feature: str, data_dir: str, num_units: int, stats: Stats):
-    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+    tfds = tf_module("tensorflow_datasets")
     self._tfds, self.feature, self.stats = tfds, feature, stats
     try:
       self._builder = tfds.builder(name, data_dir=data_dir or None)

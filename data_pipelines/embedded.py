@@ -20,10 +20,10 @@ import sys
 import sysconfig
 import tempfile
 
-from data_pipelines import corpora, vocab
+from bert_jax.data_pipelines import corpora, vocab
 
 VOCAB_SIZE = 8192
-_RECIPE = "embedded-v1"
+_RECIPE = "embedded-v2"  # v2: the tensorflow-text WordPiece learner (deterministic)
 _SKIP_DIRS = ("site-packages", "test", "tests", "idlelib", "turtledemo", "__pycache__")
 _PROSE = re.compile(r"[A-Za-z][A-Za-z ,;:'()-]*[.!?]$")
 
@@ -86,10 +86,14 @@ def build_documents(files: list[str]) -> list[list[str]]:
 
 
 def _build(directory: str, files: list[str]) -> None:
+  print(f"building the embedded corpus from {len(files)} standard-library files (once; cached in "
+        f"{cache_root()})", flush=True)
   documents = build_documents(files)
   with open(os.path.join(directory, "corpus.txt"), "w", encoding="utf-8") as f:
     for document in documents:
       f.write("\n".join(document) + "\n\n")
+  print(f"learning a WordPiece vocabulary (at most {VOCAB_SIZE:,} entries) from its "
+        f"{sum(map(len, documents)):,} sentences", flush=True)
   vocab.train_wordpiece((s for d in documents for s in d), VOCAB_SIZE, directory, lower_case=True)
 
 

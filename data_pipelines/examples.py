@@ -12,8 +12,8 @@ import dataclasses
 
 import numpy as np
 
-from data_pipelines.corpora import Stats
-from data_pipelines.errors import DataError
+from bert_jax.data_pipelines.corpora import Stats
+from bert_jax.data_pipelines.errors import DataError
 
 BUILDERS = ("nsp", "sop", "full_sentences", "doc_sentences")
 _OPEN_ROWS = 32  # packing looks for room in this many most recent rows (bounds the cost per piece)

@@ -1,24 +1,32 @@
-"""On-the-fly masked-LM targets: choose positions, then 80% [MASK] / 10% random token / 10% unchanged.
+"""Masked-LM targets as TensorFlow ops on a whole batch: choose positions, then 80% [MASK] / 10% random / 10% kept.
 
-All strategies pick *spans of units* until the budget
-`min(max_predictions, max(1, round(rate * candidates)))` is spent; a unit is a token (`token`) or a
-whole word (`whole_word`, `ngram`, `span`: word = a piece plus its continuation pieces). Span lengths
-in units: 1 (token, whole_word), n in 1..3 with p ~ 1/n (ALBERT n-gram), or a geometric(p=0.2)
-truncated to 1..10 and renormalised, mean 3.8 (SpanBERT). A span never overlaps an earlier one and
-never crosses a special token. The last multi-unit span is finished even past the budget, cut only
-at max_predictions (the rate overshoots by part of one span; the length distribution stays exact);
-a single unit that overruns the budget is skipped and the next tried, as in BERT's whole-word masking.
-[CLS], [SEP], [PAD] (any special id) are never candidates.
+All strategies pick *spans of units* until the budget `min(max_predictions, max(1, round(rate * candidates)))`
+is spent; a unit is a token (`token`) or a whole word (`whole_word`, `ngram`, `span`: a piece plus its
+continuation pieces). Span lengths in units: 1 (token, whole_word), n in 1..3 with p ~ 1/n (ALBERT
+n-gram), or a geometric(p=0.2) truncated to 1..10 and renormalised, mean 3.8 (SpanBERT). A multi-unit
+span has a drawn length and a uniformly random place among those where it fits (no overlap with an
+earlier span, no special token inside). The rate is held as SpanBERT holds it: a span that would
+overrun the budget is cut to the whole units that fit; a unit that alone overruns it is skipped and
+the next tried (BERT's whole-word masking). [CLS], [SEP], [PAD] (any special id) are never candidates.
+
+Randomness is a counter-based hash (murmur3's finaliser) of (row key, stream, counter), so a row's
+mask depends on its key only: `row_keys(seeds, shard, index)` gives every row ever produced its own
+key, whatever the batch it lands in, the host count or the number of threads. Rows are processed
+together: per-row loops become a few vectorized passes, and TensorFlow runs them without the GIL.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
-from data_pipelines.errors import DataError
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.tftools import tf
 
 STRATEGIES = ("token", "whole_word", "ngram", "span")
+# Independent random streams per row.
+_ORDER, _LENGTH, _PLACE, _ROLL, _REPLACE = 1, 2, 3, 4, 5
 
 
 def _length_distribution(strategy: str) -> np.ndarray:
@@ -36,7 +44,7 @@ class MaskingConfig:
   strategy: str
   rate: float
   max_predictions: int
-  mask_id: int
+  mask_id: int  # what the 80% branch writes: [MASK], or [UNK] (Clinchant et al. 2019)
   special: np.ndarray  # bool[vocab]
   continuation: np.ndarray  # bool[vocab]
 
@@ -51,100 +59,177 @@ class MaskingConfig:
     object.__setattr__(self, "replacements", np.flatnonzero(~self.special).astype(np.int32))
 
 
-@dataclasses.dataclass
-class Masked:
-  input_ids: np.ndarray  # int32[n] after replacement
-  positions: np.ndarray  # int32[k], ascending
-  labels: np.ndarray  # int32[k], the original ids
-  span_left: np.ndarray  # int32[k], position just before the prediction's span
-  span_right: np.ndarray  # int32[k], position just after it
-  span_offset: np.ndarray  # int32[k], index of the prediction inside its span
+def _mix(x):
+  """murmur3 fmix32: a bijective avalanche on uint32."""
+  t = tf()
+  x = t.bitwise.bitwise_xor(x, t.bitwise.right_shift(x, 16)) * np.uint32(0x85EBCA6B)
+  x = t.bitwise.bitwise_xor(x, t.bitwise.right_shift(x, 13)) * np.uint32(0xC2B2AE35)
+  return t.bitwise.bitwise_xor(x, t.bitwise.right_shift(x, 16))
 
 
-def _units(ids: np.ndarray, cfg: MaskingConfig):
-  """(starts, ends, run) of the masking units; `run` numbers stretches not broken by special tokens."""
-  candidate = ~cfg.special[ids]
-  prev_candidate = np.concatenate([[False], candidate[:-1]])
+def row_keys(seeds: tuple, shard, index):
+  """uint32[B] keys from Python-int seeds and int64[B] shard and row index."""
+  t = tf()
+  key = t.constant(np.uint32(0x9E3779B9))
+  for s in seeds:
+    key = _mix(t.bitwise.bitwise_xor(key, np.uint32(int(s) & 0xFFFFFFFF)))
+  shard, index = t.cast(shard, t.int64), t.cast(index, t.int64)
+  for word in (shard, t.bitwise.right_shift(index, 32), index):
+    key = _mix(t.bitwise.bitwise_xor(key, t.cast(t.bitwise.bitwise_and(word, 0xFFFFFFFF), t.uint32)))
+  return key
+
+
+def _uniform(keys, stream: int, counter):
+  """float64 in [0, 1), shape of `counter` broadcast against keys[:, None]."""
+  t = tf()
+  k = _mix(t.bitwise.bitwise_xor(keys, np.uint32(stream * 0x9E3779B9 & 0xFFFFFFFF)))
+  h = _mix(t.bitwise.bitwise_xor(k[:, None], _mix(t.cast(counter, t.uint32) + np.uint32(0x6A09E667))))
+  return t.cast(h, t.float64) / 2.0 ** 32
+
+
+def _suffix_min(x):
+  """min(x[:, j:]) at every j, in log2(T) shifted minimums (T static)."""
+  t = tf()
+  width, shift = x.shape[1], 1
+  while shift < width:
+    x = t.minimum(x, t.concat([x[:, shift:], t.fill([t.shape(x)[0], shift], width)], 1))
+    shift *= 2
+  return x
+
+
+def _units(ids, lengths, cfg, special, continuation):
+  """Unit k of each row: start token, end token, run (stretch between special tokens), validity."""
+  t = tf()
+  width = ids.shape[1]
+  pos = t.range(width)
+  candidate = ~t.gather(special, ids) & (pos[None] < lengths[:, None])
   if cfg.strategy == "token":
     start = candidate
   else:
-    start = candidate & (~cfg.continuation[ids] | ~prev_candidate)
-  starts = np.flatnonzero(start)
-  ends = np.append(starts[1:], len(ids))
-  # A unit ends at the first non-candidate after its start.
-  next_special = np.minimum.accumulate(np.where(candidate, len(ids), np.arange(len(ids)))[::-1])[::-1]
-  ends = np.minimum(ends, next_special[starts])
-  run = np.cumsum(~candidate)[starts]
-  return starts, ends, run, int(candidate.sum())
+    prev = t.pad(candidate[:, :-1], [[0, 0], [1, 0]])
+    start = candidate & (~t.gather(continuation, ids) | ~prev)
+  num_units = t.reduce_sum(t.cast(start, t.int32), 1)
+  valid = pos[None] < num_units[:, None]
+  starts = t.where(valid, t.argsort(t.where(start, pos, width + pos), stable=True), width)
+  next_noncandidate = _suffix_min(t.where(candidate, width, pos[None]))
+  following = t.concat([starts[:, 1:], t.fill([t.shape(ids)[0], 1], width)], 1)
+  ends = t.where(valid, t.minimum(following, t.gather(next_noncandidate, t.minimum(starts, width - 1),
+                                                       batch_dims=1)), width)
+  gaps = t.cumsum(t.cast(~candidate, t.int32), 1)
+  run = t.gather(gaps, t.minimum(starts, width - 1), batch_dims=1)
+  unit_of = t.cumsum(t.cast(start, t.int32), 1) - 1
+  return candidate, starts, ends, run, valid, unit_of
 
 
-def _single_units(starts, ends, budget, rng):
+def _single_units(keys, starts, ends, valid, budget, cfg):
   """BERT: units in random order, each taken whole if it fits in what is left of the budget."""
-  spans, used = [], 0
-  for u in rng.permutation(len(starts)):
-    if used >= budget:
-      break
-    if used + ends[u] - starts[u] <= budget:
-      used += ends[u] - starts[u]
-      spans.append((starts[u], ends[u]))
-  return spans
-
-
-def _free_starts(blocked, run, length):
-  """Units where `length` consecutive free units start without crossing a special token."""
-  n = len(blocked) - length + 1
-  if n <= 0:
-    return np.zeros(0, np.int64)
-  taken = np.concatenate([[0], np.cumsum(blocked)])
-  u = np.arange(n)
-  return np.flatnonzero((taken[u + length] == taken[u]) & (run[u] == run[u + length - 1]))
-
-
-def _multi_unit_spans(starts, ends, run, budget, cfg, rng):
-  """Draw a length, then a uniformly random place where it fits. Drawing the place among free ones
-  (rather than skipping collisions) and finishing the last span past the budget (up to
-  max_predictions) keep long spans as likely as the length distribution says."""
-  blocked = np.zeros(len(starts), bool)
-  spans, used = [], 0
-  for length in rng.choice(len(cfg.lengths), size=len(starts) + 1, p=cfg.lengths) + 1:
-    if used >= budget:
-      break
-    free = _free_starts(blocked, run, length)
-    while not free.size and length > 1:
-      length -= 1
-      free = _free_starts(blocked, run, length)
-    if not free.size:
-      break
-    first = free[rng.integers(len(free))]
-    last = first + length - 1
-    while last >= first and used + ends[last] - starts[first] > cfg.max_predictions:
-      last -= 1
-    if last < first:  # this unit alone overruns max_predictions: never anchor on it again
-      blocked[first] = True
-      continue
-    blocked[first:last + 1] = True
-    used += ends[last] - starts[first]
-    spans.append((starts[first], ends[last]))
-  return spans
-
-
-def mask_tokens(ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator) -> Masked:
-  """Masks one unpadded row `ids` (int32[n], with its [CLS]/[SEP])."""
-  starts, ends, run, num_candidates = _units(ids, cfg)
-  budget = min(cfg.max_predictions, max(1, int(round(num_candidates * cfg.rate))))
-  if len(cfg.lengths) == 1:
-    spans = _single_units(starts, ends, budget, rng)
+  t = tf()
+  width = starts.shape[1]
+  priority = t.where(valid, _uniform(keys, _ORDER, t.range(width)[None]), 2.0)
+  order = t.argsort(priority, axis=1, stable=True)
+  sizes = t.gather(ends - starts, order, batch_dims=1)
+  ok = t.gather(valid, order, batch_dims=1)
+  if cfg.strategy == "token":  # every unit is one token: the first `budget` in random order
+    taken = ok & (t.range(width)[None] < budget[:, None])
   else:
-    spans = _multi_unit_spans(starts, ends, run, budget, cfg, rng)
-  spans.sort()
-  positions = np.concatenate([np.arange(a, b) for a, b in spans] or [[]]).astype(np.int32)
-  left = np.concatenate([np.full(b - a, a - 1) for a, b in spans] or [[]]).astype(np.int32)
-  right = np.concatenate([np.full(b - a, b) for a, b in spans] or [[]]).astype(np.int32)
-  offset = np.concatenate([np.arange(b - a) for a, b in spans] or [[]]).astype(np.int32)
-  labels = ids[positions]
-  out = ids.copy()
-  roll = rng.random(len(positions))
-  out[positions[roll < 0.8]] = cfg.mask_id
-  random_slots = positions[roll >= 0.9]
-  out[random_slots] = rng.choice(cfg.replacements, size=len(random_slots))
-  return Masked(out, positions, labels, left, right, offset)
+    def body(r, used, taken):
+      fits = ok[:, r] & (used + sizes[:, r] <= budget)
+      return r + 1, used + t.where(fits, sizes[:, r], 0), taken.write(r, fits)
+    _, _, taken = t.while_loop(
+        lambda r, used, _: (r < width) & t.reduce_any(used < budget), body,
+        (t.constant(0), t.zeros_like(budget), t.TensorArray(t.bool, width, element_shape=[None])))
+    taken = t.transpose(t.pad(taken.stack(), [[0, width - taken.size()], [0, 0]]))
+  chosen = t.scatter_nd(t.stack([t.broadcast_to(t.range(t.shape(order)[0])[:, None], t.shape(order)), order], -1),
+                        taken, t.shape(order))
+  return chosen, starts, ends
+
+
+def _free_lengths(blocked, run):
+  """Free units that follow each unit (itself included) before a taken unit or a special token."""
+  t = tf()
+  width = blocked.shape[1]
+  pos = t.range(width)[None]
+  next_blocked = _suffix_min(t.where(blocked, pos, width))
+  run_start = t.pad(run[:, 1:] != run[:, :-1], [[0, 0], [1, 0]])
+  next_run = t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:],
+                       t.fill([t.shape(blocked)[0], 1], width)], 1)
+  return t.maximum(t.minimum(next_blocked, next_run) - pos, 0)
+
+
+def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
+  """Draw a length, then a uniformly random place where it fits (shortened while none is free); cut the
+  span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens)."""
+  t = tf()
+  width, max_len = starts.shape[1], len(cfg.lengths)
+  pos = t.range(width)[None]
+  cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
+
+  def body(i, used, blocked, lo, hi):
+    free = _free_lengths(blocked, run)
+    most = t.reduce_max(free, 1)
+    drawn = 1 + t.reduce_sum(t.cast(_uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
+    length = t.minimum(drawn, most)
+    active = (used < budget) & (most > 0)
+    fits = free >= length[:, None]
+    count = t.reduce_sum(t.cast(fits, t.int32), 1)
+    pick = t.cast(_uniform(keys, _PLACE, i[None])[:, 0] * t.cast(count, t.float64), t.int32)
+    first = t.argmax(t.cast(fits & (t.cumsum(t.cast(fits, t.int32), 1) - 1 == pick[:, None]), t.int32),
+                     1, output_type=t.int32)
+    last = t.minimum(first[:, None] + t.range(max_len)[None], width - 1)  # [B, max_len]
+    span_tokens = t.gather(ends, last, batch_dims=1) - t.gather(starts, first, batch_dims=1)[:, None]
+    ok = (t.range(1, max_len + 1)[None] <= length[:, None]) & (used[:, None] + span_tokens <= budget[:, None])
+    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1), 0)  # ok is a prefix: its count is the length
+    end_token = t.gather(ends, t.minimum(first + t.maximum(take, 1) - 1, width - 1), batch_dims=1)
+    in_span = (pos >= first[:, None]) & (pos < (first + take)[:, None])
+    alone_too_big = active & (take == 0)  # never anchor on this unit again
+    blocked = blocked | in_span | ((pos == first[:, None]) & alone_too_big[:, None])
+    lo = t.where(in_span, t.gather(starts, first, batch_dims=1)[:, None], lo)
+    hi = t.where(in_span, end_token[:, None], hi)
+    used = used + t.where(take > 0, t.gather(span_tokens, t.maximum(take, 1) - 1, batch_dims=1), 0)
+    return i + 1, used, blocked, lo, hi
+
+  def cond(i, used, blocked, lo, hi):
+    del lo, hi
+    return (i <= width) & t.reduce_any((used < budget) & t.reduce_any(~blocked, 1))
+
+  _, _, blocked, lo, hi = t.while_loop(
+      cond, body, (t.constant(0), t.zeros_like(budget), ~valid, t.zeros_like(starts), t.zeros_like(starts)))
+  return lo < hi, lo, hi
+
+
+def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
+  """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
+  per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
+  features (masked_lm_span_{left, right, offset}) of FEATURES."""
+  t = tf()
+  width, slots = ids.shape[1], cfg.max_predictions
+  special = t.constant(cfg.special)
+  candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation))
+  num_candidates = t.reduce_sum(t.cast(candidate, t.float64), 1)
+  budget = t.minimum(slots, t.maximum(1, t.cast(t.round(num_candidates * cfg.rate), t.int32)))
+  if len(cfg.lengths) == 1:
+    chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg)
+  else:
+    chosen, lo, hi = _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+  unit = t.maximum(unit_of, 0)
+  selected = candidate & t.gather(chosen, unit, batch_dims=1)
+  pos = t.range(width)[None]
+  roll = _uniform(keys, _ROLL, pos)
+  replacements = t.constant(cfg.replacements)
+  random_ids = t.gather(replacements, t.cast(_uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
+  masked_ids = t.where(roll < 0.8, cfg.mask_id, t.where(roll >= 0.9, random_ids, ids))
+  positions = t.argsort(t.where(selected, pos, width + pos), stable=True)[:, :slots]
+  weights = t.range(slots)[None] < t.reduce_sum(t.cast(selected, t.int32), 1)[:, None]
+  positions = t.where(weights, positions, 0)
+  at = functools.partial(t.gather, indices=positions, batch_dims=1)
+  left = at(t.gather(lo, unit, batch_dims=1)) - 1
+  zero = t.zeros_like(positions)
+  return {
+      "input_ids": t.where(selected, masked_ids, ids),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": t.where(weights, at(ids), zero),
+      "masked_lm_weights": t.cast(weights, t.float32),
+      "masked_lm_span_left": t.where(weights, left, zero),
+      "masked_lm_span_right": t.where(weights, at(t.gather(hi, unit, batch_dims=1)), zero),
+      "masked_lm_span_offset": t.where(weights, positions - left - 1, zero),
+  }

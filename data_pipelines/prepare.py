@@ -12,10 +12,10 @@ import json
 import multiprocessing
 import os
 
-from data_pipelines import corpora, embedded
-from data_pipelines.errors import DataError
-from data_pipelines.tftools import open_binary, tf
-from data_pipelines.tokenizers import load_tokenizer
+from bert_jax.data_pipelines import corpora, embedded
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.tftools import open_binary, tf
+from bert_jax.data_pipelines.tokenizers import load_tokenizer
 
 METADATA = "metadata.json"
 

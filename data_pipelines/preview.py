@@ -5,8 +5,8 @@ import io
 
 import numpy as np
 
-from data_pipelines.pipeline import make_pretrain_input
-from data_pipelines.tftools import tf
+from bert_jax.data_pipelines import pipeline
+from bert_jax.data_pipelines.tftools import tf
 
 _SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 
@@ -23,11 +23,11 @@ def render_example(batch: dict, row: int, tokenizer) -> str:
 
 def preview(config, num_batches: int, output: str) -> str:
   """Writes `num_batches` batches (arrays [N, B, ...]) plus token metadata to `output`; returns one example."""
-  data = make_pretrain_input(config.data, global_batch_size=config.train.batch_size, process_index=0,
-                             process_count=1, seed=config.train.seed,
-                             max_position_embeddings=config.model.max_position_embeddings,
-                             model_vocab_size=config.model.vocab_size)
-  batches = [next(data) for _ in range(num_batches)]
+  data = pipeline.for_config(config, "train", config.train.batch_size)  # what the trainer reads
+  try:
+    batches = [next(data) for _ in range(num_batches)]
+  finally:
+    data.close()
   arrays = {k: np.stack([b[k] for b in batches]) for k in batches[0]}
   tokenizer = data.tokenizer
   arrays["special_token_ids"] = np.array([tokenizer.special_ids[t] for t in _SPECIALS], np.int32)

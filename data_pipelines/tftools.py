@@ -1,19 +1,109 @@
-"""The one place TensorFlow is imported: lazily, with GPUs hidden so TF never grabs memory JAX needs."""
+"""The one place TensorFlow is imported (every module that needs it calls `tf()`, and `tf_module(name)`
+for a package that imports TensorFlow itself): lazily, with GPUs hidden so TF never grabs memory JAX
+needs. Also where a corpus or vocabulary at a URL is opened."""
+import contextlib
 import functools
+import importlib
+import io
+import os
+import sys
+
+from etils import epath
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+  """Drops what C++ writes to fd 2 meanwhile (absl/oneDNN/CUDA start-up notes that ignore TF_CPP_MIN_LOG_LEVEL)."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(devnull, 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
 
 
 @functools.cache
 def tf():
-  import tensorflow  # pylint: disable=import-outside-toplevel
-  try:
-    tensorflow.config.set_visible_devices([], "GPU")
-  except RuntimeError:  # devices already initialised by an earlier TF user in this process
-    pass
+  # The CLI sets TF_CPP_MIN_LOG_LEVEL=3 unless the user chose a level: then TF's start-up notes go too.
+  quiet = os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "3"
+  with _quiet_native_stderr() if quiet else contextlib.nullcontext():
+    import tensorflow  # pylint: disable=import-outside-toplevel
+    try:
+      tensorflow.config.set_visible_devices([], "GPU")
+      tensorflow.config.list_logical_devices()  # initialise devices now, while the notes are dropped
+    except RuntimeError:  # devices already initialised by an earlier TF user in this process
+      pass
   return tensorflow
 
 
-def open_binary(path: str, mode: str = "rb"):
-  """Local paths through the builtin `open` (much faster per line); URLs (gs://, ...) through gfile."""
+@functools.cache
+def tf_module(name: str):
+  """A module of a package built on TensorFlow (tensorflow_datasets, tensorflow_text, clu's writers),
+  imported after `tf()`, so TensorFlow starts here with its accelerators hidden and its notes quiet."""
+  tf()
+  return importlib.import_module(name)
+
+
+class _RawURLFile(io.RawIOBase):
+  """A file opened through etils.epath as a raw stream: gfile's and gcsfs's file objects have no
+  `readline(size)`, which the corpus reader needs to bound a line; io.BufferedReader over this has."""
+
+  def __init__(self, f):
+    super().__init__()
+    self._f = f
+
+  def readable(self) -> bool:
+    return True
+
+  def seekable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    data = self._f.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
+
+  def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+    self._f.seek(offset, whence)
+    return self._f.tell()
+
+  def tell(self) -> int:
+    return self._f.tell()
+
+  def close(self) -> None:
+    if not self.closed:
+      self._f.close()
+    super().close()
+
+
+def open_binary(path: str):
+  """A file to read: local paths through the builtin `open` (much faster per line); URLs (gs://, ...)
+  through etils.epath (TF's gfile, or gcsfs with EPATH_USE_TF=false)."""
   if "://" in path:
-    return tf().io.gfile.GFile(path, mode)
-  return open(path, mode)  # pylint: disable=consider-using-with,unspecified-encoding
+    return io.BufferedReader(_RawURLFile(epath.Path(path).open("rb")), buffer_size=1 << 20)
+  return open(path, "rb")  # pylint: disable=consider-using-with
+
+
+def open_text(path: str, encoding: str = "utf-8", newline: str | None = None):
+  """A text file to read (a fine-tuning data file), local or at a URL."""
+  return io.TextIOWrapper(open_binary(path), encoding=encoding, newline=newline)
+
+
+def glob(pattern: str) -> list[str]:
+  """The files and directories matching a glob; URLs through etils.epath, local paths through gfile."""
+  if "://" not in pattern:
+    return tf().io.gfile.glob(pattern)
+  parts = pattern.split("/")
+  first = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+  base = epath.Path("/".join(parts[:first]))
+  if first == len(parts):
+    return [pattern] if base.exists() else []
+  return sorted(os.fspath(p) for p in base.glob("/".join(parts[first:])))
+
+
+def isdir(path: str) -> bool:
+  return epath.Path(path).is_dir() if "://" in path else tf().io.gfile.isdir(path)

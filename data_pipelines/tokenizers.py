@@ -1,8 +1,18 @@
 """WordPiece (BERT `vocab.txt`) and SentencePiece (`*.model`) tokenizers, from Python and inside tf.data.
 
 The WordPiece path reproduces google-research/bert `tokenization.py` exactly (cleaning, CJK splitting,
-accent stripping when lower-casing, punctuation splitting, greedy longest-match-first). ASCII lines
-take an equivalent regex fast path; other lines run the original character loop.
+accent stripping when lower-casing, punctuation splitting, greedy longest-match-first, and a word longer
+than `max_chars_per_word` characters as [UNK]: Google's 200 by default, HF's 100 for HF parity). ASCII
+lines take an equivalent regex fast path; other lines run the original character loop, which also
+keeps each word's character span in the text (`basic_tokenize_spans`, for SQuAD's answer spans).
+
+The SentencePiece path is ALBERT's (google-research/albert `tokenization.py`): `preprocess_text`
+(whitespace collapsed; when lower-casing, NFKD with combining marks dropped, then lower case), then
+the model's pieces, with `encode_pieces`' re-split of a piece ending in a digit and a comma ("1990,"
+-> "1990" ","). `quotes_to_double` also turns `` and '' into ", as transformers' AlbertTokenizer
+and XLNet's preprocess_text do; google-research/albert leaves them. The special ids are read by role
+(the model's pad and unk ids, [CLS] [SEP] [MASK] by name), so ALBERT's `<pad>`/`<unk>` layout loads
+as well as bert_jax's `[PAD]`/`[UNK]`.
 """
 from __future__ import annotations
 
@@ -12,12 +22,13 @@ import unicodedata
 
 import numpy as np
 
-from data_pipelines.errors import DataError
-from data_pipelines.tftools import open_binary, tf
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _REQUIRED = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
-_MAX_CHARS_PER_WORD = 100
+GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
+HF_MAX_CHARS_PER_WORD = 100  # transformers' BertTokenizer and tokenizers' WordPiece
 _ASCII_CONTROL = {c: None for c in [*range(0, 9), 11, 12, *range(14, 32), 127]}
 _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^\s{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]")
@@ -45,35 +56,64 @@ def _is_cjk(cp):
           or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
 
 
-def _basic_tokenize_unicode(text: str, lower_case: bool) -> list[str]:
-  """The original BasicTokenizer, character by character."""
-  chars = []
-  for char in text:
+def _lower_strip_accents(token: str, where: list[int]) -> tuple[str, list[int]]:
+  """BERT's lower() and accent stripping of one whitespace token, each output character with its source.
+
+  The token is lowered whole (a word-final sigma lowers to the final form), decomposed whole (NFD),
+  and stripped of Mn marks, as the original; per-character lengths give the sources, since neither
+  step depends on neighbours for its length.
+  """
+  if token.isascii():
+    return token.lower(), where
+  lowered = token.lower()
+  where = [w for c, w in zip(token, where) for _ in c.lower()]
+  text = "".join(c for c in unicodedata.normalize("NFD", lowered) if unicodedata.category(c) != "Mn")
+  where = [w for c, w in zip(lowered, where) for d in unicodedata.normalize("NFD", c)
+           if unicodedata.category(d) != "Mn"]
+  return text, where
+
+
+def _whitespace_tokens(text: str):
+  """(token, source index of each character): the original's _clean_text (drops NUL, U+FFFD, Cc and Cf),
+  CJK split and whitespace_tokenize (str.split, so U+2028 separates too)."""
+  chars, where = [], []
+  for i, char in enumerate(text):
     cp = ord(char)
     if cp == 0 or cp == 0xFFFD or _is_control(char):
       continue
-    if _is_whitespace(char):
-      chars.append(" ")
-    elif _is_cjk(cp):
-      chars.extend((" ", char, " "))
+    cjk = _is_cjk(cp)
+    if cjk or _is_whitespace(char) or char.isspace():
+      if chars:
+        yield "".join(chars), where
+        chars, where = [], []
+      if cjk:
+        yield char, [i]
     else:
       chars.append(char)
+      where.append(i)
+  if chars:
+    yield "".join(chars), where
+
+
+def basic_tokenize_spans(text: str, lower_case: bool) -> list[tuple[str, int, int]]:
+  """(word, start, end) per word of BERT's BasicTokenizer: text[start:end] is the non-empty span the
+  word came from (characters the tokenizer deletes, inside a word, stay inside its span)."""
+  if text.isascii() and text.translate(_ASCII_CONTROL) == text:  # nothing deleted: spans are match spans
+    lowered = text.lower() if lower_case else text
+    return [(m.group(), m.start(), m.end()) for m in _ASCII_WORDS.finditer(lowered)]
   words = []
-  for token in "".join(chars).split():
+  for token, where in _whitespace_tokens(text):
     if lower_case:
-      token = unicodedata.normalize("NFD", token.lower())
-      token = "".join(c for c in token if unicodedata.category(c) != "Mn")
-    current = []
-    for char in token:
+      token, where = _lower_strip_accents(token, where)
+    start = 0
+    for i, char in enumerate(token):
       if _is_punctuation(char):
-        if current:
-          words.append("".join(current))
-          current = []
-        words.append(char)
-      else:
-        current.append(char)
-    if current:
-      words.append("".join(current))
+        if i > start:
+          words.append((token[start:i], where[start], where[i - 1] + 1))
+        words.append((char, where[i], where[i] + 1))
+        start = i + 1
+    if start < len(token):
+      words.append((token[start:], where[start], where[-1] + 1))
   return words
 
 
@@ -82,7 +122,7 @@ def basic_tokenize(text: str, lower_case: bool) -> list[str]:
   if text.isascii():
     text = text.translate(_ASCII_CONTROL)
     return _ASCII_WORDS.findall(text.lower() if lower_case else text)
-  return _basic_tokenize_unicode(text, lower_case)
+  return [word for word, _, _ in basic_tokenize_spans(text, lower_case)]
 
 
 def _read_lines(path: str) -> list[str]:
@@ -131,11 +171,17 @@ class _Tokenizer:
 
 
 class WordPieceTokenizer(_Tokenizer):
-  """BERT WordPiece over a `vocab.txt` (one token per line, id = line number)."""
+  """BERT WordPiece over a `vocab.txt` (one token per line, id = line number).
+
+  max_chars_per_word: longer words become [UNK]; Google's 200 (GOOGLE_MAX_CHARS_PER_WORD) or, for
+  parity with transformers/tokenizers, HF_MAX_CHARS_PER_WORD = 100.
+  """
   kind = "wordpiece"
 
-  def __init__(self, path: str, lower_case: bool = True):
-    self.path, self.lower_case = path, lower_case
+  def __init__(self, path: str, lower_case: bool = True, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD):
+    if max_chars_per_word < 1:
+      raise DataError(f"max_chars_per_word={max_chars_per_word} must be at least 1 (Google: 200, HF: 100)")
+    self.path, self.lower_case, self.max_chars_per_word = path, lower_case, max_chars_per_word
     self.vocab = _read_lines(path)
     self._ids = {token: i for i, token in enumerate(self.vocab)}
     self.special_ids = {t: self._ids.get(t) for t in SPECIAL_TOKENS}
@@ -146,7 +192,7 @@ class WordPieceTokenizer(_Tokenizer):
     self._cache: dict[str, list[int]] = {}
 
   def _wordpiece(self, word: str) -> list[int]:
-    if len(word) > _MAX_CHARS_PER_WORD:
+    if len(word) > self.max_chars_per_word:
       return [self._unk]
     pieces, start = [], 0
     while start < len(word):
@@ -180,25 +226,62 @@ class WordPieceTokenizer(_Tokenizer):
     return np.array([t.startswith("##") for t in self.vocab], bool)
 
   def tokenize_tf(self, strings):
-    """tf.string[batch] -> int32 RaggedTensor[batch, (tokens)], with tensorflow-text ops (usable in tf.data)."""
-    import tensorflow_text as tf_text  # pylint: disable=import-outside-toplevel
-    t = tf()
+    """tf.string[batch] -> int32 RaggedTensor[batch, (tokens)], with tensorflow-text ops (usable in tf.data).
+
+    tensorflow-text limits words in bytes, not characters: its byte limit is set out of reach, and a
+    word over max_chars_per_word characters is swapped for the literal "[UNK]" (a vocab entry that the
+    basic tokenizer could never produce, since it splits off brackets) before the WordPiece lookup.
+    """
+    t, tf_text = tf(), tf_module("tensorflow_text")
     if not hasattr(self, "_tf_tokenizer"):
       table = t.lookup.StaticVocabularyTable(
           t.lookup.KeyValueTensorInitializer(self.vocab, t.range(self.vocab_size, dtype=t.int64)),
           num_oov_buckets=1)
-      self._tf_tokenizer = tf_text.BertTokenizer(
-          table, lower_case=self.lower_case, unknown_token="[UNK]", token_out_type=t.int64)
-    return t.cast(self._tf_tokenizer.tokenize(strings).merge_dims(1, 2), t.int32)
+      basic = tf_module("tensorflow_text.python.ops.bert_tokenizer").BasicTokenizer(lower_case=self.lower_case)
+      self._tf_tokenizer = basic, tf_text.WordpieceTokenizer(
+          table, max_bytes_per_word=4 * self.max_chars_per_word, unknown_token="[UNK]", token_out_type=t.int64)
+    basic, wordpiece = self._tf_tokenizer
+    words = basic.tokenize(strings)
+    too_long = t.strings.length(words.flat_values, unit="UTF8_CHAR") > self.max_chars_per_word
+    words = words.with_flat_values(t.where(too_long, "[UNK]", words.flat_values))
+    return t.cast(wordpiece.tokenize(words).merge_dims(1, 2), t.int32)
+
+
+def albert_preprocess(text: str, lower_case: bool, quotes_to_double: bool = False) -> str:
+  """google-research/albert's preprocess_text: whitespace collapsed; when lower-casing, NFKD with
+  combining marks dropped, then lower case. quotes_to_double: `` and '' to " first (transformers)."""
+  text = " ".join(text.split())
+  if quotes_to_double:
+    text = text.replace("``", '"').replace("''", '"')
+  if lower_case:
+    text = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c)).lower()
+  return text
+
+
+def _regex_class(predicate) -> str:
+  """An RE2 character class of the code points where `predicate(char)` holds (as ranges)."""
+  ranges, start = [], None
+  for cp in range(0x110001):
+    inside = cp <= 0x10FFFF and predicate(chr(cp))
+    if inside and start is None:
+      start = cp
+    elif not inside and start is not None:
+      ranges.append(f"\\x{{{start:x}}}-\\x{{{cp - 1:x}}}")
+      start = None
+  return "[" + "".join(ranges) + "]"
 
 
 class SentencePieceTokenizer(_Tokenizer):
-  """SentencePiece (unigram or BPE) model; text is lower-cased first when `lower_case` (ALBERT style)."""
+  """SentencePiece (unigram or BPE) model, with ALBERT's preprocessing and digit-comma re-split.
+
+  quotes_to_double: also `` and '' to " (transformers' AlbertTokenizer); google-research/albert
+  leaves them.
+  """
   kind = "sentencepiece"
 
-  def __init__(self, path: str, lower_case: bool = True):
+  def __init__(self, path: str, lower_case: bool = True, quotes_to_double: bool = False):
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
-    self.path, self.lower_case = path, lower_case
+    self.path, self.lower_case, self.quotes_to_double = path, lower_case, quotes_to_double
     try:
       with open_binary(path) as f:
         self._proto = f.read()
@@ -209,12 +292,31 @@ class SentencePieceTokenizer(_Tokenizer):
     self.vocab = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
     ids = {t: i for i, t in enumerate(self.vocab)}
     self.special_ids = {t: ids.get(t) for t in SPECIAL_TOKENS}
-    if self.special_ids["[UNK]"] is None:
-      self.special_ids["[UNK]"] = self._sp.unk_id()
+    # By role: ALBERT's models name them <pad> and <unk>, bert_jax's [PAD] and [UNK].
+    if self._sp.pad_id() >= 0:
+      self.special_ids["[PAD]"] = self._sp.pad_id()
+    self.special_ids["[UNK]"] = self._sp.unk_id()
     _check_specials(path, self.special_ids)
+    self._resplit = self._digit_comma_resplits()
+
+  def _digit_comma_resplits(self) -> dict[int, list[int]]:
+    """{id: ids} for pieces ending in a digit and a comma, as ALBERT's encode_pieces re-splits them.
+
+    The re-split depends on the piece alone, so it is a table over the vocabulary; a re-split piece
+    that lost its word-start marker may be out of the vocabulary and then is [UNK], as there.
+    """
+    table = {}
+    for i, piece in enumerate(self.vocab):
+      if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit() and not self._sp.is_control(i):
+        pieces = self._sp.encode(piece[:-1].replace("\u2581", ""), out_type=str)
+        if piece[0] != "\u2581" and pieces[0][0] == "\u2581":
+          pieces = pieces[1:] if len(pieces[0]) == 1 else [pieces[0][1:], *pieces[1:]]
+        table[i] = [self._sp.piece_to_id(p) for p in [*pieces, ","]]
+    return table
 
   def encode(self, text: str) -> list[int]:
-    return self._sp.encode(text.lower() if self.lower_case else text)
+    ids = self._sp.encode(albert_preprocess(text, self.lower_case, self.quotes_to_double))
+    return [j for i in ids for j in self._resplit.get(i, (i,))] if self._resplit else ids
 
   def decode(self, ids) -> str:
     return self._sp.decode([int(i) for i in ids])
@@ -224,19 +326,43 @@ class SentencePieceTokenizer(_Tokenizer):
     mask = np.array([not t.startswith("\u2581") for t in self.vocab], bool)
     return mask & ~self.special_mask()
 
-  def tokenize_tf(self, strings):
-    """tf.string[batch] -> int32 RaggedTensor[batch, (tokens)] with tensorflow-text's SentencepieceTokenizer."""
-    import tensorflow_text as tf_text  # pylint: disable=import-outside-toplevel
-    t = tf()
-    if not hasattr(self, "_tf_tokenizer"):
-      self._tf_tokenizer = tf_text.SentencepieceTokenizer(model=self._proto, out_type=t.int32)
+  def _preprocess_tf(self, strings):
+    """albert_preprocess in TF ops (Python's str.split whitespace, NFKD and combining classes)."""
+    t, tf_text = tf(), tf_module("tensorflow_text")
+    if not hasattr(self, "_tf_classes"):
+      self._tf_classes = _regex_class(str.isspace), _regex_class(unicodedata.combining)
+    space, combining = self._tf_classes
+    strings = t.strings.regex_replace(strings, f"{space}+", " ")
+    strings = t.strings.regex_replace(strings, "^ | $", "")
+    if self.quotes_to_double:
+      strings = t.strings.regex_replace(strings, "``|''", '"')
     if self.lower_case:
+      strings = t.strings.regex_replace(tf_text.normalize_utf8(strings, "NFKD"), combining, "")
       strings = t.strings.lower(strings, encoding="utf-8")
-    return self._tf_tokenizer.tokenize(strings)
+    return strings
+
+  def tokenize_tf(self, strings):
+    """tf.string[batch] -> int32 RaggedTensor[batch, (tokens)] with tensorflow-text's SentencepieceTokenizer.
+
+    Equal to `encode` where TF's (ICU's) Unicode tables agree with Python's.
+    """
+    t, tf_text = tf(), tf_module("tensorflow_text")
+    if not hasattr(self, "_tf_tokenizer"):
+      rows = [self._resplit.get(i, [i]) for i in range(self.vocab_size)]
+      self._tf_tokenizer = (tf_text.SentencepieceTokenizer(model=self._proto, out_type=t.int32),
+                            t.ragged.constant(rows, dtype=t.int32))
+    sp, resplit = self._tf_tokenizer
+    ids = sp.tokenize(self._preprocess_tf(strings))
+    return t.gather(resplit, ids).merge_dims(1, 2)
 
 
-def load_tokenizer(path: str, lower_case: bool = True):
-  """WordPiece for a `vocab.txt` (any name not ending in .model), SentencePiece for `*.model`."""
+def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD,
+                   quotes_to_double: bool = False):
+  """WordPiece for a `vocab.txt` (any name not ending in .model), SentencePiece for `*.model`.
+
+  Google's conventions by default; HF parity: max_chars_per_word=HF_MAX_CHARS_PER_WORD (WordPiece),
+  quotes_to_double=True (SentencePiece, transformers' AlbertTokenizer).
+  """
   if path.endswith(".model"):
-    return SentencePieceTokenizer(path, lower_case)
-  return WordPieceTokenizer(path, lower_case)
+    return SentencePieceTokenizer(path, lower_case, quotes_to_double)
+  return WordPieceTokenizer(path, lower_case, max_chars_per_word)

@@ -6,38 +6,77 @@ WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK] = ids 0..4) and as [PAD]=0, [UNK]=1, c
 """
 from __future__ import annotations
 
+import collections
+import itertools
 import os
+import sys
 import tempfile
 from typing import Iterable, Iterator
 
-from data_pipelines import corpora
-from data_pipelines.errors import DataError
-from data_pipelines.tftools import tf
-from data_pipelines.tokenizers import SPECIAL_TOKENS
+from bert_jax.data_pipelines import corpora
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.tftools import tf, tf_module
+from bert_jax.data_pipelines.tokenizers import SPECIAL_TOKENS, albert_preprocess
 
 KINDS = ("wordpiece", "sentencepiece")
 SENTENCEPIECE_TYPES = ("unigram", "bpe")
 
 
-def corpus_sentences(patterns: str, corpus_format: str = corpora.SENTENCE_PER_LINE) -> Iterator[str]:
-  stats = corpora.Stats()
+def corpus_sentences(patterns: str, corpus_format: str = corpora.SENTENCE_PER_LINE,
+                     stats: corpora.Stats | None = None) -> Iterator[str]:
+  stats = corpora.Stats() if stats is None else stats
   source = corpora.TextSource(corpora.list_files(patterns, "--corpus"), corpus_format, stats)
   for unit in source.units:
     for sentences, _, _ in source.read(unit, 0, 0):
       yield from sentences
 
 
+def _nonempty(sentences: Iterator[str], patterns: str, stats: corpora.Stats) -> Iterator[str]:
+  """`sentences`, or a DataError before any training when the corpus holds no text at all."""
+  first = next(sentences, None)
+  if first is None:
+    skipped = ", ".join(f"{stats[k]} {k.replace('_', ' ')}" for k in ("skipped_files", "skipped_lines",
+                                                                        "overlong_lines") if stats[k])
+    raise DataError(f"--corpus {patterns}: no text to learn a vocabulary from "
+                    f"({skipped or 'the files are empty'}; binary files and non-UTF-8 lines are skipped)")
+  return itertools.chain([first], sentences)
+
+
+def _count_words(sentences: Iterable[str], lower_case: bool, chunk: int = 20_000) -> collections.Counter:
+  """Word counts after BERT's basic tokenization (tensorflow-text's BasicTokenizer), in chunks of sentences."""
+  tokenizer = tf_module("tensorflow_text.python.ops.bert_tokenizer").BasicTokenizer(lower_case=lower_case)
+  counts: collections.Counter = collections.Counter()
+  batch, seen = [], 0
+  for sentence in itertools.chain(sentences, [None]):
+    if sentence is not None:
+      batch.append(sentence)
+      if len(batch) < chunk:
+        continue
+    if batch:
+      counts.update(tokenizer.tokenize(tf().constant(batch)).flat_values.numpy().tolist())
+      seen += len(batch)
+      if seen % 1_000_000 < chunk:
+        print(f"vocab: counted the words of {seen:,} sentences", file=sys.stderr, flush=True)
+      batch = []
+  return collections.Counter({w.decode("utf-8"): c for w, c in counts.items()})
+
+
 def train_wordpiece(sentences: Iterable[str], size: int, output_dir: str, lower_case: bool = True) -> str:
-  """Trains with the `tokenizers` WordPiece trainer using BERT's normaliser; returns the vocab.txt path."""
-  from tokenizers import BertWordPieceTokenizer  # pylint: disable=import-outside-toplevel
-  tokenizer = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True,
-                                     strip_accents=lower_case, lowercase=lower_case)
-  tokenizer.train_from_iterator(sentences, vocab_size=size, min_frequency=2,
-                                special_tokens=list(SPECIAL_TOKENS), limit_alphabet=1000,
-                                show_progress=False)
-  vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+  """Learns a WordPiece vocab.txt with the learner Google's BERT vocabularies come from (tensorflow-text).
+
+  Deterministic: the same sentences give a byte-identical file in every process and on every machine
+  (the `tokenizers` trainer breaks ties through per-process random hash maps, so it is not). At most
+  `size` entries; on a small corpus fewer, since pieces must be seen at least once as a word part.
+  """
+  learner = tf_module("tensorflow_text.tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib")
+  counts = _count_words(sentences, lower_case)
+  if not counts:
+    raise DataError("the corpus has no words to learn a vocabulary from (is it empty, or not text?)")
+  pieces = learner.learn(sorted(counts.items()), size, list(SPECIAL_TOKENS), lower_thresh=1)
+  if len(pieces) <= len(SPECIAL_TOKENS) + 1:
+    raise DataError(f"the corpus yields no vocabulary beyond the special tokens ({sum(counts.values())} words)")
   path = os.path.join(output_dir, "vocab.txt")
-  _write(path, "".join(token + "\n" for token, _ in vocab).encode("utf-8"))
+  _write(path, "".join(piece + "\n" for piece in pieces).encode("utf-8"))
   return path
 
 
@@ -47,7 +86,7 @@ def train_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, lo
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   if model_type not in SENTENCEPIECE_TYPES:
     raise DataError(f"--model-type={model_type!r}; choose one of {SENTENCEPIECE_TYPES}")
-  sentences = (s.lower() if lower_case else s for s in sentences)
+  sentences = (albert_preprocess(s, lower_case) for s in sentences)  # as SentencePieceTokenizer.encode sees text
   with tempfile.TemporaryDirectory() as tmp:
     prefix = os.path.join(tmp, "spm")
     try:
@@ -80,7 +119,8 @@ def train_vocab(corpus: str, kind: str, size: int, output_dir: str, lower_case: 
     raise DataError(f"--type={kind!r}; choose one of {KINDS}")
   if size < len(SPECIAL_TOKENS) + 1:
     raise DataError(f"--size={size} is too small; use at least a few hundred")
-  sentences = corpus_sentences(corpus, corpus_format)
+  stats = corpora.Stats()
+  sentences = _nonempty(corpus_sentences(corpus, corpus_format, stats), corpus, stats)
   if kind == "wordpiece":
     return train_wordpiece(sentences, size, output_dir, lower_case)
   return train_sentencepiece(sentences, size, output_dir, lower_case, model_type)

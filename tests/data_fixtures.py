@@ -3,7 +3,7 @@ import functools
 import itertools
 import os
 
-from data_pipelines import embedded
+from bert_jax.data_pipelines import embedded
 
 UNICODE_LINES = [
     "Café déjà vu: naïve façade, résumé — Ångström, Øresund, Straße, İstanbul.",

@@ -1,6 +1,12 @@
 """Hugging Face checkpoints: parity with the transformers PyTorch models, exact round trips, bad input."""
+import collections
+import io
 import json
 import os
+import pickle
+import subprocess
+import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -197,3 +203,133 @@ def test_pickle_with_code_is_refused(tmp_path):
   from bert_jax.conversion.torch_zip import load_torch_zip
   with pytest.raises(UserError, match="refusing to unpickle .*print"):
     load_torch_zip(str(tmp_path / "pytorch_model.bin"))
+
+
+class _Storage:
+  def __init__(self, key, dtype_name, numel):
+    self.key, self.dtype_name, self.numel = key, dtype_name, numel
+
+
+class _View:
+  """Pickles as torch's _rebuild_tensor_v2 call: a tensor claiming any offset, size and stride."""
+
+  def __init__(self, storage, offset, size, stride):
+    self.args = (storage, offset, tuple(size), tuple(stride), False, collections.OrderedDict())
+
+  def __reduce__(self):
+    return torch._utils._rebuild_tensor_v2, self.args
+
+
+class _Pickler(pickle.Pickler):
+
+  def persistent_id(self, obj):
+    if isinstance(obj, _Storage):
+      return ("storage", getattr(torch, obj.dtype_name), obj.key, "cpu", obj.numel)
+    return None
+
+
+def write_crafted_bin(path, views, storages):
+  """A torch.save zip archive whose state dict maps names to `views` over raw `storages` {key: array}."""
+  buffer = io.BytesIO()
+  _Pickler(buffer, protocol=2).dump(collections.OrderedDict(views))
+  with zipfile.ZipFile(path, "w") as archive:
+    archive.writestr("archive/data.pkl", buffer.getvalue())
+    archive.writestr("archive/byteorder", "little")
+    for key, data in storages.items():
+      archive.writestr(f"archive/data/{key}", np.ascontiguousarray(data).tobytes())
+
+
+def _float_view(key, numel, offset, size, stride):
+  return _View(_Storage(key, "FloatStorage", numel), offset, size, stride)
+
+
+@pytest.mark.parametrize("view, dtype_pair, message", [
+    (dict(offset=0, size=(32,), stride=(1,)), None, r"reaches element 31 of a storage holding 4"),
+    (dict(offset=3, size=(2,), stride=(1,)), None, r"reaches element 4 of a storage holding 4"),
+    (dict(offset=3, size=(2,), stride=(-1,)), None, r"negative or non-integer"),
+    (dict(offset=-1, size=(2,), stride=(1,)), None, r"negative or non-integer"),
+    (dict(offset=0, size=(2, 2), stride=(2, 1)), "IntStorage", r"storage 0 is read as float32 and as int32"),
+])
+def test_crafted_views_are_refused(tmp_path, view, dtype_pair, message):
+  path = str(tmp_path / "pytorch_model.bin")
+  views = {"w": _float_view("0", 4, **view)}
+  if dtype_pair:
+    views["v"] = _View(_Storage("0", dtype_pair, 4), 0, (4,), (1,))
+  write_crafted_bin(path, views, {"0": np.arange(4, dtype=np.float32)})
+  from bert_jax.conversion.torch_zip import load_torch_zip
+  with pytest.raises(UserError, match=message):
+    load_torch_zip(path)
+
+
+def test_exact_fit_and_zero_stride_views_read(tmp_path):
+  path = str(tmp_path / "pytorch_model.bin")
+  storage = np.arange(6, dtype=np.float32)
+  write_crafted_bin(path, {"t": _float_view("0", 6, 1, (2, 2), (1, 2)), "b": _float_view("0", 6, 5, (3,), (0,))},
+                    {"0": storage})
+  from bert_jax.conversion.torch_zip import load_torch_zip
+  tensors = load_torch_zip(path)
+  np.testing.assert_array_equal(tensors["t"], [[1, 3], [2, 4]])  # the last element read is storage[5]
+  np.testing.assert_array_equal(tensors["b"], [5, 5, 5])
+
+
+def _bin_with_one_view(tmp_path, name, view):
+  """A saved HF BERT as pytorch_model.bin, every tensor intact except `name`, rebuilt as `view`."""
+  directory = tmp_path / "model"
+  save_as_bin(build_hf("bert"), directory)
+  state = torch.load(directory / "pytorch_model.bin")
+  views, storages = {}, {}
+  for i, (key, tensor) in enumerate(state.items()):
+    data = tensor.contiguous().numpy().ravel()
+    storages[str(i)] = data[:4] if key == name else data
+    views[key] = (_float_view(str(i), 4, *view) if key == name else
+                  _float_view(str(i), data.size, 0, tuple(tensor.shape), tuple(tensor.contiguous().stride())))
+  write_crafted_bin(directory / "pytorch_model.bin", views, storages)
+  return str(directory)
+
+
+def test_undersized_storage_is_refused_not_read_past(tmp_path):
+  directory = _bin_with_one_view(tmp_path, "bert.embeddings.LayerNorm.bias", (0, (32,), (1,)))
+  with pytest.raises(UserError, match=r"pytorch_model\.bin: a tensor of size \(32,\) .* storage holding 4"):
+    bert_jax.load_pretrained(directory)
+
+
+def test_convert_refuses_a_view_of_two_billion_elements(tmp_path):
+  """Before the bounds check this read 8 GB past a 16-byte storage and the process died (SIGSEGV)."""
+  directory = _bin_with_one_view(tmp_path, "bert.pooler.dense.bias", (0, (2_000_000_000,), (1,)))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-m", "bert_jax.cli", "convert", "--from", "hf", directory,
+                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=root,
+                        env=dict(os.environ, PYTHONPATH=root))
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines() == [
+      f"bert-jax convert: error: {directory}/pytorch_model.bin: a tensor of size (2000000000,) (offset 0, "
+      "stride (1,)) reaches element 1999999999 of a storage holding 4: the file is damaged or crafted"]
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_config_with_fewer_layers_than_the_weights_is_refused(tmp_path):
+  directory, _ = _saved_bert(tmp_path)  # 2 layers
+  with open(os.path.join(directory, "config.json")) as f:
+    config = json.load(f)
+  config["num_hidden_layers"] = 1
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f)
+  with pytest.raises(UserError, match=r"config\.json does not match the weights, which hold tensors it leaves "
+                                      r"unused: bert\.encoder\.layer\.1\.attention\.output\.LayerNorm\.bias, .*"
+                                      r"\(\+10 more\); config\.json says num_hidden_layers=1 but the weights hold "
+                                      r"2 layers"):
+    bert_jax.load_pretrained(directory)
+
+
+def test_half_a_head_is_refused_and_foreign_heads_are_noted(tmp_path, capsys):
+  directory, weights = _saved_bert(tmp_path)
+  tensors = safetensors.numpy.load_file(weights)
+  tensors["classifier.weight"] = np.zeros((3, 32), np.float32)  # a fine-tuned head bert_jax has no slot for
+  safetensors.numpy.save_file(tensors, weights, metadata={"format": "pt"})
+  bert_jax.load_pretrained(directory)
+  assert "ignored tensors without a bert_jax counterpart: classifier.weight" in capsys.readouterr().out
+  del tensors["cls.predictions.transform.dense.weight"]  # the MLM head now reads as absent
+  safetensors.numpy.save_file(tensors, weights, metadata={"format": "pt"})
+  with pytest.raises(UserError, match=r"leaves unused: cls\.predictions\.bias, "
+                                      r"cls\.predictions\.transform\.LayerNorm\.bias, .*dense\.bias$"):
+    bert_jax.load_pretrained(directory)

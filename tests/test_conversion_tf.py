@@ -147,3 +147,10 @@ def test_tf_shape_mismatch_names_tensor(tmp_path):
   with pytest.raises(UserError, match=r"bert/encoder/layer_0/intermediate/dense/kernel: checkpoint \(32, 37\) "
                                       r"vs config \(32, 40\)"):
     bert_jax.load_pretrained(str(tmp_path))
+
+
+def test_config_json_with_fewer_layers_is_refused(tmp_path):
+  hf_model = build_hf("bert")  # 2 layers
+  save_tf1(tf_variables(hf_model, "bert"), tmp_path, dict(tf_config(hf_model), num_hidden_layers=1))
+  with pytest.raises(UserError, match=r"says num_hidden_layers=1 but the checkpoint holds 2 layers"):
+    bert_jax.load_pretrained(str(tmp_path))

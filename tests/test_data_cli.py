@@ -32,3 +32,32 @@ def test_prepare_then_preview(tmp_path, capsys):
   vocab = list(saved["vocab"])
   assert vocab[int(saved["mask_token_id"])] == "[MASK]"
   assert [vocab[i] for i in saved["special_token_ids"]] == ["[CLS]", "[SEP]", "[MASK]", "[PAD]"]
+
+
+def test_preview_shows_the_trainers_first_batch(tmp_path, monkeypatch):
+  """One seed path (data.seed) from config to batch: preview's first batch is the one the train step gets."""
+  from bert_jax.training import partitioning, trainer
+  overrides = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+               "--config.train.batch_size=8", "--config.train.num_steps=1", "--config.train.eval_every_steps=0",
+               "--config.data.seed=5", "--config.train.seed=9", "--config.data.shuffle_buffer=50"]
+  out = str(tmp_path / "preview.npz")
+  _run(["data", "preview", "--config", "configs/bert.py:demo", "--num-batches", "1", "--output", out], overrides)
+  seen = []
+  real = partitioning.global_batch
+  monkeypatch.setattr(partitioning, "global_batch", lambda batch, mesh: seen.append(batch) or real(batch, mesh))
+  trainer.pretrain(trainer.load_run_config("configs/bert.py:demo", overrides), str(tmp_path / "run"))
+  previewed = np.load(out)
+  assert seen and set(seen[0]) <= set(previewed)
+  for name, value in seen[0].items():
+    assert np.array_equal(previewed[name][0], value), name
+
+
+def test_throughput_reports_examples_and_real_tokens(capsys):
+  import json
+  _run(["data", "throughput", "--config", "configs/bert.py:demo", "--batches", "4", "--json"],
+       ["--config.data.shuffle_buffer=50", "--config.train.batch_size=16"])
+  result = json.loads(capsys.readouterr().out)
+  assert result["examples_per_sec"] > 0 and result["batch_size"] == 16
+  # real tokens per row lie between a pair's minimum ([CLS] a [SEP] b [SEP]) and max_seq_length=64
+  assert 5 <= result["mean_real_tokens_per_row"] <= 64
+  assert abs(result["real_tokens_per_sec"] / result["examples_per_sec"] - result["mean_real_tokens_per_row"]) < 1e-6

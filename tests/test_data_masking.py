@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from data_pipelines.errors import DataError
-from data_pipelines.masking import MaskingConfig, mask_tokens
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 
 VOCAB = 1000
 CLS, SEP, MASK, PAD = 2, 3, 4, 0
@@ -11,8 +11,8 @@ SPECIAL = np.arange(VOCAB) < 5
 CONTINUATION = np.arange(VOCAB) >= 600  # ids 600.. play the role of "##piece"
 
 
-def _config(strategy, max_predictions=20, rate=0.15):
-  return MaskingConfig(strategy, rate, max_predictions, MASK, SPECIAL, CONTINUATION)
+def _config(strategy, max_predictions=20, rate=0.15, mask_id=MASK):
+  return MaskingConfig(strategy, rate, max_predictions, mask_id, SPECIAL, CONTINUATION)
 
 
 def _rows(n, length, seed=0):
@@ -25,9 +25,31 @@ def _rows(n, length, seed=0):
   return rows
 
 
+class Masked:
+  """One row's result, unpadded (the per-row view the statistics below read)."""
+
+  def __init__(self, out, r, length):
+    k = int(out["masked_lm_weights"][r].sum())
+    self.input_ids = out["input_ids"][r, :length]
+    self.positions = out["masked_lm_positions"][r, :k]
+    self.labels = out["masked_lm_ids"][r, :k]
+    self.span_left = out["masked_lm_span_left"][r, :k]
+    self.span_right = out["masked_lm_span_right"][r, :k]
+    self.span_offset = out["masked_lm_span_offset"][r, :k]
+
+
+def _mask(rows, cfg, seed=7):
+  width = max(len(r) for r in rows)
+  ids = np.stack([np.pad(r, (0, width - len(r))) for r in rows])
+  lengths = np.array([len(r) for r in rows], np.int32)
+  keys = row_keys((seed,), np.zeros(len(rows)), np.arange(len(rows)))
+  out = {k: v.numpy() for k, v in mask_batch(ids, lengths, keys, cfg).items()}
+  return [Masked(out, r, len(row)) for r, row in enumerate(rows)]
+
+
 def _mask_all(strategy, n=2000, length=128, **kw):
-  cfg = _config(strategy, **kw)
-  return [(row, mask_tokens(row, cfg, np.random.default_rng([7, i]))) for i, row in enumerate(_rows(n, length))]
+  rows = _rows(n, length)
+  return list(zip(rows, _mask(rows, _config(strategy, **kw))))
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +134,38 @@ def test_ngram_lengths_follow_one_over_n():
 
 
 def test_fresh_masks_per_seed_and_bad_config():
-  row = _rows(1, 128)[0]
-  a = mask_tokens(row, _config("token"), np.random.default_rng(1))
-  b = mask_tokens(row, _config("token"), np.random.default_rng(2))
+  rows = _rows(1, 128)
+  a, = _mask(rows, _config("token"), seed=1)
+  b, = _mask(rows, _config("token"), seed=2)
   assert not np.array_equal(a.positions, b.positions)
   with pytest.raises(DataError, match="data.masking"):
     _config("random_words")
   with pytest.raises(DataError, match="data.mask_rate"):
     _config("token", rate=1.5)
+
+
+def test_a_rows_mask_depends_on_its_key_only():
+  rows = _rows(6, 128)
+  alone, = _mask(rows[3:4], _config("span"))
+  keys = row_keys((7,), np.zeros(1), np.array([3]))
+  out = mask_batch(np.stack(rows[3:4]), np.array([128], np.int32), keys, _config("span"))
+  together = _mask(rows, _config("span"))[3]
+  assert np.array_equal(out["masked_lm_positions"].numpy()[0, :len(together.positions)], together.positions)
+  assert not np.array_equal(alone.positions, together.positions)  # key 0 vs key 3
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "ngram", "span"])
+def test_short_rows_hold_the_rate(strategy):
+  """#16 item 9: on rows of 12-40 tokens the last span is cut to the budget, as SpanBERT does (14-16%)."""
+  rng = np.random.default_rng(3)
+  rows = [r for n in rng.integers(12, 41, size=3000) for r in _rows(1, int(n), seed=int(rng.integers(1 << 30)))]
+  masked = _mask(rows, _config(strategy))
+  rate = sum(len(m.positions) for m in masked) / sum(len(r) - 3 for r in rows)
+  assert 0.14 <= rate <= 0.16, rate
+
+
+def test_unk_replaces_mask_in_the_eighty_percent_branch():
+  unk = 1
+  masked = _mask(_rows(500, 128), _config("token", mask_id=unk))
+  replaced = np.concatenate([m.input_ids[m.positions] for m in masked])
+  assert abs((replaced == unk).mean() - 0.8) < 0.02 and not (replaced == MASK).any()

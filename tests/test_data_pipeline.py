@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 
 import data_fixtures
-from configs import common
-from data_pipelines import corpora, pipeline, prepare
-from data_pipelines.errors import DataError
-from data_pipelines.pipeline import make_pretrain_input
+from bert_jax.configs import common
+from bert_jax.data_pipelines import corpora, features, prepare, shards
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.examples import Row
+from bert_jax.data_pipelines.pipeline import make_pretrain_input
 
 BATCH = 16
 
@@ -24,12 +25,13 @@ def _cfg(corpus, **kw):
   kw.setdefault("max_predictions_per_seq", 10)
   kw.setdefault("num_shards", 4)
   kw.setdefault("shuffle_buffer", 16)
+  kw.setdefault("seed", 3)
   return common.data_config(corpus=corpus, **kw)
 
 
 def _batches(cfg, n, process_count=1, batch=BATCH, split="train", **kw):
   inputs = [make_pretrain_input(cfg, global_batch_size=batch, process_index=i, process_count=process_count,
-                                seed=3, split=split, **kw) for i in range(process_count)]
+                                split=split, **kw) for i in range(process_count)]
   return [{k: np.concatenate([next_batch[k] for next_batch in step]) for k in step[0]}
           for step in ([next(x) for x in inputs] for _ in range(n))]
 
@@ -38,7 +40,7 @@ def test_contract_shapes_and_dtypes(corpus):
   for kw in ({}, {"masking": "span"}, {"packing": True, "example_builder": "doc_sentences"}):
     cfg = _cfg(corpus, **kw)
     batch = _batches(cfg, 1)[0]
-    spec = pipeline.feature_spec(cfg)
+    spec = features.feature_spec(cfg)
     assert set(batch) == set(spec)
     sizes = {"B": BATCH, "T": 64, "P": 10}
     for name, (dtype, dims, _) in spec.items():
@@ -94,8 +96,8 @@ def test_global_batches_do_not_depend_on_host_count(corpus):
 
 def _shard_documents(source, shard, num_shards, holdout=None):
   stats = corpora.Stats()
-  ctx = pipeline._Context(source, False, None, None, None, {}, (0,), num_shards, holdout, 10**9, 64, stats)
-  docs, _ = pipeline._ShardStream(ctx, shard)._read_block([0, 0, 0, 0])
+  ctx = shards.Context(source, False, None, None, None, {}, (0,), num_shards, holdout, 10**9, 64, stats)
+  docs, _ = shards.ShardStream(ctx, shard).read_block([0, 0, 0, 0])
   return [tuple(d) for d in docs]
 
 
@@ -116,12 +118,12 @@ def test_host_shards_disjoint_and_covering(tmp_path, num_files):
 def test_resume_yields_the_same_batches(corpus, tmp_path):
   cfg = _cfg(corpus, masking="whole_word")
   reference = _batches(cfg, 12)
-  first = make_pretrain_input(cfg, global_batch_size=BATCH, process_index=0, process_count=1, seed=3)
+  first = make_pretrain_input(cfg, global_batch_size=BATCH, process_index=0, process_count=1)
   for _ in range(5):
     next(first)
   first.save(str(tmp_path))
   # resumed on two hosts: each reads its shards from the file the single host wrote
-  resumed = [make_pretrain_input(cfg, global_batch_size=BATCH, process_index=i, process_count=2, seed=3)
+  resumed = [make_pretrain_input(cfg, global_batch_size=BATCH, process_index=i, process_count=2)
              for i in range(2)]
   for r in resumed:
     r.restore(str(tmp_path))
@@ -171,7 +173,7 @@ def test_bad_input_is_a_data_error_or_counted_skip(corpus, tmp_path):
   (mixed / "binary.txt").write_bytes(bytes(range(256)) * 50)
   (mixed / "bad.txt").write_bytes(b"\xff\xfe broken line\n" + open(corpus.replace("*", "part0"), "rb").read())
   data = make_pretrain_input(_cfg(str(mixed / "*.txt"), num_shards=1), global_batch_size=4,
-                             process_index=0, process_count=1, seed=0)
+                             process_index=0, process_count=1)
   next(data)
   assert data.stats["skipped_files"] == 1 and data.stats["skipped_lines"] >= 1
 
@@ -187,7 +189,35 @@ def test_tfds_corpus_with_mock_data():
 
 def test_document_identity_ignores_the_directory():
   """Shards and the eval hold-out hash (file name, index): moving a corpus keeps both (data README)."""
-  from data_pipelines import corpora
+  from bert_jax.data_pipelines import corpora
   assert corpora.document_hash("/data/wiki/part-3.txt", 7) == corpora.document_hash("gs://b/x/part-3.txt", 7)
   assert corpora.document_hash("part-3.txt", 7) != corpora.document_hash("part-3.txt", 8)
   assert corpora.document_hash("part-3.txt", 7) != corpora.document_hash("part-4.txt", 7)
+
+
+def _epochs(cfg, n):
+  """Rows of the first n epochs of shard 0, each as [(ids, mask counter)], and each epoch's masked ids."""
+  ctx = shards.make_context(cfg, "train", None, None)
+  stream = shards.ShardStream(ctx, 0)
+  epochs = [[] for _ in range(n)]
+  for row, counter in stream:
+    if stream.state["cursor"][0] >= n:
+      break
+    epochs[stream.state["cursor"][0]].append((tuple(row.ids), counter))
+  featurize = features.Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
+  masked = []
+  for rows in epochs:
+    stacked = shards._stack([Row(list(ids), [0] * len(ids)) for ids, _ in rows], [c for _, c in rows],
+                            [0] * len(rows), ctx.max_seq_length)
+    masked.append(featurize(stacked)["input_ids"])
+  return epochs, masked
+
+
+def test_static_masking_repeats_rows_and_masks_with_the_dupe_period(tmp_path):
+  """#16 item 7: epoch e replays epoch e % dupe_factor (the original data creation's duplicates)."""
+  glob = data_fixtures.write_corpus(str(tmp_path), num_docs=12, num_files=2)
+  static, static_masks = _epochs(_cfg(glob, num_shards=1, masking_mode="static", dupe_factor=2), 3)
+  assert static[0] == static[2] and np.array_equal(static_masks[0], static_masks[2])
+  assert static[0] != static[1]
+  dynamic, _ = _epochs(_cfg(glob, num_shards=1), 3)
+  assert [ids for ids, _ in dynamic[0]] != [ids for ids, _ in dynamic[2]]  # rows rebuilt every epoch

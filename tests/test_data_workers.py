@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import data_fixtures
-from configs import common
-from data_pipelines.errors import DataError
-from data_pipelines.pipeline import make_pretrain_input
+from bert_jax.configs import common
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.pipeline import make_pretrain_input
 
 BATCH = 16
 
@@ -25,11 +25,11 @@ def _cfg(corpus, num_workers, **kw):
   # A small shuffle block, so a few batches cross block boundaries inside each shard.
   return common.data_config(corpus=corpus, vocab=data_fixtures.embedded_paths()[1], max_seq_length=64,
                             max_predictions_per_seq=10, num_shards=4, shuffle_buffer=3,
-                            num_workers=num_workers, **kw)
+                            num_workers=num_workers, seed=3, **kw)
 
 
 def _input(cfg):
-  return make_pretrain_input(cfg, global_batch_size=BATCH, process_index=0, process_count=1, seed=3)
+  return make_pretrain_input(cfg, global_batch_size=BATCH, process_index=0, process_count=1)
 
 
 def _assert_same(want, got):

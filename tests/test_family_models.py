@@ -218,7 +218,7 @@ def test_albert_full_sharing_is_one_layer_applied_num_layers_times():
   x = out.hidden_states[0]
   mask = jnp.asarray(batch["input_mask"], bool)[:, None, None, :]
   for _ in range(2):
-    x, _ = layer.apply({"params": params["encoder"]["layers"]}, x, mask, True)
+    x, _ = layer.apply({"params": params["encoder"]["layers"]}, x, mask, None, True)
   np.testing.assert_allclose(out.last_hidden_state, x, rtol=1e-5, atol=1e-5)
 
 

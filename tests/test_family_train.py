@@ -8,7 +8,7 @@ import pytest
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.training import checkpoint, trainer
-from data_pipelines import embedded, vocab
+from bert_jax.data_pipelines import embedded, vocab
 
 RUN = ["--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.train.num_steps=40",
        "--config.train.log_every_steps=5", "--config.train.eval_every_steps=0",
@@ -54,16 +54,14 @@ def test_roberta_trains_on_its_own_bpe_vocabulary(bpe_vocab, tmp_path):
 
 
 def test_progressive_stacking_continues_from_the_grown_model(tmp_path):
-  tiny = ["--config.model.vocab_size=8192", "--config.model.hidden_size=128", "--config.model.num_heads=2",
-          "--config.model.intermediate_size=512", "--config.train.num_steps=20"]
-  stage1 = train_losses("configs/stacking.py:stage1", tmp_path / "stage1", *tiny,
-                        "--config.model.num_layers=1")
+  short = ["--config.train.num_steps=20"]
+  stage1 = train_losses("configs/stacking.py:tiny", tmp_path / "stage1", *short)
   assert cli.main(["grow", "--from", str(tmp_path / "stage1"), "--to", str(tmp_path / "grown")]) == 0
   grown, config = checkpoint.load_params(str(tmp_path / "grown"))
   assert config["model"]["num_layers"] == 2
   assert grown["encoder"]["layers"]["attention"]["query"]["kernel"].shape[0] == 2
-  stage2 = train_losses("configs/stacking.py:stage2", tmp_path / "stage2", *tiny,
-                        "--config.model.num_layers=2", f"--config.init_from={tmp_path / 'grown'}")
+  stage2 = train_losses("configs/stacking.py:tiny-stage2", tmp_path / "stage2", *short,
+                        f"--config.init_from={tmp_path / 'grown'}")
   # The grown model starts where stage 1 ended, far below a fresh model's first loss.
   assert stage2[0]["loss"] < stage1[0]["loss"] - 0.5, (stage1[0]["loss"], stage2[0]["loss"])
   assert stage2[-1]["loss"] < stage1[0]["loss"]

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from bert_jax.finetune import glue, ner, tasks
-from configs import glue as glue_configs
-from configs import ner as ner_configs
-from configs import squad as squad_configs
-from data_pipelines.tokenizers import load_tokenizer
+from bert_jax.finetune import glue, ner, task_registry
+from bert_jax.configs import glue as glue_configs
+from bert_jax.configs import ner as ner_configs
+from bert_jax.configs import squad as squad_configs
+from bert_jax.data_pipelines.tokenizers import load_tokenizer
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "bronco", "##s", "won", "in", "denver", "."]
 
@@ -95,32 +95,36 @@ def test_tfds_glue_mnli_has_matched_and_mismatched_dev(tokenizer):
   config = _small(glue_configs.get_config("mnli"))
   config.predict_split = "test"
   with tfds.testing.mock_data(num_examples=5):
-    task = tasks.build_task(config, tokenizer, need_train=True)
+    task = task_registry.build_task(config, tokenizer, need_train=True)
   assert [s.name for s in task.evals] == ["dev_matched", "dev_mismatched"]
   assert task.head == "classification" and task.num_labels == 3 and len(task.train["label"]) == 5
   assert task.evals[0].features["input_ids"].shape == (8, 32)  # padded to the eval batch
-  assert set(task.evals[0].evaluate({"logits": np.zeros((8, 3))})) == {"accuracy"}
+  metrics = task.evals[0].evaluate({"logits": np.zeros((8, 3))})
+  assert set(metrics) == {"accuracy", "loss"} and metrics["loss"] == pytest.approx(np.log(3))  # uniform
 
 
 def test_tfds_glue_stsb_is_regression(tokenizer):
   with tfds.testing.mock_data(num_examples=4):
-    task = tasks.build_task(_small(glue_configs.get_config("stsb")), tokenizer, need_train=True)
+    task = task_registry.build_task(_small(glue_configs.get_config("stsb")), tokenizer, need_train=True)
   assert task.head == "regression" and task.train["label"].dtype == np.float32
   metrics = task.evals[0].evaluate({"logits": np.arange(8, dtype=np.float32)})
-  assert set(metrics) == {"pearson", "spearman"}
+  assert set(metrics) == {"pearson", "spearman", "loss"}
+  constant = task.evals[0].evaluate({"logits": np.full(8, 2.5, np.float32)})
+  assert constant["pearson"] == constant["spearman"] == 0.0 and "constant predictions" in constant["note"]
 
 
 def test_tfds_conll2003(tokenizer):
   with tfds.testing.mock_data(num_examples=4):
-    task = tasks.build_task(_small(ner_configs.get_config("conll2003")), tokenizer, need_train=True)
+    task = task_registry.build_task(_small(ner_configs.get_config("conll2003")), tokenizer, need_train=True)
   assert task.head == "token" and task.train["token_labels"].shape == (4, 32)
   assert set(task.evals[0].evaluate({"logits": np.zeros((8, 32, 9))})) == {"precision", "recall", "f1"}
 
 
 def test_tfds_squad_v2(tokenizer):
   config = _small(squad_configs.get_config("v2"))
+  config.task.max_query_length = 16  # questions + [CLS] + 2 x [SEP] must leave room in 32 tokens
   with tfds.testing.mock_data(num_examples=4):
-    task = tasks.build_task(config, tokenizer, need_train=False)
+    task = task_registry.build_task(config, tokenizer, need_train=False)
   dev = task.evals[0]
   rows = dev.features["input_ids"].shape[0]
   scores = dev.evaluate({"start_logits": np.zeros((rows, 32)), "end_logits": np.zeros((rows, 32))})

@@ -11,6 +11,7 @@ import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.finetune import sweep, trainer
+from bert_jax.training import finite
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,8 +63,8 @@ def test_learnable_task_reaches_95_percent(sst2_run):
     assert json.load(f)["accuracy"] >= 0.95
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
-  assert [r["step"] for r in records if "loss" in r] == list(range(4, 97, 4))  # 6 epochs of 16 steps
-  assert [r["step"] for r in records if "eval/accuracy" in r] == [16, 32, 48, 64, 80, 96]
+  assert [r["step"] for r in records if not r.get("eval")] == list(range(4, 97, 4))  # 6 epochs of 16 steps
+  assert [r["step"] for r in records if r.get("eval") and "accuracy" in r] == [16, 32, 48, 64, 80, 96]
   with open(os.path.join(workdir, "predictions", "SST-2.dev.tsv")) as f:
     lines = f.read().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 65 and lines[1].split("\t")[1] in ("0", "1")
@@ -123,6 +124,25 @@ def test_paused_run_continues_exactly(sst2_run, tmp_path):
   assert all(jax.tree.leaves(close))
 
 
+def test_divergence_stops_a_finetuning_run(sst2_run, tmp_path):
+  data, _, overrides = sst2_run
+  config = load_config("configs/glue.py:sst2", overrides + [
+      f"--config.data.data_dir={data}", "--config.train.epochs=1", "--config.data.train_limit=64",
+      "--config.train.eval_every_steps=2"])
+  run = trainer.Run(config, str(tmp_path))
+  step = run.setup.train_step
+
+  def poisoned(state, batch, rng):  # step 3 reports a non-finite loss
+    state, metrics = step(state, batch, rng)
+    return state, {**metrics, "finite": metrics["finite"] & (state.step != 3)}
+
+  run.setup.train_step = poisoned
+  with pytest.raises(finite.TrainingDiverged, match=r"not finite at step 3; .*the latest checkpoint, step 2, is "
+                                                    r"finite"):
+    run.advance()
+  assert run.progress.best_step == 2
+
+
 def test_sweep_halves_and_reports(sst2_run, tmp_path):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [
@@ -134,9 +154,48 @@ def test_sweep_halves_and_reports(sst2_run, tmp_path):
     results = json.load(f)
   fractions = {r["setting"]: r["fraction"] for r in results["settings"]}
   assert fractions == {"lr0.003_bs16_ep6": 1.0, "lr1e-09_bs16_ep6": 0.5}  # the useless rate stopped early
+  assert all(r["dev_loss"] > 0 for r in results["settings"])  # read back from each run's best evaluation
   assert "lr0.003_bs16_ep6" in table.splitlines()[1] and "significance test" in table
   assert os.path.exists(tmp_path / "lr0.003_bs16_ep6" / "seed1" / "eval_results.json")
   assert os.path.exists(tmp_path / "lr1e-09_bs16_ep6" / "seed0" / "state")  # paused, not finished
+
+
+# The audit's case (issue 16): at the first rung every learning rate sits at the majority class
+# (0.516), and grid order kept lr 1e-4, dropping 3e-3, the only rate that went on to learn (1.0).
+AUDIT_GRID = [sweep.Setting(lr, 32, 3.0) for lr in (1e-4, 3e-4, 1e-3, 3e-3)]
+
+
+def _rung(losses):
+  return {s: {"scores": [0.516] * 3, "losses": [loss] * 3, "fraction": 0.25} for s, loss in zip(AUDIT_GRID, losses)}
+
+
+def test_halving_breaks_ties_by_dev_loss_then_diversity():
+  learning = _rung([0.693, 0.692, 0.690, 0.652])  # lr 3e-3 already lowers the dev loss
+  assert sweep.survivors(learning, AUDIT_GRID, 2) == [AUDIT_GRID[3], AUDIT_GRID[2]]
+  assert sweep.survivors(learning, AUDIT_GRID, 1) == [AUDIT_GRID[3]]
+  # losses tied too (or a task without one): keep the ends of the grid, not its first two entries
+  for losses in ([0.693] * 4, [float("nan")] * 4):
+    kept = sweep.survivors(_rung(losses), AUDIT_GRID, 2)
+    assert sorted(kept, key=AUDIT_GRID.index) == [AUDIT_GRID[0], AUDIT_GRID[3]]
+  # a better score still wins over a lower loss
+  better = {**learning, AUDIT_GRID[0]: {"scores": [0.6] * 3, "losses": [0.9] * 3, "fraction": 0.25}}
+  assert sweep.survivors(better, AUDIT_GRID, 2) == [AUDIT_GRID[0], AUDIT_GRID[3]]
+  # three of five tied settings on a 2-D grid: each next one the farthest from those kept
+  grid = [sweep.Setting(lr, b, 3.0) for lr, b in [(1e-4, 16), (1e-4, 32), (1e-3, 16), (1e-3, 32), (3e-4, 16)]]
+  tied = {s: {"scores": [0.5], "losses": [0.7], "fraction": 0.25} for s in grid}
+  kept = sweep.survivors(tied, grid, 3)
+  assert len(set(kept)) == 3 and {kept[0], kept[1]} in ({grid[0], grid[3]}, {grid[1], grid[2]})
+
+
+def test_welch_on_tied_scores_is_undefined_with_why():
+  test = sweep.compare([0.516] * 3, [0.516] * 3)
+  assert test["welch_p"] is None and "no variance" in test["welch_undefined"]
+  assert test["permutation_p"] == pytest.approx(1.0)
+  rows = sweep.summarize({AUDIT_GRID[0]: {"scores": [0.516] * 3, "fraction": 1.0},
+                          AUDIT_GRID[3]: {"scores": [0.516] * 3, "fraction": 1.0}})
+  line = sweep.format_table(rows, test).splitlines()[-1]
+  assert "Welch's t-test undefined" in line and "nan" not in line
+  assert sweep.compare([0.5, 0.5], [0.7, 0.7])["welch_p"] is None  # scipy: t = -inf, p = 0
 
 
 def test_sweep_statistics():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bert_jax.finetune import squad
-from data_pipelines.tokenizers import load_tokenizer
+from bert_jax.data_pipelines.tokenizers import load_tokenizer
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "broncos", "won", "super", "bowl", "50", ".",
          "who", "?", "in", "santa", "clara", "game", "was", "played", "where", "##s", "team"]
@@ -107,3 +107,28 @@ def test_json_reading(tmp_path):
   path.write_text(__import__("json").dumps(data))
   examples = squad.read_json(str(path))
   assert [(e.qid, e.answers, e.impossible) for e in examples] == [("a", [("game", 4)], False), ("b", [], True)]
+
+
+@pytest.mark.parametrize("answer", ["zero\u200bwidth", "zw\u200djoin", "zw\u200cnon", "soft\u00adhyphen", "nul\x00byte",
+                                    "del\x7fchar", "ΟΔΟΣ", "the ΟΔΟΣ", "Broncos\u200b won"])
+def test_answers_on_words_holding_deleted_characters_survive(tokenizer, answer):
+  context = f"In 2016 {answer} played."
+  ids, spans = squad.tokenize_context(context, tokenizer)
+  assert len(ids) == len(spans) and (spans[:, 1] > spans[:, 0]).all()
+  start = context.index(answer)
+  first, last = squad.answer_tokens(spans, answer, start)
+  assert context[spans[first][0]:spans[last][1]] == answer
+  # training keeps the example, and the best span decodes to the exact context text
+  example = squad.Example("q", "who won?", context, [(answer, start)])
+  out = squad.featurize([example], tokenizer, _task(), max_len=40, training=True)
+  assert out.features["start_positions"].tolist() == [first + 5] and out.features["end_positions"].tolist() == [last + 5]
+  s, e = _logits_for(out, 0, first + 5, last + 5)
+  assert squad.best_answers(s, e, [example], out, _task())[0] == {"q": answer}
+
+
+def test_issue_example_span(tokenizer):
+  context = "A zero\u200bwidth space here."
+  _, spans = squad.tokenize_context(context, tokenizer)
+  zero_width_pieces = spans[1:-3]  # "a", then the pieces of "zerowidth", then "space", "here", "."
+  assert len(zero_width_pieces) >= 1 and (zero_width_pieces == [2, 12]).all()
+  assert spans[-3].tolist() == [13, 18]

@@ -11,17 +11,43 @@ import importlib
 import os
 import sys
 
+import bert_jax
 from bert_jax.errors import UserError
-from data_pipelines.errors import DataError
+from bert_jax.data_pipelines.errors import DataError
 
-_COMMAND_MODULES = ("pretrain", "data", "grow", "finetune", "convert")
+_COMMAND_MODULES = ("pretrain", "data", "grow", "prune", "finetune", "predict", "convert", "analyze", "compress", "config",
+                    "compile")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+  """Help that ends each option's text with its default, where it has one worth showing."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if action.required or action.default in (None, False, argparse.SUPPRESS) or "%(default)" in text:
+      return text
+    return f"{text} (default: %(default)s)"
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+  """Every sub-command's help lists its defaults."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+      for sub in action.choices.values():
+        sub.formatter_class = _DefaultsFormatter
+        for option in sub._actions:  # pylint: disable=protected-access
+          if option.help is None and option.default not in (None, False, argparse.SUPPRESS):
+            option.help = "default: %(default)s"
+        _show_defaults(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="bert-jax", description=__doc__.splitlines()[0])
+  parser.add_argument("--version", action="version", version=f"bert-jax {bert_jax.__version__}")
   subparsers = parser.add_subparsers(dest="command", required=True)
   for name in _COMMAND_MODULES:
     importlib.import_module(f"bert_jax.cli.{name}").register(subparsers)
+  _show_defaults(parser)
   return parser
 
 
@@ -59,6 +85,9 @@ def main(argv=None) -> int:
     return 2
   except KeyboardInterrupt:
     return 130
+  except BrokenPipeError:  # `bert-jax ... | head`: the reader left; say nothing more
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 if __name__ == "__main__":

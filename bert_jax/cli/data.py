@@ -1,4 +1,4 @@
-"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview`: thin wrappers over data_pipelines."""
+"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview|throughput`: thin wrappers over data_pipelines."""
 from __future__ import annotations
 
 import argparse
@@ -7,13 +7,13 @@ import sys
 
 
 def _vocab(args):
-  from data_pipelines import vocab  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
   print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
                           args.corpus_format, args.model_type))
 
 
 def _tokenize(args):
-  from data_pipelines.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   tokenizer = load_tokenizer(args.vocab, args.lower_case)
   cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
   for line in sys.stdin:
@@ -21,15 +21,26 @@ def _tokenize(args):
 
 
 def _prepare(args):
-  from data_pipelines import prepare  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
   print(json.dumps(prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case,
                                    args.corpus_format, args.workers), indent=1))
 
 
 def _preview(args):
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-  from data_pipelines import preview  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import preview  # pylint: disable=import-outside-toplevel
   print(preview.preview(load_config(args.config, args.config_overrides), args.num_batches, args.output))
+
+
+def _throughput(args):
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import throughput  # pylint: disable=import-outside-toplevel
+  result = throughput.measure(load_config(args.config, args.config_overrides), args.batches)
+  if args.json:
+    print(json.dumps(result))
+  else:
+    print(f"{result['examples_per_sec']:,.0f} examples/s, {result['real_tokens_per_sec']:,.0f} real tokens/s "
+          f"({result['real_tokens_per_cpu_sec']:,.0f} per CPU second) on {result['cores']} cores")
 
 
 def _add_text_args(parser):
@@ -68,3 +79,8 @@ def register(subparsers) -> None:
   p.add_argument("--num-batches", type=int, default=2)
   p.add_argument("--output", required=True, help="FILE.npz")
   p.set_defaults(handler=_preview)
+  p = sub.add_parser("throughput", help="examples/s and real tokens/s of a config's input, after warm-up")
+  p.add_argument("--config", required=True, help="e.g. configs/bert.py:demo")
+  p.add_argument("--batches", type=int, default=50)
+  p.add_argument("--json", action="store_true", help="one JSON line: examples_per_sec, real_tokens_per_sec, ...")
+  p.set_defaults(handler=_throughput)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from bert_jax.errors import UserError
+
 
 def _add_config(parser, default=None):
   parser.add_argument("--config", required=default is None, default=default,
@@ -35,11 +37,28 @@ def register(subparsers) -> None:
 
 
 def _pretrain(args) -> int:
+  import jax
   from bert_jax.training import distributed, trainer
   distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
   config = trainer.load_run_config(args.config, args.config_overrides)
   result = trainer.pretrain(config, args.workdir)
+  if jax.process_index() == 0:
+    print(_summary(config, args.workdir, result), flush=True)
   return 143 if result.get("preempted") else 0
+
+
+def _summary(config, workdir: str, result: dict) -> str:
+  """The line a run ends with: where the checkpoint is, the final metrics, the next command."""
+  step = result["step"]
+  where = f"checkpoint {workdir.rstrip('/')}/checkpoints/{step}"
+  if result.get("preempted"):
+    return f"stopped at step {step}/{config.train.num_steps} | {where} | next: the same command resumes"
+  shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
+  shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
+  embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
+  task = "embedded" if embedded else "TASK"
+  return (f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
+          f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir.rstrip('/')}-ft")
 
 
 def _info(args) -> int:
@@ -51,6 +70,9 @@ def _info(args) -> int:
 
 
 def _benchmark(args) -> int:
+  for flag in ("batch_size", "seq_length", "steps", "repeats"):
+    if getattr(args, flag) < 1:
+      raise UserError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
   from bert_jax.config_utils import load_config
   from bert_jax.training import benchmark
   config = load_config(args.config, args.config_overrides)

@@ -12,6 +12,8 @@ import re
 import sys
 import unicodedata
 
+from etils import epath
+
 from bert_jax.errors import UserError
 
 # bert_jax's special-token roles -> RoBERTa's tokens, so code that builds [CLS] a [SEP] finds them.
@@ -60,10 +62,9 @@ class ByteLevelBPETokenizer:
 
   def __init__(self, vocab_path: str, merges_path: str):
     try:
-      with open(vocab_path, encoding="utf-8") as f:
-        ids = json.load(f)
-      with open(merges_path, encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#version")]
+      ids = json.loads(epath.Path(vocab_path).read_text(encoding="utf-8"))  # local or in a bucket
+      lines = [line for line in epath.Path(merges_path).read_text(encoding="utf-8").splitlines()
+               if line.strip() and not line.startswith("#version")]
     except (OSError, ValueError) as e:
       raise UserError(f"cannot read byte-level BPE files {vocab_path}, {merges_path}: {e}") from None
     self.path, self._ids = vocab_path, ids

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from etils import epath
+
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.layout import HEADS
 from bert_jax.errors import UserError
@@ -26,6 +28,19 @@ class Tokenizer:
   files: dict[str, str]
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskHead:
+  """A fine-tuning head (bert_jax/finetune/heads.py, params["head"]) as the run recorded it.
+
+  kind: classification | regression | token | span; labels: class names by id; pooling: pooled | layer_mix;
+  max_seq_length: the input length it was fine-tuned at (0: unknown).
+  """
+  kind: str
+  labels: tuple[str, ...]
+  pooling: str = "pooled"
+  max_seq_length: int = 0
+
+
 @dataclasses.dataclass
 class Converted:
   family: str
@@ -34,6 +49,7 @@ class Converted:
   tokenizer: Tokenizer | None
   missing_heads: tuple[str, ...] = ()
   notes: list[str] = dataclasses.field(default_factory=list)
+  task_head: TaskHead | None = None
 
 
 def present_heads(config: ModelConfig) -> tuple[str, ...]:
@@ -65,12 +81,13 @@ def infer_family(config: ModelConfig) -> str:
 
 def tokenizer_from_files(directory: str, lower_case: bool) -> Tokenizer | None:
   """The tokenizer files that sit in a foreign checkpoint directory, if any."""
+  directory = epath.Path(directory)
   for kind, names in TOKENIZER_FILES.items():
-    if all(os.path.exists(os.path.join(directory, n)) for n in names):
-      return Tokenizer(kind, lower_case and kind != "bpe", {n: os.path.join(directory, n) for n in names})
-  models = sorted(n for n in os.listdir(directory) if n.endswith(".model"))
+    if all((directory / n).exists() for n in names):
+      return Tokenizer(kind, lower_case and kind != "bpe", {n: os.fspath(directory / n) for n in names})
+  models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
   if models:
-    return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.path.join(directory, models[0])})
+    return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})
   return None
 
 

@@ -1,14 +1,17 @@
 """Hugging Face model directories: config.json + model.safetensors / pytorch_model.bin (+ tokenizer files)."""
 from __future__ import annotations
 
-import json
+import dataclasses
+import io
 import os
-import shutil
+import re
 
 import numpy as np
 import safetensors
 import safetensors.numpy
+from etils import epath
 
+from bert_jax import workdir
 from bert_jax.conversion import common, layout
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
@@ -34,6 +37,8 @@ _FAMILY_DEFAULTS = {"albert": {"hidden_act": "gelu_new", "hidden_dropout_prob": 
                     "roberta": {"pad_token_id": 1}}
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
+_ADAPTER_MODULE = "modeling_houlsby_adapters"
 
 
 def family_of(hf_config: dict, source: str) -> str:
@@ -45,28 +50,30 @@ def family_of(hf_config: dict, source: str) -> str:
   return model_type
 
 
-def _read_file(path: str) -> dict[str, np.ndarray]:
-  if path.endswith(".safetensors"):
+def _read_file(path: epath.Path) -> dict[str, np.ndarray]:
+  """A local file is read in place (memory-mapped safetensors); one in a bucket is fetched whole."""
+  local = not workdir.is_url(path)
+  if path.name.endswith(".safetensors"):
     try:
-      return safetensors.numpy.load_file(path)
+      return safetensors.numpy.load_file(path) if local else safetensors.numpy.load(path.read_bytes())
     except (safetensors.SafetensorError, OSError) as e:
       raise UserError(f"{path}: cannot read safetensors ({e}); the file is truncated or damaged") from None
-  return load_torch_zip(path)
+  return load_torch_zip(os.fspath(path), None if local else io.BytesIO(path.read_bytes()))
 
 
 def read_weights(directory: str) -> dict[str, np.ndarray]:
   """Every tensor of a HF checkpoint: one weights file or the shards its index lists."""
+  location = epath.Path(directory)
   for name in _WEIGHT_FILES:
-    index = os.path.join(directory, name + ".index.json")
-    if os.path.exists(index):
-      with open(index) as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
+    index = location / (name + ".index.json")
+    if index.exists():
+      shards = sorted(set(workdir.read_json(index)["weight_map"].values()))
       tensors = {}
       for shard in shards:
-        tensors.update(_read_file(os.path.join(directory, shard)))
+        tensors.update(_read_file(location / shard))
       return tensors
-    if os.path.exists(os.path.join(directory, name)):
-      return _read_file(os.path.join(directory, name))
+    if (location / name).exists():
+      return _read_file(location / name)
   raise UserError(f"{directory}: no {' or '.join(_WEIGHT_FILES)} (nor a sharded index) found")
 
 
@@ -91,6 +98,8 @@ def model_config(hf_config: dict, family: str, heads, scan_layers: bool, source:
     # Their HF MLM heads hard-code exact GELU; bert_jax's head uses the encoder's activation.
     raise UserError(f"{source}: the {family} MLM head uses GELU but hidden_act={get('hidden_act')!r}")
   embedding_size = get("embedding_size") if family in ("albert", "electra") else 0
+  # Pruned layers differ in width, so they cannot be stacked: such a model comes unrolled.
+  pruned = hf_config.get("pruned_heads") or {}
   config = ModelConfig(
       vocab_size=get("vocab_size"), hidden_size=get("hidden_size"), num_layers=get("num_hidden_layers"),
       num_heads=get("num_attention_heads"), intermediate_size=get("intermediate_size"),
@@ -99,7 +108,8 @@ def model_config(hf_config: dict, family: str, heads, scan_layers: bool, source:
       hidden_dropout=get("hidden_dropout_prob"), attention_dropout=get("attention_probs_dropout_prob"),
       layer_norm_eps=get("layer_norm_eps"), initializer_range=get("initializer_range"), hidden_act=act,
       position_style="roberta" if family == "roberta" else "absolute", pad_token_id=get("pad_token_id") or 0,
-      share_layers="all" if family == "albert" else "none", scan_layers=scan_layers)
+      share_layers="all" if family == "albert" else "none", scan_layers=scan_layers and not pruned,
+      pruned_heads=pruned)
   return common.with_heads(config, family, heads)
 
 
@@ -118,10 +128,29 @@ def _check_tied(tensors, family: str, names: dict, source: str) -> None:
                       "word embeddings, so untied decoders do not convert")
 
 
+def _template_pattern(template: str, names: dict) -> str:
+  """A regex for a mapping-table name, any layer index in place of {i} (captured)."""
+  return r"(\d+)".join(re.escape(part.format(**names)) for part in template.split("{i}"))
+
+
+def _check_all_used(tensors, family: str, names: dict, known: set[str], config: ModelConfig, source: str):
+  """Tensors of the mapping table that this config leaves unused mean config.json disagrees with the
+  weights (e.g. fewer num_hidden_layers than the file holds): refuse rather than drop them silently."""
+  global_re = re.compile("|".join(_template_pattern(r.hf, names) for r in layout.GLOBAL_ROWS[family]))
+  layer_re = re.compile("|".join(_template_pattern(r.hf, names) for r in layout.LAYER_ROWS[family]))
+  unused = sorted(k for k in tensors if k not in known and (global_re.fullmatch(k) or layer_re.fullmatch(k)))
+  if not unused:
+    return
+  layers = [int(g) for k in tensors if (m := layer_re.fullmatch(k)) for g in m.groups() if g is not None]
+  hint = (f"; config.json says num_hidden_layers={config.num_layers} but the weights hold {max(layers) + 1} "
+          "layers" if layers and max(layers) + 1 > config.num_layers else "")
+  raise UserError(f"{source}: config.json does not match the weights, which hold tensors it leaves unused: "
+                  f"{', '.join(unused[:6])}" + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else "") + hint)
+
+
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
   """A HF model directory as bert_jax params (the heads it has) plus its tokenizer files."""
-  with open(os.path.join(directory, "config.json")) as f:
-    hf_config = json.load(f)
+  hf_config = workdir.read_json(epath.Path(directory) / "config.json")
   family = family_of(hf_config, directory)
   tensors = read_weights(directory)
   base = layout.HF_BASE[family]
@@ -132,6 +161,7 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
   params = params_lib.to_params(config, family, tensors, "hf", names, directory)
   known = {name for name, _ in params_lib.foreign_names(config, family, "hf", names)}
   known |= {t.format(**names) for t in layout.HF_TIED[family]}
+  _check_all_used(tensors, family, names, known, config, directory)
   ignored = sorted(k for k in tensors if k not in known and not k.endswith(layout.HF_BUFFERS))
   notes = [f"{directory}: ignored tensors without a bert_jax counterpart: {', '.join(ignored[:6])}"
            + (f" (+{len(ignored) - 6} more)" if len(ignored) > 6 else "")] if ignored else []
@@ -142,13 +172,9 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
   """The tokenizer files of a HF directory; tokenizer_config.json says whether it lower-cases."""
-  with open(os.path.join(directory, "config.json")) as f:
-    family = family_of(json.load(f), directory)
-  settings = {}
-  path = os.path.join(directory, "tokenizer_config.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      settings = json.load(f)
+  family = family_of(workdir.read_json(epath.Path(directory) / "config.json"), directory)
+  path = epath.Path(directory) / "tokenizer_config.json"
+  settings = workdir.read_json(path) if path.exists() else {}
   return common.tokenizer_from_files(directory, settings.get("do_lower_case", family != "roberta"))
 
 
@@ -169,6 +195,8 @@ def _hf_config(config: ModelConfig, family: str, architecture: str) -> dict:
        "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
        "pad_token_id": config.pad_token_id, "position_embedding_type": "absolute",
        "tie_word_embeddings": True, "dtype": "float32"}
+  if config.pruned_heads:
+    d["pruned_heads"] = {str(i): heads for i, heads in config.pruned_heads_dict().items()}
   if family in ("albert", "electra"):
     d["embedding_size"] = config.embed_dim
   if family == "albert":
@@ -182,37 +210,94 @@ _TOKENIZER_CLASS = {"bert": "BertTokenizer", "roberta": "RobertaTokenizer", "alb
                     "electra": "ElectraTokenizer"}
 
 
-def write(directory: str, converted: common.Converted) -> list[str]:
-  """Writes config.json, model.safetensors and the tokenizer files; returns notes on dropped heads."""
+@dataclasses.dataclass
+class _Export:
+  """What a HF directory gets: the class, the encoder (with the heads kept), the rows outside it,
+  the keys config.json adds, and notes for the user."""
+  architecture: str
+  config: ModelConfig
+  prefixed: bool
+  extra_rows: list = dataclasses.field(default_factory=list)
+  extra_config: dict = dataclasses.field(default_factory=dict)
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def _pretraining_export(converted: common.Converted) -> _Export:
   config, family = converted.config, converted.family
   heads = set(common.present_heads(config))
   architecture, arch_heads, prefixed = _architecture(family, heads)
   kept = common.with_heads(config, family, heads & arch_heads)
   if family == "roberta" and kept.mlm_head and config.hidden_act != "gelu":
     raise UserError(f"RoBERTa's HF MLM head hard-codes GELU; this model uses {config.hidden_act}")
-  names = {"b": layout.HF_BASE[family] if prefixed else ""}
-  tensors = params_lib.from_params(kept, family, converted.params, "hf", names)
-  os.makedirs(directory, exist_ok=True)
-  safetensors.numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(_hf_config(config, family, architecture), f, indent=2, sort_keys=True)
   notes = []
-  if heads - arch_heads:
-    notes.append(f"{architecture} has no {', '.join(sorted(heads - arch_heads))}: not written")
   if arch_heads - heads:
     notes.append(f"{architecture} expects {', '.join(sorted(arch_heads - heads))}, which this model lacks: "
                  "transformers will initialise it")
+  return _Export(architecture, kept, prefixed, notes=notes)
+
+
+def _task_export(converted: common.Converted) -> _Export:
+  """A fine-tuned model as <Family>For{SequenceClassification, TokenClassification, QuestionAnswering}."""
+  config, family, head = converted.config, converted.family, converted.task_head
+  architecture = _CLASS_PREFIX[family] + layout.TASK_CLASSES[head.kind]
+  if head.pooling != "pooled":
+    raise UserError(f"head.pooling={head.pooling!r} (a mix of every layer's [CLS]) has no Hugging Face "
+                    "equivalent: only pooled classification heads export; use bert-jax predict")
+  rows = layout.TASK_ROWS[family].get(head.kind)
+  if rows is None:
+    raise UserError(f"{architecture} applies GELU to its [CLS] dense layer where bert_jax's pooler applies "
+                    "tanh: this head has no exact Hugging Face equivalent; use bert-jax predict")
+  pooler_in_head = any(r.ours.startswith("pooler/") for r in rows)
+  base = common.with_heads(config, family, {"pooler"} if config.use_pooler and not pooler_in_head else set())
+  extra = {}
+  if head.kind != "span":  # HF's QA classes read num_labels=2 (start, end), its default
+    names = head.labels or ("LABEL_0",)  # regression: one output, HF's default name
+    extra.update(num_labels=len(names), id2label=dict(enumerate(names)),
+                 label2id={name: i for i, name in enumerate(names)})
+  if head.kind in ("classification", "regression"):
+    extra["problem_type"] = "regression" if head.kind == "regression" else "single_label_classification"
+  if config.adapter_size:
+    architecture = _CLASS_PREFIX[family] + "Adapters" + layout.TASK_CLASSES[head.kind]
+    extra.update(model_type=f"{family}_houlsby_adapters", adapter_size=config.adapter_size, auto_map={
+        "AutoConfig": f"{_ADAPTER_MODULE}.{_CLASS_PREFIX[family]}AdaptersConfig",
+        "AutoModel" + layout.TASK_CLASSES[head.kind]: f"{_ADAPTER_MODULE}.{architecture}"})
+  notes = [f"Houlsby adapters: load with trust_remote_code=True ({_ADAPTER_MODULE}.py builds them)"
+           ] if config.adapter_size else []
+  return _Export(architecture, base, True, rows, extra, notes)
+
+
+def write(directory: str, converted: common.Converted) -> list[str]:
+  """Writes config.json, model.safetensors and the tokenizer files; returns notes for the user, which
+  name every parameter the HF class has no place for."""
+  family = converted.family
+  export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
+  names = {"b": layout.HF_BASE[family] if export.prefixed else ""}
+  tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)
+  out = workdir.create(directory)
+  (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
+  workdir.write_json(out / "config.json",
+                     {**_hf_config(converted.config, family, export.architecture), **export.extra_config})
+  if export.config.adapter_size:
+    modeling = epath.Path(__file__).parent / "hf_adapter_modeling.py"
+    (out / f"{_ADAPTER_MODULE}.py").write_text(modeling.read_text())
+  left = params_lib.unwritten(export.config, family, converted.params, export.extra_rows)
+  notes = list(export.notes)
+  if left:
+    notes.append(f"{export.architecture} has no place for {len(left)} parameters, not written: "
+                 f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
   if converted.tokenizer:
-    _write_tokenizer(directory, family, converted.tokenizer)
+    # A fine-tuned model's tokenizer truncates (truncation=True) where fine-tuning and predict did.
+    max_length = converted.task_head.max_seq_length if converted.task_head else 0
+    _write_tokenizer(out, family, converted.tokenizer, max_length)
   return notes
 
 
-def _write_tokenizer(directory: str, family: str, tokenizer: common.Tokenizer) -> None:
-  for name, source in tokenizer.files.items():
-    shutil.copyfile(source, os.path.join(directory, name))
+def _write_tokenizer(directory: epath.Path, family: str, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
+  workdir.write_tokenizer(directory, tokenizer.files)
   settings = {"tokenizer_class": _TOKENIZER_CLASS[family], "do_lower_case": tokenizer.lower_case}
+  if max_length:
+    settings["model_max_length"] = max_length
   if family == "roberta":
     settings.update(bos_token="<s>", eos_token="</s>", unk_token="<unk>", sep_token="</s>",
                     cls_token="<s>", pad_token="<pad>", mask_token="<mask>", add_prefix_space=False)
-  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
-    json.dump(settings, f, indent=2, sort_keys=True)
+  workdir.write_json(directory / "tokenizer_config.json", settings)

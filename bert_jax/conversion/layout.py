@@ -118,6 +118,39 @@ GLOBAL_ROWS = {
 
 LAYER_ROWS = {"bert": _BERT_LAYER, "roberta": _BERT_LAYER, "albert": _ALBERT_LAYER, "electra": _BERT_LAYER}
 
+# Houlsby adapters (fine-tuning's train.mode=adapters) in each layer. Hugging Face names only: those of the
+# modeling code an adapter export ships (conversion/hf_adapter_modeling.py). Original TF BERT has no place
+# for them; ALBERT's shared layer has no adapter export.
+_BERT_ADAPTERS = [Row("adapters", r.ours, r.hf, None, r.kind)
+                  for block, hf in (("attention_adapter", "attention.output"), ("output_adapter", "output"))
+                  for part in ("down", "up")
+                  for r in _dense(f"{block}/{part}", f"{{b}}encoder.layer.{{i}}.{hf}.adapter.{part}", "")]
+ADAPTER_ROWS = {"bert": _BERT_ADAPTERS, "roberta": _BERT_ADAPTERS, "electra": _BERT_ADAPTERS}
+
+# Fine-tuning heads (bert_jax/finetune/heads.py, parameters under head/) in HF's <Family>For<Task> classes.
+# Classification and regression read the pooled [CLS] vector: BERT and ALBERT keep the pooler in the base
+# model; RoBERTa's classification head holds that dense + tanh itself (classifier.dense), so our pooler
+# goes there. ELECTRA's classification head applies GELU where our pooler applies tanh: no rows, no export.
+TASK_CLASSES = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
+                "token": "ForTokenClassification", "span": "ForQuestionAnswering"}
+
+
+def _hf_only(rows: list[Row]) -> list[Row]:
+  return [Row("task", r.ours, r.hf, None, r.kind) for r in rows]
+
+
+_CLASSIFIER = _hf_only(_dense("head/classifier", "classifier", ""))
+_SPAN = _hf_only(_dense("head/span", "qa_outputs", ""))
+_ROBERTA_CLASSIFIER = _hf_only(_dense("pooler", "classifier.dense", "")
+                               + _dense("head/classifier", "classifier.out_proj", ""))
+TASK_ROWS = {
+    "bert": {"classification": _CLASSIFIER, "regression": _CLASSIFIER, "token": _CLASSIFIER, "span": _SPAN},
+    "albert": {"classification": _CLASSIFIER, "regression": _CLASSIFIER, "token": _CLASSIFIER, "span": _SPAN},
+    "roberta": {"classification": _ROBERTA_CLASSIFIER, "regression": _ROBERTA_CLASSIFIER,
+                "token": _CLASSIFIER, "span": _SPAN},
+    "electra": {"token": _CLASSIFIER, "span": _SPAN},
+}
+
 # HF names that repeat another tensor (the MLM decoder tied to the word embeddings) or hold buffers.
 HF_TIED = {
     "bert": {"cls.predictions.decoder.weight": "{b}embeddings.word_embeddings.weight",

@@ -6,7 +6,7 @@ the tensor and both shapes.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bert_jax.conversion.layout import GLOBAL_ROWS, LAYER_ROWS, Row
+from bert_jax.conversion.layout import ADAPTER_ROWS, GLOBAL_ROWS, LAYER_ROWS, Row
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import ModelConfig
@@ -80,14 +80,26 @@ def foreign_shape(fmt: str, row: Row, name: str, our_shape: tuple[int, ...]) -> 
   return shape[::-1] if _transposed(fmt, row, name) else shape
 
 
-def _rows(config: ModelConfig, family: str):
-  """(row, foreign layer index or None, bert_jax prefix, stacked) for every tensor the model has."""
+def _rows(config: ModelConfig, family: str, extra: Sequence[Row] = ()):
+  """(row, foreign layer index or None, bert_jax prefix, stacked) for every tensor the model has;
+  `extra`: rows outside the encoder (a fine-tuning head) written as they are."""
   for row in GLOBAL_ROWS[family]:
     if head_enabled(config, row.head):
       yield row, 0, "", False
+  for row in extra:
+    yield row, 0, "", False
+  adapters = ADAPTER_ROWS.get(family, []) if config.adapter_size else []
   for i, prefix, stacked in layer_slots(config, family):
-    for row in LAYER_ROWS[family]:
+    for row in list(LAYER_ROWS[family]) + adapters:
       yield row, i, prefix + "/", stacked
+
+
+def _rows_shown(config: ModelConfig, family: str, desc: str, extra: Sequence[Row] = ()):
+  """_rows with a progress bar on a terminal: a big checkpoint (BERT-large: ~400 tensors, each read,
+  transposed and cast here) takes a while; in logs and tests nothing is printed."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  rows = list(_rows(config, family, extra))
+  return tqdm(rows, desc=desc, unit="tensor", disable=None, leave=False)
 
 
 def foreign_names(config: ModelConfig, family: str, fmt: str, names: Mapping[str, str]):
@@ -123,7 +135,7 @@ def to_params(config: ModelConfig, family: str, tensors: Mapping[str, np.ndarray
   shapes = param_shapes(config)
   flat: dict[str, list | np.ndarray] = {}
   missing, mismatched = [], []
-  for row, i, prefix, stacked in _rows(config, family):
+  for row, i, prefix, stacked in _rows_shown(config, family, f"reading {source}"):
     path = prefix + row.ours
     our_shape = shapes[path][1:] if stacked else shapes[path]
     name = _name(fmt, row, names, i)
@@ -154,11 +166,17 @@ def _raise_problems(source: str, missing: list[str], mismatched: list[str]) -> N
 
 
 def from_params(config: ModelConfig, family: str, params: Mapping, fmt: str,
-                names: Mapping[str, str]) -> dict[str, np.ndarray]:
-  """Foreign tensors {name: float32 array} in the "hf" or "tf" layout for bert_jax `params`."""
+                names: Mapping[str, str], extra: Sequence[Row] = ()) -> dict[str, np.ndarray]:
+  """Foreign tensors {name: float32 array} in the "hf" or "tf" layout for bert_jax `params` (the
+  encoder `config` describes, plus the `extra` rows)."""
+  if config.adapter_size and (fmt != "hf" or family not in ADAPTER_ROWS):
+    where = ("original TF BERT checkpoints have no place for; export it with --to hf" if fmt == "tf" else
+             f"have no Hugging Face export in {family} (only in BERT, RoBERTa and ELECTRA)")
+    raise UserError(f"the model has Houlsby adapters (model.adapter_size={config.adapter_size}), which {where}; "
+                    "or use it in bert_jax (`bert-jax predict`, bert_jax.Predictor)")
   flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
   tensors = {}
-  for row, i, prefix, stacked in _rows(config, family):
+  for row, i, prefix, stacked in _rows_shown(config, family, f"converting to {fmt}", extra):
     value = np.asarray(flat[prefix + row.ours], np.float32)
     value = value[i] if stacked else value
     name = _name(fmt, row, names, i)
@@ -169,10 +187,19 @@ def from_params(config: ModelConfig, family: str, params: Mapping, fmt: str,
   return tensors
 
 
+def unwritten(config: ModelConfig, family: str, params: Mapping, extra: Sequence[Row] = ()) -> list[str]:
+  """The bert_jax parameters that from_params(config, family, params, ..., extra) leaves out."""
+  written = {prefix + row.ours for row, _, prefix, _ in _rows(config, family, extra)}
+  return sorted(k for k in traverse_util.flatten_dict(nn.meta.unbox(params), sep="/") if k not in written)
+
+
 def relayout(params: Mapping, config: ModelConfig, scan_layers: bool) -> dict:
   """`params` of `config` re-arranged for scan_layers (stacked layers) or unrolled layer_i."""
   if config.scan_layers == scan_layers:
     return dict(params)
+  if scan_layers and config.pruned_heads:
+    raise UserError("a pruned model (model.pruned_heads) has layers of different widths, which cannot be "
+                    "stacked: load it with scan_layers=False")
   encoder = dict(params["encoder"])
   if config.share_layers == "all":
     old, new = ("layers", "layer") if config.scan_layers else ("layer", "layers")

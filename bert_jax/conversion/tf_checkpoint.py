@@ -6,16 +6,16 @@ computes "gelu" with the tanh approximation, so its checkpoints load with hidden
 from __future__ import annotations
 
 import collections.abc
-import glob
-import json
 import os
 import re
-import shutil
 
 import numpy as np
+from etils import epath
 
+from bert_jax import workdir
 from bert_jax.conversion import common, layout
 from bert_jax.conversion import params as params_lib
+from bert_jax.data_pipelines import tftools
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
 
@@ -24,36 +24,27 @@ _TF_LAYER_NORM_EPS = 1e-12  # tf.contrib.layers.layer_norm's, which all three co
 _ACTS = {"gelu": "gelu_tanh", "relu": "relu"}
 
 
-def _tf():
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  try:
-    tf.config.set_visible_devices([], "GPU")  # TF must not claim the accelerator JAX uses
-  except RuntimeError:
-    pass  # TF's devices were initialised earlier in this process, under the caller's settings
-  return tf
-
-
 def find_prefix(path: str) -> str | None:
   """The checkpoint prefix (".../model.ckpt") for a prefix or a directory holding one, else None."""
-  if os.path.exists(path + ".index"):
+  location = epath.Path(path)
+  if epath.Path(path + ".index").exists():
     return path
-  if not os.path.isdir(path):
+  if not location.is_dir():
     return None
-  state = os.path.join(path, "checkpoint")
-  if os.path.exists(state):
-    with open(state) as f:
-      match = re.search(r'^model_checkpoint_path:\s*"(.*)"', f.read(), re.M)
+  state = location / "checkpoint"
+  if state.exists():
+    match = re.search(r'^model_checkpoint_path:\s*"(.*)"', state.read_text(), re.M)
     if match:
-      return os.path.join(path, match.group(1))
-  indexes = sorted(glob.glob(os.path.join(path, "*.ckpt*.index")), key=os.path.getmtime)
-  return indexes[-1][:-len(".index")] if indexes else None
+      return os.fspath(location / match.group(1))
+  indexes = sorted(location.glob("*.ckpt*.index"), key=lambda p: p.stat().mtime)
+  return os.fspath(indexes[-1])[:-len(".index")] if indexes else None
 
 
 class _Tensors(collections.abc.Mapping):
   """Reads variables on demand: original checkpoints also hold Adam slots three times the model's size."""
 
   def __init__(self, prefix: str):
-    tf = _tf()
+    tf = tftools.tf()
     self.prefix, self._errors = prefix, tf.errors.OpError
     try:
       self._reader = tf.train.load_checkpoint(prefix)
@@ -112,10 +103,9 @@ def _scopes(family: str, tensors: _Tensors, electra_part: str | None) -> dict[st
 
 def _read_json(directory: str, family: str) -> dict:
   for name in (_CONFIG_FILES[family], "bert_config.json", "albert_config.json"):
-    path = os.path.join(directory, name)
-    if os.path.exists(path):
-      with open(path) as f:
-        return json.load(f)
+    path = epath.Path(directory) / name
+    if path.exists():
+      return workdir.read_json(path)
   return {}
 
 
@@ -127,7 +117,11 @@ def _sizes(tensors: _Tensors, family: str, names: dict, settings: dict, source: 
   """
   hidden = tensors.shape(f"{_LAYER0[family].format(**names)}/attention_1/self/query/kernel"
                          if family == "albert" else f"{_LAYER0[family].format(**names)}/attention/self/query/kernel")[0]
+  layers = {m.group(1) for n in tensors for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m}
   if settings and (family != "electra" or names["t"] == "electra" or settings.get("hidden_size") == hidden):
+    if family != "albert" and len(layers) != settings["num_hidden_layers"]:
+      raise UserError(f"{source}: the config json says num_hidden_layers={settings['num_hidden_layers']} but "
+                      f"the checkpoint holds {len(layers)} layers ({names['t']}/encoder/layer_*)")
     embedding = settings.get("embedding_size", settings["hidden_size"])
     return dict(vocab_size=settings["vocab_size"], hidden_size=settings["hidden_size"],
                 embedding_size=0 if embedding == settings["hidden_size"] else embedding,
@@ -138,7 +132,6 @@ def _sizes(tensors: _Tensors, family: str, names: dict, settings: dict, source: 
   if family == "albert":
     raise UserError(f"{source}: an ALBERT checkpoint needs albert_config.json (for num_hidden_layers)")
   vocab, embed = tensors.shape(f"{names['e']}/embeddings/word_embeddings")
-  layers = {m.group(1) for n in tensors for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m}
   return dict(vocab_size=vocab, embedding_size=0 if embed == hidden else embed, hidden_size=hidden,
               num_layers=len(layers), num_heads=max(1, hidden // 64),
               intermediate_size=tensors.shape(f"{names['t']}/encoder/layer_0/intermediate/dense/kernel")[1],
@@ -165,7 +158,7 @@ def read(path: str, scan_layers: bool = True, electra_part: str | None = None) -
   prefix = find_prefix(path)
   if prefix is None:
     raise UserError(f"{path}: no TF checkpoint (*.ckpt*.index) found")
-  directory = os.path.dirname(prefix)
+  directory = os.fspath(epath.Path(prefix).parent)
   tensors = _Tensors(prefix)
   family = _family(tensors, path)
   names = _scopes(family, tensors, electra_part)
@@ -193,7 +186,7 @@ def read(path: str, scan_layers: bool = True, electra_part: str | None = None) -
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
   """The vocabulary beside a checkpoint; released models say "cased"/"uncased" only in their names."""
-  base = os.path.basename(os.path.normpath(directory)).lower()
+  base = epath.Path(directory).name.lower()
   return common.tokenizer_from_files(directory, not ("cased" in base and "uncased" not in base))
 
 
@@ -217,23 +210,27 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   config, family = converted.config, converted.family
   if family == "roberta":
     raise UserError("RoBERTa was released by fairseq and has no original TF checkpoint layout; use --to hf")
+  if config.pruned_heads:
+    raise UserError("a pruned model (model.pruned_heads) has no original TF checkpoint layout: the TF code "
+                    "builds every head; use --to hf (transformers 4.x prunes on load)")
   generator = family == "electra" and config.mlm_head and not config.rtd_head
   names = {"t": "generator" if generator else layout.TF_SCOPE[family],
            "e": "electra" if family == "electra" else "bert"}
   tensors = params_lib.from_params(config, family, converted.params, "tf", names)
-  tf = _tf()
-  os.makedirs(directory, exist_ok=True)
+  tf = tftools.tf()
+  out = workdir.create(directory)
   ordered = sorted(tensors)
-  tf.raw_ops.SaveV2(prefix=os.path.join(directory, "model.ckpt"), tensor_names=ordered,
+  tf.raw_ops.SaveV2(prefix=os.fspath(out / "model.ckpt"), tensor_names=ordered,
                     shape_and_slices=[""] * len(ordered), tensors=[tensors[n] for n in ordered])
-  with open(os.path.join(directory, "checkpoint"), "w") as f:
-    f.write('model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n')
-  with open(os.path.join(directory, _CONFIG_FILES[family]), "w") as f:
-    json.dump(_tf_config(config, family), f, indent=2, sort_keys=True)
+  workdir.write_text(out / "checkpoint",
+                     'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n')
+  workdir.write_json(out / _CONFIG_FILES[family], _tf_config(config, family))
   if converted.tokenizer:
-    for name, source in converted.tokenizer.files.items():
-      shutil.copyfile(source, os.path.join(directory, name))
-  notes = []
+    workdir.write_tokenizer(out, converted.tokenizer.files)
+  left = params_lib.unwritten(config, family, converted.params)
+  notes = [f"the original TF layout has no place for {len(left)} parameters, not written: {', '.join(left[:8])}"
+           f"{' ...' if len(left) > 8 else ''}{'; export a fine-tuned head with --to hf' if converted.task_head else ''}"
+           ] if left else []
   if config.hidden_act == "gelu":
     notes.append("the original TF code computes 'gelu' with the tanh approximation; this model uses exact GELU")
   if config.layer_norm_eps != _TF_LAYER_NORM_EPS:

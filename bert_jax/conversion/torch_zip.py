@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import pickle
 import zipfile
+from typing import BinaryIO
 
 import ml_dtypes
 import numpy as np
@@ -22,9 +23,31 @@ _STORAGE_DTYPES = {
 }
 
 
+def _is_count(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _rebuild_tensor(storage, offset, size, stride, *unused):
+  """The tensor viewing `storage`, after checking that every element it claims lies inside it.
+
+  The pickle is untrusted: without this check a crafted size or stride makes as_strided read process
+  memory past the storage (a crash, or heap bytes copied into the weights).
+  """
+  if not isinstance(storage, np.ndarray) or storage.ndim != 1:
+    raise UserError(f"a tensor is built from {type(storage).__name__}, not a storage")
+  if not (isinstance(size, (tuple, list)) and isinstance(stride, (tuple, list))):
+    raise UserError(f"a tensor has size {size!r} and stride {stride!r}, not tuples")
+  size, stride = tuple(size), tuple(stride)
+  if not (_is_count(offset) and len(size) == len(stride) and all(map(_is_count, size + stride))):
+    raise UserError(f"a tensor has an invalid view (offset {offset!r}, size {size}, stride {stride}); "
+                    "negative or non-integer sizes and strides are refused")
+  if 0 not in size:
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+    if last >= storage.size:
+      raise UserError(f"a tensor of size {size} (offset {offset}, stride {stride}) reaches element {last} "
+                      f"of a storage holding {storage.size}: the file is damaged or crafted")
   itemsize = storage.dtype.itemsize
-  view = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size),
+  view = np.lib.stride_tricks.as_strided(storage[offset:], shape=size,
                                          strides=tuple(s * itemsize for s in stride))
   return view.copy()
 
@@ -45,6 +68,7 @@ class _Unpickler(pickle.Unpickler):
   def __init__(self, file, archive: zipfile.ZipFile, root: str, source: str):
     super().__init__(file)
     self.archive, self.root, self.source = archive, root, source
+    self.storages: dict[str, np.ndarray] = {}
 
   def find_class(self, module, name):
     if module == "torch" and name in _STORAGE_DTYPES:
@@ -55,21 +79,31 @@ class _Unpickler(pickle.Unpickler):
     return _ALLOWED[(module, name)]
 
   def persistent_load(self, pid):
-    kind, dtype, key, _, numel = pid
-    if kind != "storage":
-      raise UserError(f"{self.source}: unknown persistent record {kind!r}")
+    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+      raise UserError(f"{self.source}: unknown persistent record {str(pid)[:80]}")
+    _, dtype, key, _, numel = pid
+    if not (isinstance(dtype, np.dtype) and isinstance(key, str) and _is_count(numel)):
+      raise UserError(f"{self.source}: malformed storage record {str(pid)[:80]}")
+    if key in self.storages:
+      if self.storages[key].dtype != dtype:
+        raise UserError(f"{self.source}: storage {key} is read as {self.storages[key].dtype} and as {dtype}")
+      return self.storages[key]
     data = self.archive.read(f"{self.root}/data/{key}")
     storage = np.frombuffer(data, dtype=dtype)
     if storage.size < numel:
       raise UserError(f"{self.source}: storage {key} holds {storage.size} of {numel} elements "
                       "(truncated file?)")
-    return storage
+    self.storages[key] = storage[:numel]
+    return self.storages[key]
 
 
-def load_torch_zip(path: str) -> dict[str, np.ndarray]:
-  """{name: array} of a state dict saved by torch.save (zip format, PyTorch >= 1.6)."""
+def load_torch_zip(path: str, data: BinaryIO | None = None) -> dict[str, np.ndarray]:
+  """{name: array} of a state dict saved by torch.save (zip format, PyTorch >= 1.6).
+
+  data: the archive as a file object (one fetched from a bucket); by default `path` is opened.
+  """
   try:
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(path if data is None else data) as archive:
       pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
       if len(pickles) != 1:
         raise UserError(f"{path}: not a torch.save archive (no data.pkl)")
@@ -79,11 +113,15 @@ def load_torch_zip(path: str) -> dict[str, np.ndarray]:
         raise UserError(f"{path}: big-endian tensors are not supported")
       with archive.open(pickles[0]) as f:
         state = _Unpickler(f, archive, root, path).load()
-  except UserError:
-    raise
-  except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, KeyError, ValueError) as e:
+  except UserError as e:
+    raise UserError(str(e) if str(e).startswith(path) else f"{path}: {e}") from None
+  except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, KeyError, ValueError,
+          TypeError) as e:
     raise UserError(f"{path}: cannot read the PyTorch checkpoint ({type(e).__name__}: {e}); the file "
                     "is truncated or not a torch.save zip archive (legacy pre-1.6 files: re-save them)") from None
   if not isinstance(state, dict):
     raise UserError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors")
+  others = [str(k) for k, v in state.items() if not (isinstance(k, str) and isinstance(v, np.ndarray))]
+  if others:
+    raise UserError(f"{path}: entries that are not named tensors: {', '.join(others[:6])}")
   return dict(state)

@@ -40,7 +40,7 @@ def make_rows(sentences, seed: int) -> list[tuple[str, None, str]]:
 
 
 def corpus_sentences(limit: int) -> list[str]:
-  from data_pipelines import embedded  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import embedded  # pylint: disable=import-outside-toplevel
   corpus, _ = embedded.ensure_embedded()
   with open(corpus, encoding="utf-8") as f:
     usable = (l.strip() for l in f
@@ -58,4 +58,4 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
     train = glue.featurize(make_rows(sentences[num_dev:], seed=2), SPEC, tokenizer,
                            config.data.max_seq_length, config.data.train_limit)
   return Task(name="embedded", head="classification", num_labels=2, train=train, evals=[dev], tests=[],
-              selection=SPEC.metrics)
+              selection=SPEC.metrics, labels=SPEC.labels)

@@ -9,6 +9,7 @@ Eval sets add example_weight float32[N] (0 on rows that only pad the last batch)
 """
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import numpy as np
@@ -20,15 +21,25 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def tfds_examples(name: str, split: str, data_dir: str = "") -> Iterator[dict]:
   """The examples of a tfds split as numpy dicts (TF kept off the accelerators JAX uses)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  tf.config.set_visible_devices([], "GPU")
+  from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
+  tfds = tf_module("tensorflow_datasets")
   try:
     dataset = tfds.load(name, split=split, data_dir=data_dir or None, shuffle_files=False)
   except Exception as e:  # tfds raises several types for "not prepared" / "no such split"
     raise UserError(f"cannot load tfds {name!r} split {split!r}: {e}; prepare it with tfds or set "
                     "--config.data.data_dir to local files") from None
   yield from tfds.as_numpy(dataset)
+
+
+def report(source: str, count: int, problem: str, where: list[str], strict: bool) -> None:
+  """A counted data problem (`count` rows/questions with `problem`): a warning naming the first few,
+  or, with data.strict=true, an error."""
+  if not count:
+    return
+  message = f"{source}: {count} {problem} ({', '.join(where[:5])}{', ...' if len(where) > 5 else ''})"
+  if strict:
+    raise UserError(f"{message} (data.strict=true makes this an error; false warns and goes on)")
+  logging.warning("%s; data.strict=true makes this an error", message)
 
 
 def text(value) -> str:

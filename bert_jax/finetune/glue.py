@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import sys
 from typing import Callable
 
 import ml_collections
 import numpy as np
+from etils import epath
 
+from bert_jax import workdir
+from bert_jax.data_pipelines.tftools import open_text
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as feats
-from bert_jax.finetune import metrics as M
+from bert_jax.finetune import metrics
 from bert_jax.finetune.tasks import EvalSet, Task
 
-_METRICS: dict[str, Callable] = {"mcc": M.matthews_corrcoef, "accuracy": M.accuracy, "f1": M.binary_f1,
-                                 "pearson": M.pearson, "spearman": M.spearman}
+_METRICS: dict[str, Callable] = {"mcc": metrics.matthews_corrcoef, "accuracy": metrics.accuracy,
+                                 "f1": metrics.binary_f1, "pearson": metrics.pearson, "spearman": metrics.spearman}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +61,34 @@ SPECS = {
 _COLA_POSITIONS = {"sentence": 3, "label": 1}
 
 
-def read_tsv(path: str, spec: GlueSpec) -> list[tuple[str, str | None, str | None]]:
-  """(text a, text b, label string or None) rows of a GLUE TSV file; malformed rows are skipped."""
+def _check_label(spec: GlueSpec, label: str, where: str) -> None:
+  if spec.labels and label not in spec.labels:
+    raise UserError(f"{where}: label {label!r} is not one of {spec.labels}")
+  if not spec.labels:
+    try:
+      finite = math.isfinite(float(label))
+    except ValueError:
+      finite = False
+    if not finite:
+      raise UserError(f"{where}: score {label!r} is not a number")
+
+
+def read_tsv(path: str, spec: GlueSpec, strict: bool = False) -> list[tuple[str, str | None, str | None]]:
+  """(text a, text b, label string or None) rows of a GLUE TSV file.
+
+  Rows with too few fields are dropped and counted (an error with `strict`); a label outside the task's
+  labels, or a score that is not a number, is an error naming the line.
+  """
   csv.field_size_limit(sys.maxsize)
-  with open(path, encoding="utf-8-sig", newline="") as f:  # MRPC's files start with a byte-order mark
-    rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  try:
+    with open_text(path, encoding="utf-8-sig", newline="") as f:  # MRPC's files start with a byte-order mark
+      reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+      rows = [(reader.line_num, row) for row in reader if row]
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path}: not UTF-8 text ({e})") from None
   if not rows:
     return []
-  header = rows[0]
+  header = rows[0][1]
   if spec.tsv_columns[0] in header or header[0] in ("index", "id"):
     columns, rows = {name: i for i, name in enumerate(header)}, rows[1:]
   else:
@@ -73,8 +97,16 @@ def read_tsv(path: str, spec: GlueSpec) -> list[tuple[str, str | None, str | Non
   if a is None:
     raise UserError(f"{path}: no column {spec.tsv_columns[0]!r} (header: {header})")
   width = max(i for i in (a, b, label) if i is not None) + 1
-  return [(row[a], row[b] if b is not None else None, row[label] if label is not None else None)
-          for row in rows if len(row) >= width]
+  kept, short = [], []
+  for line, row in rows:
+    if len(row) < width:
+      short.append(f"line {line}")
+      continue
+    if label is not None:
+      _check_label(spec, row[label], f"{path}:{line}")
+    kept.append((row[a], row[b] if b is not None else None, row[label] if label is not None else None))
+  feats.report(path, len(short), f"rows with fewer than {width} tab-separated fields dropped", short, strict)
+  return kept
 
 
 def read_tfds(name: str, split: str, spec: GlueSpec, data_dir: str):
@@ -93,12 +125,17 @@ def _read_split(config: ml_collections.ConfigDict, spec: GlueSpec, split: str):
   """split: train | dev | test (+ MNLI suffix); local TSVs when data.data_dir is set, else tfds."""
   name, data_dir = config.task.name, config.data.data_dir
   if data_dir:
-    path = os.path.join(data_dir, f"{split}.tsv")
-    if not os.path.exists(path):
+    path = os.fspath(epath.Path(data_dir) / f"{split}.tsv")
+    if not epath.Path(path).exists():
       raise UserError(f"{path} not found: data.data_dir must hold the GLUE {name} TSVs "
                       f"(train.tsv, dev{spec.splits[0]}.tsv, ...)")
-    return read_tsv(path, spec)
-  return read_tfds(name, split.replace("dev", "validation"), spec, config.data.tfds_data_dir)
+    rows = read_tsv(path, spec, config.data.strict)
+  else:
+    path = f"tfds glue/{name} {split}"
+    rows = read_tfds(name, split.replace("dev", "validation"), spec, config.data.tfds_data_dir)
+  if not rows:
+    raise UserError(f"{path}: no rows")
+  return rows
 
 
 def _label_value(spec: GlueSpec, label: str | None):
@@ -125,21 +162,26 @@ def predictions_from(outputs: dict[str, np.ndarray], spec: GlueSpec) -> np.ndarr
   return logits if not spec.labels else np.argmax(logits, axis=-1)
 
 
-def evaluate(features, outputs, spec: GlueSpec) -> dict[str, float]:
+def evaluate(features, outputs, spec: GlueSpec) -> dict:
+  """The task's metrics and the dev loss (as training computes it; successive halving breaks ties
+  with it); a "note" says why a correlation reads 0.0 when it is undefined."""
   keep = features["example_weight"] > 0
   predictions, labels = predictions_from(outputs, spec)[keep], features["label"][keep]
-  return {name: _METRICS[name](labels, predictions) for name in spec.metrics}
+  results = {name: _METRICS[name](labels, predictions) for name in spec.metrics}
+  logits = outputs["logits"][keep]
+  results["loss"] = (metrics.cross_entropy(labels, logits) if spec.labels
+                     else metrics.squared_error(labels, logits))
+  note = metrics.correlation_note(labels, predictions) if "pearson" in spec.metrics else None
+  return {**results, "note": note} if note else results
 
 
 def write_predictions(directory: str, file_name: str, features, outputs, spec: GlueSpec) -> None:
   """`index<TAB>prediction` rows in input order: label strings, or STS-B scores clipped to [0, 5]."""
   keep = features["example_weight"] > 0
   predictions = predictions_from(outputs, spec)[keep]
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, file_name), "w", encoding="utf-8") as f:
-    f.write("index\tprediction\n")
-    for i, p in enumerate(predictions):
-      f.write(f"{i}\t{spec.labels[int(p)] if spec.labels else f'{float(np.clip(p, 0, 5)):.3f}'}\n")
+  rows = [f"{i}\t{spec.labels[int(p)] if spec.labels else f'{float(np.clip(p, 0, 5)):.3f}'}\n"
+          for i, p in enumerate(predictions)]
+  workdir.write_text(epath.Path(directory) / file_name, "index\tprediction\n" + "".join(rows))
 
 
 def eval_set(config, spec: GlueSpec, tokenizer, rows, name: str, file_name: str) -> EvalSet:
@@ -174,4 +216,4 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
       if config.predict_split == "test" else []
   return Task(name=name, head="classification" if spec.labels else "regression",
               num_labels=max(len(spec.labels), 1), train=train, evals=evals, tests=tests,
-              selection=spec.metrics)
+              selection=spec.metrics, labels=spec.labels)

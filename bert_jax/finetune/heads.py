@@ -8,6 +8,8 @@ into each other by key. Heads:
     vector (embeddings included) times a learned scale, as ELMo's scalar mix
   token: dropout, dense on every position -> [B, T, C]
   span: dense on every position -> start and end logits [B, T], padding masked out
+Token and span heads with pooling=layer_mix read the same mix of every layer's vector at each position
+instead of the last layer's (the BERT paper's feature-based NER mixes layers this way).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ POOLINGS = ("pooled", "layer_mix")
 
 
 class LayerMix(nn.Module):
-  """[L+1, B, H] -> [B, H]: gamma * sum_l softmax(w)_l h_l."""
+  """[L+1, B, ..., H] -> [B, ..., H]: gamma * sum_l softmax(w)_l h_l ([CLS] vectors or every token's)."""
 
   @nn.compact
   def __call__(self, layers: Array) -> Array:
@@ -32,7 +34,7 @@ class LayerMix(nn.Module):
     weights = self.param("layer_weights", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                                        (None,)), (layers.shape[0],))
     gamma = self.param("gamma", nn.with_logical_partitioning(nn.initializers.ones_init(), ()), ())
-    mixed = jnp.einsum("l,lbh->bh", jax.nn.softmax(weights), layers.astype(jnp.float32))
+    mixed = jnp.tensordot(jax.nn.softmax(weights), layers.astype(jnp.float32), axes=1)
     return (gamma * mixed).astype(layers.dtype)
 
 
@@ -47,12 +49,15 @@ class Head(nn.Module):
   def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
     cfg = self.config
     drop = Dropout(self.dropout)
+    if self.kind in ("span", "token"):
+      tokens = (LayerMix(name="layer_mix")(out.hidden_states) if self.pooling == "layer_mix"
+                else out.last_hidden_state)
     if self.kind == "span":
-      logits = bert.dense(cfg, 2, ("embed", "classes"), "span")(out.last_hidden_state).astype(jnp.float32)
+      logits = bert.dense(cfg, 2, ("embed", "classes"), "span")(tokens).astype(jnp.float32)
       logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
       return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
     if self.kind == "token":
-      h = drop(out.last_hidden_state, deterministic=deterministic)
+      h = drop(tokens, deterministic=deterministic)
       return {"logits": bert.dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(h)
                         .astype(jnp.float32)}
     if self.pooling == "layer_mix":
@@ -78,10 +83,10 @@ class FinetuneModel(nn.Module):
     self.head = Head(self.config, self.kind, self.num_labels, self.pooling, self.head_dropout)
 
   def __call__(self, input_ids: Array, attention_mask: Array, token_type_ids: Array, *,
-               deterministic: bool = True) -> dict[str, Array]:
-    """input_ids, attention_mask, token_type_ids: int32[B, T]."""
+               deterministic: bool = True, head_mask: Array | None = None) -> dict[str, Array]:
+    """input_ids, attention_mask, token_type_ids: int32[B, T]; head_mask: [L, N] or [N] (BertModel)."""
     out = self.encoder_model(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
-                             output_hidden_states=self.pooling == "layer_mix")
+                             output_hidden_states=self.pooling == "layer_mix", head_mask=head_mask)
     return self.head(out, attention_mask, deterministic)
 
 

@@ -4,7 +4,8 @@
 workdir (two-stage fine-tuning, e.g. MNLI then RTE). The encoder (embeddings, encoder, pooler) comes
 from it; the pretraining heads are dropped; its fine-tuning head is kept only when it was trained on
 the same task with the same shapes, otherwise the head starts fresh. `train.reinit_layers` = k puts
-the top k encoder layers and the pooler back to their initial distribution (Zhang et al. 2021).
+the top k encoder layers and the pooler back to their initial distribution (Zhang et al. 2021). Adapters
+(train.mode=adapters) that the checkpoint lacks start fresh inside the loaded encoder.
 """
 from __future__ import annotations
 
@@ -14,36 +15,35 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bert_jax import params_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
-from bert_jax.training import checkpoint
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
-
-
-def load_checkpoint(path: str) -> tuple[Any, dict] | tuple[None, None]:
-  if not path:
-    return None, None
-  return checkpoint.load_params(path)
 
 
 def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> ModelConfig:
   """The checkpoint's architecture when there is one (config.model otherwise); dropout from config."""
   fields = dict(saved["model"]) if saved else config.model.to_dict()
   fields.update(hidden_dropout=config.model.hidden_dropout, attention_dropout=config.model.attention_dropout)
-  return ModelConfig.from_dict(fields)
+  model = ModelConfig.from_dict(fields)
+  if not 1 <= config.data.max_seq_length <= model.max_position_embeddings:
+    raise UserError(f"data.max_seq_length={config.data.max_seq_length} must be between 1 and the model's "
+                    f"max_position_embeddings={model.max_position_embeddings}"
+                    + (f" (from {config.init_from})" if saved else ""))
+  return model
 
 
 def load_tokenizer(config: ml_collections.ConfigDict):
   """data.vocab when set; else the tokenizer that travels with init_from; else the embedded vocabulary
   (what a pretraining run with data.vocab="" used). WordPiece or SentencePiece: `.path` is its file."""
-  from data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   if config.data.vocab:
     return load_vocab(config.data.vocab, config.data.lower_case)
   if config.init_from:
     import bert_jax  # pylint: disable=import-outside-toplevel
     return bert_jax.load_tokenizer(config.init_from)
-  from data_pipelines import embedded  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import embedded  # pylint: disable=import-outside-toplevel
   return load_vocab(embedded.ensure_embedded()[1], config.data.lower_case)
 
 
@@ -51,6 +51,17 @@ def _head_compatible(fresh_head: Any, saved_head: Any) -> bool:
   same_tree = jax.tree.structure(fresh_head) == jax.tree.structure(saved_head)
   return same_tree and all(a.shape == b.shape for a, b in zip(jax.tree.leaves(fresh_head),
                                                                jax.tree.leaves(saved_head)))
+
+
+def _adapters_added(saved: dict, fresh: dict) -> dict:
+  """saved with the adapters that fresh has and saved lacks (saved itself when there are none)."""
+  out = dict(saved)
+  for key, value in fresh.items():
+    if key.endswith("_adapter") and key not in saved:
+      out[key] = value
+    elif isinstance(value, dict) and isinstance(saved.get(key), dict):
+      out[key] = _adapters_added(saved[key], value)
+  return saved if all(out[k] is saved.get(k) for k in out) else out
 
 
 def merge(fresh: dict, saved: dict | None, saved_config: dict | None, task_name: str) -> dict:
@@ -63,12 +74,29 @@ def merge(fresh: dict, saved: dict | None, saved_config: dict | None, task_name:
   params = dict(fresh)
   for key in ENCODER_KEYS:
     if key in fresh and key in saved:
-      params[key] = saved[key]
+      params[key] = _adapters_added(saved[key], fresh[key])
   same_task = (saved_config or {}).get("task", {}).get("name") == task_name
   if same_task and "head" in saved and _head_compatible(fresh["head"], saved["head"]):
     params["head"] = saved["head"]
-  checkpoint.check_shapes(params, fresh, "init_from checkpoint")
+  params_checkpoint.check_shapes(params, fresh, "init_from checkpoint")
   return params
+
+
+def initial_params(config: ml_collections.ConfigDict, fresh: dict, saved_config: dict | None,
+                   task_name: str) -> dict:
+  """`fresh` (sharded) with what `merge` takes from config.init_from, restored into the same shardings."""
+  # Shapes only: nothing is read before the merge has picked what to take.
+  saved = params_checkpoint.params_metadata(config.init_from) if config.init_from else {}
+  same_task = (saved_config or {}).get("task", {}).get("name") == task_name
+  if config.eval_only and not (same_task and "head" in saved):
+    raise UserError(f"eval_only needs init_from to be a fine-tuning workdir of task {task_name}")
+  if not config.init_from:
+    return fresh
+  merged = merge(fresh, saved, saved_config, task_name)
+  taken = [k for k in merged if k in saved and merged[k] is not fresh[k]]
+  in_checkpoint = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(saved)}
+  return params_checkpoint.load_params_into(config.init_from, fresh, keep=taken,
+                                            wanted=lambda name: name in in_checkpoint)
 
 
 def reinit_top_layers(params: dict, fresh: dict, model: ModelConfig, k: int) -> dict:

@@ -1,10 +1,11 @@
 """The official metrics of each task, written out so that they are checkable against references.
 
 GLUE: Matthews correlation (CoLA), accuracy, binary F1 of the positive class (MRPC, QQP), Pearson and
-Spearman correlation (STS-B). SQuAD: exact match and token F1 after the official answer normalisation
-(lower case, no punctuation, no articles, single spaces), best over the gold answers, in percent as the
-official script prints them. NER: entity-level micro F1 with seqeval's default (non-strict) chunking,
-which reads IOB1 and IOB2 alike.
+Spearman correlation (STS-B; 0.0 where scipy gives nan, see `correlation_note`), and the dev loss
+(cross-entropy or squared error, as in training). SQuAD: exact match and token F1 after the official
+answer normalisation (lower case, no punctuation, no articles, single spaces), best over the gold
+answers, in percent, each version as its official script scores it (`squad_scores`). NER:
+entity-level micro F1 with seqeval's default (non-strict) chunking, which reads IOB1 and IOB2 alike.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import re
 import string
 
 import numpy as np
+
+from bert_jax.errors import UserError
 
 
 def accuracy(labels, predictions) -> float:
@@ -64,6 +67,27 @@ def spearman(x, y) -> float:
   return pearson(_average_ranks(x), _average_ranks(y))
 
 
+def correlation_note(labels, predictions) -> str | None:
+  """Why Pearson/Spearman read 0.0 when one side is constant (scipy returns nan there); else None."""
+  constant = [name for name, x in (("predictions", predictions), ("labels", labels)) if np.ptp(np.asarray(x)) == 0]
+  if not constant:
+    return None
+  return (f"pearson and spearman are undefined on constant {' and '.join(constant)} (scipy gives nan); "
+          "written as 0.0")
+
+
+def cross_entropy(labels, logits) -> float:
+  """Mean -log softmax(logits)[label]."""
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(axis=-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+  return float(-np.mean(np.take_along_axis(log_probs, np.asarray(labels)[:, None], axis=-1)))
+
+
+def squared_error(labels, predictions) -> float:
+  return float(np.mean(np.square(np.asarray(predictions, np.float64) - np.asarray(labels, np.float64))))
+
+
 # --- SQuAD --------------------------------------------------------------------------------------------
 
 def normalize_answer(text: str) -> str:
@@ -77,9 +101,11 @@ def squad_exact(prediction: str, gold: str) -> float:
   return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
-def squad_f1(prediction: str, gold: str) -> float:
+def squad_f1(prediction: str, gold: str, version: str = "v2.0") -> float:
+  """Token F1. v2.0: an answer that normalises to nothing scores 1 against another such, else 0;
+  v1.1: it scores 0 against anything (no tokens in common)."""
   pred_tokens, gold_tokens = normalize_answer(prediction).split(), normalize_answer(gold).split()
-  if not pred_tokens or not gold_tokens:  # v2.0: an empty answer scores 1 only against an empty one
+  if version == "v2.0" and (not pred_tokens or not gold_tokens):
     return float(pred_tokens == gold_tokens)
   common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
   overlap = sum(common.values())
@@ -89,14 +115,34 @@ def squad_f1(prediction: str, gold: str) -> float:
   return 2 * precision * recall / (precision + recall)
 
 
-def squad_scores(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
-  """Exact match and F1 in percent; a question without gold answers has the gold answer ""."""
+def squad_scores(predictions: dict[str, str], golds: dict[str, list[str]], version: str) -> dict[str, float]:
+  """Exact match and F1 in percent over the questions of `golds`, as the official script of `version`.
+
+  v1.1 (evaluate-v1.1.py): every gold answer counts as given, also one that normalises to nothing;
+  a question without a prediction scores 0 and stays in the total; one without gold answers (which
+  the official script cannot score) scores 0.
+  v2.0 (evaluate-v2.0.py): gold answers that normalise to nothing are dropped, and a question left
+  without any has the gold answer "" (unanswerable); a question without a prediction is left out of
+  the total, as the official script leaves it (it prints "Missing prediction"). No prediction at all
+  is a UserError (the official script divides by zero).
+  """
+  if version not in ("v1.1", "v2.0"):
+    raise UserError(f"SQuAD version {version!r} is not one of ('v1.1', 'v2.0')")
   exact, f1 = [], []
   for qid, answers in golds.items():
-    answers = [a for a in answers if normalize_answer(a)] or [""]
-    prediction = predictions.get(qid, "")
-    exact.append(max(squad_exact(prediction, a) for a in answers))
-    f1.append(max(squad_f1(prediction, a) for a in answers))
+    if version == "v2.0":
+      if qid not in predictions:
+        continue
+      answers = [a for a in answers if normalize_answer(a)] or [""]
+    elif qid not in predictions or not answers:
+      exact.append(0.0)
+      f1.append(0.0)
+      continue
+    exact.append(max(squad_exact(predictions[qid], a) for a in answers))
+    f1.append(max(squad_f1(predictions[qid], a, version) for a in answers))
+  if not exact:
+    raise UserError(f"no prediction for any of the {len(golds)} SQuAD questions; predictions must be keyed "
+                    "by the question ids")
   return {"exact_match": 100.0 * float(np.mean(exact)), "f1": 100.0 * float(np.mean(f1))}
 
 

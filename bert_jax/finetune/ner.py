@@ -12,10 +12,13 @@ import os
 
 import ml_collections
 import numpy as np
+from etils import epath
 
+from bert_jax import workdir
+from bert_jax.data_pipelines.tftools import open_text
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as feats
-from bert_jax.finetune import metrics as M
+from bert_jax.finetune import metrics
 from bert_jax.finetune.tasks import EvalSet, Task
 
 _FILES = {"train": ("train.txt", "eng.train"), "dev": ("valid.txt", "dev.txt", "eng.testa"),
@@ -26,8 +29,8 @@ Sentence = tuple[list[str], list[str]]  # words, tags
 
 def read_conll(path: str) -> list[Sentence]:
   sentences, words, tags = [], [], []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
+  with open_text(path) as f:
+    for line in _utf8_lines(f, path):
       columns = line.split()
       if not columns or columns[0] == "-DOCSTART-":
         if words:
@@ -41,6 +44,13 @@ def read_conll(path: str) -> list[Sentence]:
   return sentences
 
 
+def _utf8_lines(f, path: str):
+  try:
+    yield from f
+  except UnicodeDecodeError as e:
+    raise UserError(f"{path}: not UTF-8 text ({e})") from None
+
+
 def read_tfds(split: str, labels: tuple[str, ...], data_dir: str) -> list[Sentence]:
   sentences = []
   for ex in feats.tfds_examples("conll2003", split, data_dir):
@@ -50,13 +60,17 @@ def read_tfds(split: str, labels: tuple[str, ...], data_dir: str) -> list[Senten
 
 
 def _read_split(config: ml_collections.ConfigDict, split: str) -> list[Sentence]:
-  if not config.data.data_dir:
-    return read_tfds(split, tuple(config.task.labels), config.data.tfds_data_dir)
-  for name in _FILES[split]:
-    path = os.path.join(config.data.data_dir, name)
-    if os.path.exists(path):
-      return read_conll(path)
-  raise UserError(f"no {split} file in {config.data.data_dir}: expected one of {_FILES[split]}")
+  if config.data.data_dir:
+    paths = [os.fspath(p) for p in (epath.Path(config.data.data_dir) / n for n in _FILES[split]) if p.exists()]
+    if not paths:
+      raise UserError(f"no {split} file in {config.data.data_dir}: expected one of {_FILES[split]}")
+    source, sentences = paths[0], read_conll(paths[0])
+  else:
+    source = f"tfds conll2003 {split}"
+    sentences = read_tfds(split, tuple(config.task.labels), config.data.tfds_data_dir)
+  if not sentences:
+    raise UserError(f"{source}: no sentences (an empty file?)")
+  return sentences
 
 
 def _unknown_id(tokenizer) -> int:
@@ -98,13 +112,10 @@ def predicted_tags(outputs, sentences: list[Sentence], first_positions, labels) 
           for i, ((words, _), positions) in enumerate(zip(sentences, first_positions))]
 
 
-def write_predictions(path: str, sentences: list[Sentence], tags: list[list[str]]) -> None:
+def write_predictions(path: epath.PathLike, sentences: list[Sentence], tags: list[list[str]]) -> None:
   """CoNLL evaluation layout: word, gold tag, predicted tag; a blank line after each sentence."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    for (words, gold), predicted in zip(sentences, tags):
-      f.writelines(f"{w} {g} {p}\n" for w, g, p in zip(words, gold, predicted))
-      f.write("\n")
+  workdir.write_text(path, "".join("".join(f"{w} {g} {p}\n" for w, g, p in zip(words, gold, predicted)) + "\n"
+                                     for (words, gold), predicted in zip(sentences, tags)))
 
 
 def _eval_set(config, tokenizer, split: str) -> EvalSet:
@@ -116,8 +127,8 @@ def _eval_set(config, tokenizer, split: str) -> EvalSet:
   tags = lambda out: predicted_tags(out, sentences, first_positions, labels)  # noqa: E731
   return EvalSet(
       name=split, features=features,
-      evaluate=lambda out: M.entity_f1([g for _, g in sentences], tags(out)),
-      write_predictions=lambda d, out: write_predictions(os.path.join(d, f"ner.{split}.txt"), sentences,
+      evaluate=lambda out: metrics.entity_f1([g for _, g in sentences], tags(out)),
+      write_predictions=lambda d, out: write_predictions(epath.Path(d) / f"ner.{split}.txt", sentences,
                                                          tags(out)))
 
 
@@ -130,4 +141,4 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
     train, _ = featurize(sentences, labels, tokenizer, config.data.max_seq_length)
   tests = [_eval_set(config, tokenizer, "test")] if config.predict_split == "test" else []
   return Task(name=config.task.name, head="token", num_labels=len(labels), train=train,
-              evals=[_eval_set(config, tokenizer, "dev")], tests=tests, selection=("f1",))
+              evals=[_eval_set(config, tokenizer, "dev")], tests=tests, selection=("f1",), labels=labels)

@@ -3,7 +3,9 @@
 
 Order of the chain: clip by global norm -> Adam moments -> decoupled weight decay (not on LayerNorm or
 biases) -> per-parameter multiplier -> -learning rate. The multiplier scales the decay term too, as
-parameter groups with their own learning rates do in the reference implementations.
+parameter groups with their own learning rates do in the reference implementations. With a trainable
+mask (train.mode adapters, feature) the chain runs on the trainable parameters only; the others get a
+zero update and no optimizer state.
 """
 from __future__ import annotations
 
@@ -45,9 +47,13 @@ def scale_by_bert_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6) ->
 def scale_by_multipliers(multipliers: Any) -> optax.GradientTransformation:
   """Multiplies each update by its multiplier: a scalar, or [L, 1, ...] for stacked layer weights."""
 
+  def scale(u, m):  # frozen parameters reach here as MaskedNode (optax.multi_transform)
+    return u if isinstance(u, optax.MaskedNode) else (u * m).astype(u.dtype)
+
   def update_fn(updates, state, params=None):
     del params
-    return jax.tree.map(lambda u, m: (u * m).astype(u.dtype), updates, multipliers), state
+    return jax.tree.map(scale, updates, multipliers,
+                        is_leaf=lambda x: isinstance(x, optax.MaskedNode)), state
 
   return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
 
@@ -97,11 +103,15 @@ def warmup_linear_decay(learning_rate: float, num_steps: int, warmup_ratio: floa
                               [warmup])
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, model: ModelConfig
+def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, model: ModelConfig,
+                   trainable: Any = None, learning_rate: float | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """From the `optimizer` section; `params` may be abstract (only paths and ranks are read)."""
-  schedule = warmup_linear_decay(cfg.learning_rate, num_steps, cfg.warmup_ratio)
-  head_multiplier = cfg.head_learning_rate / cfg.learning_rate if cfg.head_learning_rate else 1.0
+  """From the `optimizer` section; `params` may be abstract (only paths and ranks are read).
+  trainable: a tree of bools like params (None: all train); learning_rate: the base rate
+  (default optimizer.learning_rate)."""
+  learning_rate = learning_rate or cfg.learning_rate
+  schedule = warmup_linear_decay(learning_rate, num_steps, cfg.warmup_ratio)
+  head_multiplier = cfg.head_learning_rate / learning_rate if cfg.head_learning_rate else 1.0
   moments = (optax.scale_by_adam(cfg.b1, cfg.b2, cfg.eps) if cfg.bias_correction
              else scale_by_bert_adam(cfg.b1, cfg.b2, cfg.eps))
   tx = optax.chain(
@@ -110,4 +120,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, 
       optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
       scale_by_multipliers(lr_multipliers(params, model, cfg.layer_decay, head_multiplier)),
       optax.scale_by_learning_rate(schedule))
+  if trainable is not None and not all(jax.tree.leaves(trainable)):
+    labels = jax.tree.map(lambda t: "train" if t else "frozen", trainable)
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
   return tx, schedule

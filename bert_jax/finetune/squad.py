@@ -16,14 +16,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import unicodedata
 
 import ml_collections
 import numpy as np
+from etils import epath
 
+from bert_jax import workdir
+from bert_jax.data_pipelines.tftools import open_text
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as feats
-from bert_jax.finetune import metrics as M
+from bert_jax.finetune import metrics
 from bert_jax.finetune.tasks import EvalSet, Task
 
 
@@ -46,13 +48,65 @@ class Window:
   max_context: np.ndarray  # bool[length]: this window gives token start + i its most context
 
 
+def _field(node, key: str, kinds: tuple[type, ...], where: str, path: str):
+  value = node.get(key) if isinstance(node, dict) else None
+  if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+    raise UserError(f"{path}: {where} has no {key!r} of type {' or '.join(k.__name__ for k in kinds)} "
+                    "(the official layout: data[].paragraphs[].context and .qas[] with id, question, answers)")
+  return value
+
+
+def _example(qa, context: str, where: str, path: str) -> Example:
+  optional = lambda key, kind, default: (  # noqa: E731
+      _field(qa, key, (kind,), where, path) if isinstance(qa, dict) and key in qa else default)
+  answers = []
+  for k, answer in enumerate(optional("answers", list, [])):
+    answers.append((_field(answer, "text", (str,), f"{where}.answers[{k}]", path),
+                    _field(answer, "answer_start", (int,), f"{where}.answers[{k}]", path)))
+  impossible = optional("is_impossible", bool, False)
+  return Example(str(_field(qa, "id", (str, int), where, path)), _field(qa, "question", (str,), where, path),
+                 context, answers, impossible)
+
+
 def read_json(path: str) -> list[Example]:
-  with open(path, encoding="utf-8") as f:
-    data = json.load(f)["data"]
-  return [Example(qa["id"], qa["question"], paragraph["context"],
-                  [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])],
-                  bool(qa.get("is_impossible", False)))
-          for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+  """The questions of an official SQuAD JSON file; a broken file or a missing field is a UserError naming it."""
+  try:
+    with open_text(path) as f:
+      data = json.load(f)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    raise UserError(f"{path}: not valid JSON ({e})") from None
+  examples, seen = [], set()
+  for a, article in enumerate(_field(data, "data", (list,), "the top level", path)):
+    for p, paragraph in enumerate(_field(article, "paragraphs", (list,), f"data[{a}]", path)):
+      where = f"data[{a}].paragraphs[{p}]"
+      context = _field(paragraph, "context", (str,), where, path)
+      for q, qa in enumerate(_field(paragraph, "qas", (list,), where, path)):
+        example = _example(qa, context, f"{where}.qas[{q}]", path)
+        if example.qid in seen:
+          raise UserError(f"{path}: question id {example.qid!r} appears twice; predictions are keyed by id")
+        seen.add(example.qid)
+        examples.append(example)
+  return examples
+
+
+def check_answers(examples: list[Example], source: str, strict: bool) -> list[Example]:
+  """Training questions whose answer lies inside its context. Others are dropped and counted; an answer
+  whose text is not at its offset is kept (trained on as given) and named; data.strict makes both errors."""
+  kept, outside, misplaced = [], [], []
+  for example in examples:
+    if not example.impossible:
+      text, start = example.answers[0] if example.answers else ("", 0)
+      if start < 0 or start + len(text) > len(example.context) or not text.strip():
+        outside.append(example.qid)
+        continue
+      if example.context[start:start + len(text)] != text:
+        misplaced.append(example.qid)
+    kept.append(example)
+  feats.report(source, len(outside), "training questions dropped: answer missing, empty or outside the context",
+               outside, strict)
+  feats.report(source, len(misplaced), "training answers whose text is not at answer_start (kept as given)",
+               misplaced, strict)
+  return kept
 
 
 def read_tfds(version: str, split: str, data_dir: str) -> list[Example]:
@@ -65,37 +119,19 @@ def read_tfds(version: str, split: str, data_dir: str) -> list[Example]:
   return examples
 
 
-def _normalize_char(char: str, lower_case: bool) -> str:
-  """One context character as BERT's BasicTokenizer would write it."""
-  if not lower_case:
-    return char
-  return "".join(c for c in unicodedata.normalize("NFD", char.lower()) if unicodedata.category(c) != "Mn")
-
-
 def tokenize_context(context: str, tokenizer) -> tuple[list[int], np.ndarray]:
   """Token ids of the context and each token's [start, end) character span in it.
 
-  Sub-tokens of one word share the word's span; a word is found in the character-wise normalised
-  context by searching forward from the previous word.
+  Sub-tokens of one word share the word's span, which the basic tokenizer reports with the word
+  (`basic_tokenize_spans`): never empty, and covering characters it deletes inside the word (a
+  zero-width space, a soft hyphen), so no answer on such a word is lost.
   """
-  from data_pipelines.tokenizers import basic_tokenize  # pylint: disable=import-outside-toplevel
-  lower_case, normalized, origin = tokenizer.lower_case, [], []
-  for i, char in enumerate(context):
-    for c in _normalize_char(char, lower_case):
-      normalized.append(c)
-      origin.append(i)
-  normalized_text, origin = "".join(normalized), origin + [len(context)]
-  ids, spans, cursor = [], [], 0
-  for word in basic_tokenize(context, lower_case):
-    found = normalized_text.find(word, cursor)
-    if found < 0:  # lower-casing that depends on context (a final sigma): an empty span where we are
-      span = (origin[cursor], origin[cursor])
-    else:
-      span = (origin[found], origin[found + len(word) - 1] + 1)
-      cursor = found + len(word)
+  from bert_jax.data_pipelines.tokenizers import basic_tokenize_spans  # pylint: disable=import-outside-toplevel
+  ids, spans = [], []
+  for word, start, end in basic_tokenize_spans(context, tokenizer.lower_case):
     pieces = tokenizer.encode(word)
     ids.extend(pieces)
-    spans.extend([span] * len(pieces))
+    spans.extend([(start, end)] * len(pieces))
   return ids, np.asarray(spans, np.int64).reshape(-1, 2)
 
 
@@ -108,6 +144,9 @@ def answer_tokens(spans: np.ndarray, text: str, char_start: int) -> tuple[int, i
 
 def windows(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
   """(start, length) of the windows covering num_tokens tokens."""
+  if max_tokens < 1 or stride < 1:  # the loop below would never advance
+    raise UserError(f"windows of {max_tokens} context tokens every {stride}: data.max_seq_length must exceed "
+                    "task.max_query_length + 3 and task.doc_stride must be >= 1")
   out, start = [], 0
   while True:
     length = min(num_tokens - start, max_tokens)
@@ -201,25 +240,27 @@ def _files(version: str) -> dict[str, str]:
 def _read_split(config: ml_collections.ConfigDict, split: str) -> list[Example]:
   version = config.task.version
   if config.data.data_dir:
-    path = os.path.join(config.data.data_dir, _files(version)[split])
-    if not os.path.exists(path):
-      raise UserError(f"{path} not found: data.data_dir must hold the official SQuAD {version} JSON files")
-    examples = read_json(path)
+    source = os.fspath(epath.Path(config.data.data_dir) / _files(version)[split])
+    if not epath.Path(source).exists():
+      raise UserError(f"{source} not found: data.data_dir must hold the official SQuAD {version} JSON files")
+    examples = read_json(source)
   else:
+    source = f"tfds squad/{version} {split}"
     examples = read_tfds(version, "validation" if split == "dev" else split, config.data.tfds_data_dir)
+  if not examples:
+    raise UserError(f"{source}: no questions")
   limit = config.data.train_limit if split == "train" else config.data.eval_limit
-  return examples[:limit] if limit else examples
+  examples = examples[:limit] if limit else examples
+  return check_answers(examples, source, config.data.strict) if split == "train" else examples
 
 
 def write_predictions(directory: str, split: str, answers: dict[str, str], null_diff: dict[str, float],
                       version: str) -> None:
   """predictions.SPLIT.json ({id: answer}) and, for v2.0, null_odds.SPLIT.json as the official script reads."""
-  os.makedirs(directory, exist_ok=True)
-  with open(os.path.join(directory, f"predictions.{split}.json"), "w", encoding="utf-8") as f:
-    json.dump(answers, f, indent=1)
+  workdir.write_json(epath.Path(directory) / f"predictions.{split}.json", answers, indent=1)
   if version == "v2.0":
-    with open(os.path.join(directory, f"null_odds.{split}.json"), "w", encoding="utf-8") as f:
-      json.dump({k: v if np.isfinite(v) else 1e9 for k, v in null_diff.items()}, f, indent=1)
+    workdir.write_json(epath.Path(directory) / f"null_odds.{split}.json",
+                       {k: v if np.isfinite(v) else 1e9 for k, v in null_diff.items()}, indent=1)
 
 
 def _dev_set(config, tokenizer) -> EvalSet:
@@ -231,13 +272,24 @@ def _dev_set(config, tokenizer) -> EvalSet:
                                     config.task)
   return EvalSet(
       name="dev", features=features,
-      evaluate=lambda out: M.squad_scores(decode(out)[0], golds),
+      evaluate=lambda out: metrics.squad_scores(decode(out)[0], golds, config.task.version),
       write_predictions=lambda d, out: write_predictions(d, "dev", *decode(out), config.task.version))
 
 
+def validate(config: ml_collections.ConfigDict) -> None:
+  task = config.task
+  if task.version not in ("v1.1", "v2.0"):
+    raise UserError(f"task.version={task.version!r} is not one of ('v1.1', 'v2.0')")
+  for key in ("max_query_length", "doc_stride", "n_best_size", "max_answer_length"):
+    if task[key] < 1:
+      raise UserError(f"task.{key}={task[key]} must be >= 1")
+  if config.data.max_seq_length <= task.max_query_length + 3:
+    raise UserError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for the context: it "
+                    f"must exceed task.max_query_length={task.max_query_length} + 3 ([CLS], 2 x [SEP])")
+
+
 def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
-  if config.task.version not in ("v1.1", "v2.0"):
-    raise UserError(f"task.version={config.task.version!r} is not one of ('v1.1', 'v2.0')")
+  validate(config)
   if config.predict_split == "test":
     raise UserError("SQuAD's test set is hidden; use predict_split=dev (the official submission format)")
   train = None

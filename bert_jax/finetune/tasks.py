@@ -1,14 +1,12 @@
 """What a fine-tuning task hands the trainer: training features, eval sets that score model outputs,
-and the head it needs. Each family module (glue, squad, ner, embedded) builds one from the config."""
+and the head it needs. Each family module (glue, squad, ner, embedded) builds one from the config;
+task_registry.py picks the module."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
-import ml_collections
 import numpy as np
-
-from bert_jax.errors import UserError
 
 HEADS = ("classification", "regression", "token", "span")
 
@@ -35,25 +33,13 @@ class Task:
   evals: list[EvalSet]
   tests: list[EvalSet]
   selection: tuple[str, ...]
+  labels: tuple[str, ...] = ()  # class names by id (classification, token); () for regression and spans
 
 
 def score(task: Task, metrics: dict[str, float]) -> float:
   """The number model selection maximises, from the first eval set's metrics: the mean of the task's
   selection metrics (GLUE's rule: MRPC averages F1 and accuracy, STS-B Pearson and Spearman)."""
   return float(np.mean([metrics[k] for k in task.selection])) if metrics else float("nan")
-
-
-def build_task(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
-  # Imported here: each family pulls its own readers, and only the one asked for is needed.
-  from bert_jax.finetune import embedded, glue, ner, squad  # pylint: disable=import-outside-toplevel
-  builders = {"glue": glue.build, "squad": squad.build, "ner": ner.build, "embedded": embedded.build}
-  family = config.task.family
-  if family not in builders:
-    raise UserError(f"task.family={family!r} is not one of {sorted(builders)}")
-  task = builders[family](config, tokenizer, need_train=need_train)
-  if task.head not in HEADS:
-    raise UserError(f"task {task.name} asks for head {task.head!r}, not one of {HEADS}")
-  return task
 
 
 def merge_metrics(per_set: dict[str, dict[str, float]]) -> dict[str, float]:

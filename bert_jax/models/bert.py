@@ -17,7 +17,7 @@ compares 1 device with a 2x2x2 mesh for rolled and unrolled layer scans.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Optional
 
 import flax
 import flax.linen as nn
@@ -34,7 +34,7 @@ def gelu(x: Array) -> Array:
   """Exact GELU as the original BERT code and PyTorch write it: 0.5 x (1 + erf(x / sqrt(2))).
 
   jax.nn.gelu(approximate=False) uses erfc for relative accuracy far in the negative tail, which
-  XLA:CPU lowers through exp and selects; erf is cheaper (~1% of the `mini` CPU step) and the
+  XLA:CPU lowers through exp and selects; erf is cheaper (BENCHMARKS.md, "GELU with erf") and the
   values differ by less than 1e-6 absolute (tests/test_dropout.py).
   """
   return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype)))
@@ -59,7 +59,9 @@ class ModelOutput:
 
   last_hidden_state: [B, T, H]; pooled_output: [B, H]; mlm_logits: [B, P, V] at the masked positions
   (or [B, T, V] when none are given); nsp_logits / sop_logits: [B, 2]; rtd_logits: [B, T];
-  hidden_states: the embedding output and each layer's output, [L + 1, B, T, H], when asked for.
+  hidden_states: the embedding output and each layer's output, [L + 1, B, T, H], when asked for;
+  attentions: float32 [L, B, N, T, T], each layer's attention probabilities (softmax, before dropout
+  and head mask; zero for pruned heads), when asked for.
   """
   last_hidden_state: Array
   pooled_output: Optional[Array] = None
@@ -68,6 +70,7 @@ class ModelOutput:
   sop_logits: Optional[Array] = None
   rtd_logits: Optional[Array] = None
   hidden_states: Optional[Array] = None
+  attentions: Optional[Array] = None
 
 
 def kernel_init(config: ModelConfig, axes: tuple[str, ...]):
@@ -138,59 +141,83 @@ class Embeddings(nn.Module):
     return self.word_embeddings.attend(x)
 
 
-class HeadsProjection(nn.Module):
-  """An einsum projection with a multi-axis kernel, e.g. [H, N, D] (q/k/v) or [N, D, H] (output)."""
+class HeadWeights(nn.Module):
+  """The kernel and bias of one attention projection, in the compute dtype; both shapes are given.
+
+  q/k/v: kernel [H, N, D] ("embed", "heads", "kv"), bias [N, D]; output: kernel [N, D, H], bias [H].
+  SelfAttention does the matmuls (q/k/v fused into one), so this module only owns the parameters.
+  """
   config: ModelConfig
   kernel_shape: tuple[int, ...]
   kernel_axes: tuple[str, ...]
-  equation: str
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
 
-  def setup(self):
+  @nn.compact
+  def __call__(self) -> tuple[Array, Array]:
     cfg = self.config
-    self.kernel = self.param("kernel", kernel_init(cfg, self.kernel_axes), self.kernel_shape, cfg.weight_dtype)
-    out_shape = self.kernel_shape[-1:] if self.kernel_axes[-1] == "embed" else self.kernel_shape[1:]
-    out_axes = self.kernel_axes[-1:] if self.kernel_axes[-1] == "embed" else self.kernel_axes[1:]
-    self.bias = self.param("bias", zeros_init(out_axes), out_shape, cfg.weight_dtype)
-
-  def __call__(self, x: Array) -> Array:
-    dtype = self.config.compute_dtype
-    return jnp.einsum(self.equation, x.astype(dtype), self.kernel.astype(dtype)) + self.bias.astype(dtype)
+    kernel = self.param("kernel", kernel_init(cfg, self.kernel_axes), self.kernel_shape, cfg.weight_dtype)
+    bias = self.param("bias", zeros_init(self.bias_axes), self.bias_shape, cfg.weight_dtype)
+    return kernel.astype(cfg.compute_dtype), bias.astype(cfg.compute_dtype)
 
 
 class SelfAttention(nn.Module):
   """Multi-head self-attention: q/k/v kernels [H, N, D], output kernel [N, D, H].
 
   q, k and v come from one matmul against the three kernels stacked at run time ([H, 3, N, D]):
-  one wide matmul (and one for each gradient) instead of three narrow ones, ~5% of the `mini` CPU
-  step (BENCHMARKS.md). The parameters stay three separate q/k/v kernels, as checkpoints name them.
+  one wide matmul (and one for each gradient) instead of three narrow ones, faster on CPU (BENCHMARKS.md,
+  "q, k and v in one matmul"). The parameters stay three separate q/k/v kernels, as checkpoints name them.
+
+  `layer` names the layer of an unrolled encoder, whose heads may be pruned (`config.pruned_heads`):
+  its kernels then hold only the kept heads. head_mask: [N] over the original heads; it multiplies
+  each head's attention probabilities (0 disables a head; the output bias still applies, as in HF).
+  Returns (output [B, T, H], probabilities float32 [B, N, T, T] or None): the softmax before dropout
+  and head mask, zero for pruned heads, when `keep_attentions`. Without a head mask or attentions,
+  jax.nn.dot_product_attention does the work (the fast path of every train step).
   """
   config: ModelConfig
+  layer: Optional[int] = None
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, mask: Array, deterministic: bool, head_mask: Optional[Array] = None,
+               keep_attentions: bool = False) -> tuple[Array, Optional[Array]]:
     cfg = self.config
-    n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-    projections = [HeadsProjection(cfg, (h, n, d), ("embed", "heads", "kv"), "bth,hnd->btnd", name=name)
+    heads = cfg.kept_heads(self.layer)
+    n, d, h = len(heads), cfg.head_dim, cfg.hidden_size
+    qkv_weights = [HeadWeights(cfg, (h, n, d), ("embed", "heads", "kv"), (n, d), ("heads", "kv"), name=name)()
                    for name in ("query", "key", "value")]
     dtype = cfg.compute_dtype
-    kernel = jnp.stack([p.kernel.astype(dtype) for p in projections], axis=1)
-    bias = jnp.stack([p.bias.astype(dtype) for p in projections])
+    kernel = jnp.stack([w for w, _ in qkv_weights], axis=1)
+    bias = jnp.stack([b for _, b in qkv_weights])
     qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    if cfg.attention_dropout > 0 and not deterministic:
-      y = self._attention_with_dropout(q, k, v, mask)
+    dropout = cfg.attention_dropout > 0 and not deterministic
+    probs = None
+    if dropout or head_mask is not None or keep_attentions:
+      if head_mask is not None and n != cfg.num_heads:
+        head_mask = head_mask[jnp.asarray(heads)]
+      y, probs = self._explicit_attention(q, k, v, mask, head_mask, dropout)
+      if n != cfg.num_heads:
+        probs = jnp.zeros(probs.shape[:1] + (cfg.num_heads,) + probs.shape[2:], probs.dtype
+                          ).at[:, jnp.asarray(heads)].set(probs)
     else:
       impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
       y = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
-    return HeadsProjection(cfg, (n, d, h), ("heads", "kv", "embed"), "btnd,ndh->bth", name="out")(y)
+    out_kernel, out_bias = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")()
+    return jnp.einsum("btnd,ndh->bth", y, out_kernel) + out_bias, (probs if keep_attentions else None)
 
-  def _attention_with_dropout(self, q: Array, k: Array, v: Array, mask: Array) -> Array:
-    # jax.nn.dot_product_attention has no dropout, so training with attention dropout takes this path.
+  def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
+                          dropout: bool) -> tuple[Array, Array]:
+    # jax.nn.dot_product_attention has no dropout, head mask or probabilities to return.
     logits = jnp.einsum("btnd,bsnd->bnts", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
     logits = jnp.where(mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
-    probs = Dropout(self.config.attention_dropout)(probs, deterministic=False)
-    return jnp.einsum("bnts,bsnd->btnd", probs, v)
+    probs = jax.nn.softmax(logits, axis=-1)
+    weights = probs.astype(q.dtype)
+    if dropout:
+      weights = Dropout(self.config.attention_dropout)(weights, deterministic=False)
+    if head_mask is not None:
+      weights = weights * head_mask.astype(weights.dtype)[None, :, None, None]
+    return jnp.einsum("bnts,bsnd->btnd", weights, v), probs
 
 
 class FeedForward(nn.Module):
@@ -215,64 +242,97 @@ def constrain_hidden(x: Array) -> Array:
   return nn.with_logical_constraint(x, ("batch", "length", None))
 
 
+class Adapter(nn.Module):
+  """Houlsby et al. (2019)'s bottleneck adapter: y = x + up(gelu(down(x))), [B, T, H] -> [B, T, H].
+
+  `up` starts at zero, so a model with fresh adapters computes exactly what the model without them
+  does (the paper's near-identity initialisation, taken to the limit).
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    h = activation(cfg)(dense(cfg, cfg.adapter_size, ("embed", "mlp"), "down")(x))
+    up = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, name="up",
+                  kernel_init=zeros_init(("mlp", "embed")), bias_init=zeros_init(("embed",)))
+    return x + up(h)
+
+
+def adapted(config: ModelConfig, name: str):
+  """An Adapter named `name` when config.adapter_size > 0, else the identity (no parameters)."""
+  return Adapter(config, name=name) if config.adapter_size > 0 else (lambda x: x)
+
+
 class TransformerLayer(nn.Module):
-  """A post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+  """A post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)). With adapters (config.adapter_size),
+  each sublayer's output passes an Adapter before the residual sum (Houlsby et al. 2019, figure 2).
 
   `attention`/`feed_forward` may be passed in to share them across layers (ALBERT). Returns
-  (x, x or None): the (carry, output) pair that nn.scan expects; the output is kept only when the
-  caller asked for every layer's hidden state.
+  (x, (x or None, attention probabilities or None)): the (carry, output) pair that nn.scan expects;
+  the outputs are kept only when the caller asked for them. head_mask: [N] or None.
   """
   config: ModelConfig
   keep_output: bool = False
+  keep_attentions: bool = False
+  layer: Optional[int] = None
   attention: Optional[nn.Module] = None
   feed_forward: Optional[nn.Module] = None
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool):
+  def __call__(self, x: Array, mask: Array, head_mask: Optional[Array], deterministic: bool):
     cfg = self.config
     drop = Dropout(cfg.hidden_dropout)
-    attention = self.attention or SelfAttention(cfg, name="attention")
+    attention = self.attention or SelfAttention(cfg, self.layer, name="attention")
     feed_forward = self.feed_forward or FeedForward(cfg, name="feed_forward")
-    x = layer_norm(cfg, "attention_layer_norm")(
-        x + drop(attention(x, mask, deterministic), deterministic=deterministic))
-    x = layer_norm(cfg, "output_layer_norm")(
-        x + drop(feed_forward(x), deterministic=deterministic))
+    y, probs = attention(x, mask, deterministic, head_mask, self.keep_attentions)
+    y = drop(y, deterministic=deterministic)
+    x = layer_norm(cfg, "attention_layer_norm")(x + adapted(cfg, "attention_adapter")(y))
+    y = drop(feed_forward(x), deterministic=deterministic)
+    x = layer_norm(cfg, "output_layer_norm")(x + adapted(cfg, "output_adapter")(y))
     x = constrain_hidden(x)
-    return x, (x if self.keep_output else None)
+    return x, (x if self.keep_output else None, probs)
 
 
 class Encoder(nn.Module):
-  """num_layers TransformerLayers, scanned (params stacked on a leading `layers` axis) or unrolled."""
+  """num_layers TransformerLayers, scanned (params stacked on a leading `layers` axis) or unrolled.
+
+  Returns (x, each layer's output [L, B, T, H] or None, attention probabilities [L, B, N, T, T] or
+  None). head_mask: [L, N] or None.
+  """
   config: ModelConfig
   keep_outputs: bool = False
+  keep_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool):
+  def __call__(self, x: Array, mask: Array, head_mask: Optional[Array], deterministic: bool):
     cfg = self.config
     layer_cls = TransformerLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
-                           static_argnums=(3,))
+                           static_argnums=(4,))
     shared = self._shared_submodules()
+    keep = (self.keep_outputs, self.keep_attentions)
     if cfg.scan_layers:
       share_all = cfg.share_layers == "all"
       scanned = nn.scan(layer_cls, variable_axes={} if share_all else {"params": 0},
                         variable_broadcast="params" if share_all else False,
                         split_rngs={"params": not share_all, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                        in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
                         unroll=min(cfg.scan_unroll, cfg.num_layers),
                         metadata_params={nn.PARTITION_NAME: "layers"})
-      x, outputs = scanned(cfg, self.keep_outputs, name="layers", **shared)(x, mask, deterministic)
-      return x, outputs
-    outputs = []
+      x, (outputs, probs) = scanned(cfg, *keep, name="layers", **shared)(x, mask, head_mask, deterministic)
+      return x, outputs, probs
     if cfg.share_layers == "all":
-      layers = [layer_cls(cfg, self.keep_outputs, name="layer")] * cfg.num_layers
+      layers = [layer_cls(cfg, *keep, name="layer")] * cfg.num_layers
     else:
-      layers = [layer_cls(cfg, self.keep_outputs, name=f"layer_{i}", **shared) for i in range(cfg.num_layers)]
-    for layer in layers:
-      x, out = layer(x, mask, deterministic)
+      layers = [layer_cls(cfg, *keep, i, name=f"layer_{i}", **shared) for i in range(cfg.num_layers)]
+    outputs = []
+    for i, layer in enumerate(layers):
+      x, out = layer(x, mask, None if head_mask is None else head_mask[i], deterministic)
       outputs.append(out)
-    return x, (jnp.stack(outputs) if self.keep_outputs else None)
+    stacked = [jnp.stack(column) if keep_it else None for keep_it, column in zip(keep, zip(*outputs))]
+    return x, *stacked
 
   def _shared_submodules(self) -> dict[str, nn.Module]:
     cfg = self.config
@@ -300,8 +360,7 @@ def rows_of(v: Array, lead_shape: tuple[int, ...]) -> Array:
   """v: [V] -> [*lead_shape, V], as the product ones[..., 1] @ v[1, V] (exact: one term, HIGHEST precision).
 
   The values are those of broadcasting; the point is the gradient, a matmul ones^T @ g instead of a
-  sum over rows. XLA:CPU (YNNPACK reduce) took 117 ms for that sum over a [320, 30522] MLM gradient
-  and 4.4 ms for the matmul (2 EPYC cores, jax 0.10.2): ~8% of the `mini` train step.
+  sum over rows, which XLA:CPU's reduce runs far slower (BENCHMARKS.md, "Changed for speed").
   """
   ones = jnp.ones(lead_shape + (1,), v.dtype)
   return jnp.einsum("...o,ov->...v", ones, v[None], precision=jax.lax.Precision.HIGHEST)
@@ -343,6 +402,18 @@ def attention_mask_from(attention_mask: Array, document_ids: Optional[Array]) ->
   return attention_mask.astype(bool)[:, None, None, :]
 
 
+def layer_head_mask(config: ModelConfig, head_mask: Optional[Array]) -> Optional[Array]:
+  """head_mask [N] (the same for every layer) or [L, N] -> [L, N], or None."""
+  if head_mask is None:
+    return None
+  head_mask = jnp.asarray(head_mask)
+  shape = (config.num_layers, config.num_heads)
+  if head_mask.shape not in (shape, shape[1:]):
+    raise ValueError(f"head_mask must be [num_heads] or [num_layers, num_heads] = {list(shape)}, "
+                     f"got shape {head_mask.shape}")
+  return jnp.broadcast_to(head_mask, shape)
+
+
 class BertModel(nn.Module):
   """BERT encoder with the heads its config asks for (pooler, MLM, NSP/SOP)."""
   config: ModelConfig
@@ -351,9 +422,11 @@ class BertModel(nn.Module):
   def __call__(self, input_ids: Array, attention_mask: Optional[Array] = None,
                token_type_ids: Optional[Array] = None, position_ids: Optional[Array] = None,
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
-               deterministic: bool = True, output_hidden_states: bool = False) -> ModelOutput:
+               deterministic: bool = True, output_hidden_states: bool = False,
+               output_attentions: bool = False, head_mask: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids, document_ids: int32[B, T];
-    masked_positions: int32[B, P] (MLM logits only there; every position when None)."""
+    masked_positions: int32[B, P] (MLM logits only there; every position when None);
+    head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -369,8 +442,9 @@ class BertModel(nn.Module):
     embeddings = Embeddings(cfg, name="embeddings")
     x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic))
     mask = attention_mask_from(attention_mask, document_ids)
-    h, layer_outputs = Encoder(cfg, output_hidden_states, name="encoder")(x, mask, deterministic)
-    out = {"last_hidden_state": h}
+    encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
+    h, layer_outputs, attentions = encoder(x, mask, layer_head_mask(cfg, head_mask), deterministic)
+    out = {"last_hidden_state": h, "attentions": attentions}
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)
     if cfg.use_pooler:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -36,8 +38,16 @@ class ModelConfig:
   scan_layers: stacked layer parameters and one nn.scan over the layers (compile time independent of
     depth); False: layer_0..layer_{L-1}, unrolled.
   scan_unroll: layers per iteration of the scanned loop; num_layers unrolls it completely (parameters
-    stay stacked). Fully unrolled, the 4-layer `mini` step is ~10% faster on CPU (no stacked
-    residual buffers), for a longer compile; the small presets do that (configs/common.py).
+    stay stacked). Fully unrolled, the 4-layer `mini` step is faster on CPU (no stacked residual
+    buffers; BENCHMARKS.md, "model.scan_unroll"), for a longer compile; the small presets do that
+    (configs/common.py).
+  pruned_heads: the heads removed from each layer, as HF's `config.pruned_heads` ({layer: [head, ...]},
+    original head indices; on the command line as that dict in JSON, "" for none); stored as one sorted
+    tuple per layer, or () when nothing is pruned. Those layers' q/k/v/out kernels hold only the kept
+    heads, so the layers differ in shape: pruned models need scan_layers=False and unshared layers. A
+    layer keeps at least one head.
+  adapter_size: the bottleneck width of Houlsby adapters after each layer's attention and feed-forward
+    sublayers (fine-tuning's train.mode=adapters sets it); 0: no adapters.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -65,6 +75,8 @@ class ModelConfig:
   scan_layers: bool = True
   scan_unroll: int = 1
   attention_impl: str = "auto"
+  pruned_heads: Any = ""
+  adapter_size: int = 0
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -82,6 +94,12 @@ class ModelConfig:
                  "max_position_embeddings", "scan_unroll"):
       if getattr(self, name) <= 0:
         raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+    object.__setattr__(self, "pruned_heads", _per_layer(self.pruned_heads, self.num_layers, self.num_heads))
+    if self.pruned_heads and (self.scan_layers or self.share_layers != "none"):
+      raise UserError("model.pruned_heads needs model.scan_layers=False and model.share_layers='none' "
+                      "(pruned layers differ in shape)")
+    if self.adapter_size < 0:
+      raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -96,6 +114,15 @@ class ModelConfig:
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
+
+  def kept_heads(self, layer: int | None) -> tuple[int, ...]:
+    """The original indices of the heads that layer `layer` keeps (all of them for None)."""
+    pruned = self.pruned_heads[layer] if self.pruned_heads and layer is not None else ()
+    return tuple(h for h in range(self.num_heads) if h not in pruned)
+
+  def pruned_heads_dict(self) -> dict[int, list[int]]:
+    """HF's form: {layer: [heads]} for the layers with pruned heads."""
+    return {i: list(heads) for i, heads in enumerate(self.pruned_heads) if heads}
 
   @property
   def embed_dim(self) -> int:
@@ -112,3 +139,39 @@ class ModelConfig:
   @property
   def weight_dtype(self):
     return jnp.dtype(self.param_dtype)
+
+
+def _per_layer(pruned: Any, num_layers: int, num_heads: int) -> tuple[tuple[int, ...], ...]:
+  """pruned_heads as one sorted tuple per layer (() when none), from HF's {layer: [heads]} dict
+  (keys may be strings, as in JSON), that dict as a JSON string (a command-line override), or a
+  per-layer list; out-of-range indices are errors."""
+  if isinstance(pruned, str) and pruned.strip():
+    text = pruned
+    try:
+      pruned = json.loads(text)
+    except json.JSONDecodeError as e:
+      raise UserError(f"model.pruned_heads={text!r} is not JSON ({e.msg}); write it as HF's "
+                      "config.pruned_heads, e.g. '{\"0\": [2, 5], \"3\": [1]}'") from None
+    if not isinstance(pruned, (dict, list)):
+      raise UserError(f"model.pruned_heads={text!r} must be a JSON object {{layer: [heads]}}")
+  if not pruned:
+    return ()
+  items = pruned.items() if isinstance(pruned, Mapping) else enumerate(pruned)
+  layers = [set() for _ in range(num_layers)]
+  for layer, heads in items:
+    if not 0 <= int(layer) < num_layers:
+      raise UserError(f"model.pruned_heads: layer {layer} is out of range (num_layers={num_layers})")
+    if not isinstance(heads, (list, tuple, set)) or not all(isinstance(h, numbers.Integral) for h in heads):
+      raise UserError(f"model.pruned_heads: layer {layer} must map to a list of head indices, got {heads!r}")
+    bad = [h for h in heads if not 0 <= int(h) < num_heads]
+    if bad:
+      raise UserError(f"model.pruned_heads: head {bad[0]} of layer {layer} is out of range "
+                      f"(num_heads={num_heads}, heads 0..{num_heads - 1})")
+    layers[int(layer)] |= {int(h) for h in heads}
+  for layer, heads in enumerate(layers):
+    if len(heads) == num_heads:
+      raise UserError(f"model.pruned_heads: pruning every head of layer {layer} would leave it no attention "
+                      "(its output would be the output bias alone); keep at least one head per layer")
+  if not any(layers):
+    return ()
+  return tuple(tuple(sorted(heads)) for heads in layers)

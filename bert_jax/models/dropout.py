@@ -4,8 +4,8 @@
 whole Threefry-2x32 block (two 32-bit words) on each; on CPU the hash is also lowered as a rolled
 loop, so the bits are materialised between rounds. Here each block's two words are split into four
 16-bit draws, and the hash is written out as plain jnp ops, so XLA fuses iota, hash, compare and
-select into one elementwise pass. On the `mini` CPU train step this is ~4% of the step time
-(BENCHMARKS.md).
+select into one elementwise pass, which makes the `mini` CPU train step faster (BENCHMARKS.md,
+"Dropout").
 
 The drop probability is quantised to k / 65536 (0.1 -> 6554 / 65536 = 0.100006) and the kept
 values are scaled by the exact inverse of the keep fraction, so the expectation is preserved.

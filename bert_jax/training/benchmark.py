@@ -42,8 +42,11 @@ def predictions_for(seq_length: int) -> int:
 def train_flops_per_step(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> float:
   h, i, e, v, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size, cfg.num_layers
   tokens = batch * seq
-  layer = 2 * 4 * h * h + 2 * 2 * h * i + 2 * 2 * seq * h  # q,k,v,out; FFN; scores and weighted sum
-  forward = tokens * n_layers * layer
+  head_dim = h // cfg.num_heads
+  # Per layer, with the heads it keeps (model.pruned_heads): q,k,v,out over kept x head_dim columns;
+  # FFN; scores and the weighted sum.
+  widths = [len(cfg.kept_heads(layer)) * head_dim for layer in range(n_layers)]
+  forward = tokens * sum(2 * 4 * h * w + 2 * 2 * h * i + 2 * 2 * seq * w for w in widths)
   if e != h:
     forward += tokens * 2 * e * h
   if cfg.use_pooler:

@@ -1,22 +1,23 @@
-"""Checkpoints: the train state and the input position, saved together with orbax.
+"""Train-state checkpoints: the state and what a resumed run needs besides it, saved together with orbax.
 
-Layout of a workdir:
-  WORKDIR/config.json                     the resolved config of the run
-  WORKDIR/checkpoints/<step>/state        TrainState (orbax StandardSave, sharded arrays)
-  WORKDIR/checkpoints/<step>/data         each process's input position (data_state.process*.json)
+  DIRECTORY/<step>/state      TrainState (orbax StandardSave, sharded arrays)
+  DIRECTORY/<step>/data       pretraining: each process's input position (data_state.process*.json)
+  DIRECTORY/<step>/progress   fine-tuning: best score, evaluations without improvement (JSON)
 
-A *params checkpoint* (what `bert-jax convert` and `bert-jax grow` write, and what `init_from` also
-accepts) is a directory with `config.json` and `params/` (orbax StandardSave of the params tree),
-plus the tokenizer files when known.
-
-Where a run starts from is decided in one place, `restore_or_init`: its own latest checkpoint, else
-`config.init_from`, else a fresh init.
+Pretraining keeps them in WORKDIR/checkpoints, a paused fine-tuning run in WORKDIR/state
+(bert_jax/workdir.py). Params checkpoints (`init_from`, `convert`, `grow`) are
+bert_jax/params_checkpoint.py; its functions are named here too for the callers of this module.
+Where a pretraining run starts from is decided in one place, `trainer.restore_or_init`: its own
+latest checkpoint, else `config.init_from`, else a fresh init.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import errno
+import logging
 import os
+import time
 from typing import Any
 
 import jax
@@ -24,7 +25,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
+from bert_jax import workdir
+from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
+from bert_jax.params_checkpoint import (check_shapes, load_params, load_params_into,  # noqa: F401
+                                        save_params)
+from bert_jax.training import finite
 
 
 class DataPositionHandler(ocp.CheckpointHandler):
@@ -50,149 +56,210 @@ class DataPositionRestore(ocp.args.CheckpointArgs):
   iterator: Any
 
 
+# The items a checkpoint may hold besides the state: (save args, restore args) from the value.
+_ITEMS = {"data": (DataPositionSave, DataPositionRestore),
+          "progress": (ocp.args.JsonSave, lambda _: ocp.args.JsonRestore())}
+
+_SHAPE_KEYS = ("objective", "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size", "embedding_size", "share_layers",
+               "sentence_head", "scan_layers", "mlm_head", "use_pooler")
+
+
 def _model_dict(config: ml_collections.ConfigDict | dict) -> dict:
   d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
   return {"objective": d.get("objective", "bert"), **d["model"]}
 
 
-def check_same_model(workdir: str, config: ml_collections.ConfigDict) -> None:
+def check_same_model(location: epath.PathLike, config: ml_collections.ConfigDict) -> None:
   """A workdir holding a checkpoint of another model is an error, not a silent shape crash."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  file = workdir.path(location) / workdir.CONFIG
+  if not file.exists():
     return
-  with open(path) as f:
-    saved = _model_dict(json.load(f))
-  current = _model_dict(config)
-  shape_keys = ("objective", "vocab_size", "hidden_size", "num_layers", "num_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size", "embedding_size",
-                "share_layers", "sentence_head", "scan_layers", "mlm_head", "use_pooler")
+  saved, current = _model_dict(workdir.read_json(file)), _model_dict(config)
   diffs = [f"model.{k}: checkpoint {saved.get(k)!r} vs config {current.get(k)!r}"
-           for k in shape_keys if saved.get(k) != current.get(k)]
+           for k in _SHAPE_KEYS if saved.get(k) != current.get(k)]
   if diffs:
-    raise UserError(f"workdir {workdir} holds a checkpoint of a different model ({'; '.join(diffs)}); "
+    raise UserError(f"workdir {location} holds a checkpoint of a different model ({'; '.join(diffs)}); "
                     "use another --workdir, or match the config")
 
 
 class Checkpointer:
-  """Periodic async saves of (state, data position), keep-last-N, restore the latest."""
+  """Saves (state, items) per step in `directory`, keeps the last `keep`, restores any step.
 
-  def __init__(self, workdir: str, cfg: ml_collections.ConfigDict):
-    options = ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
-                                           enable_async_checkpointing=cfg.async_save)
-    self.manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
-                                         options=options, item_names=("state", "data"))
+  items: names from _ITEMS ("data": an input iterator, "progress": a JSON-able dict).
+
+  Faults end in one line, not an orbax traceback: a step that cannot be restored (a deleted or
+  truncated file, or a NaN state saved before the divergence check existed) is moved aside to
+  DIRECTORY-damaged/ and `restore_latest` falls back to the previous step, with a warning; a full disk
+  while saving names the step and the last intact one, and removes the partial step
+  (*.orbax-checkpoint-tmp*).
+  """
+
+  def __init__(self, directory: epath.PathLike, *, keep: int, async_save: bool,
+               items: tuple[str, ...] = ("data",)):
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save)
+    self.directory = workdir.path(directory)
+    self.items = items
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",) + items)
+    self._unconfirmed: int | None = None  # the step of a save that may still be in flight
+    self._broken = False
+    _QUIET.install()
+
+  @classmethod
+  def for_pretraining(cls, location: epath.PathLike, cfg: ml_collections.ConfigDict) -> "Checkpointer":
+    return cls(workdir.path(location) / workdir.CHECKPOINTS, keep=cfg.keep, async_save=cfg.async_save)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state: Any, data_iterator: Any, *, force: bool = False) -> bool:
-    return self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=DataPositionSave(data_iterator)), force=force)
+  def save(self, step: int, state: Any, *, force: bool = False, **items: Any) -> bool:
+    args = {name: _ITEMS[name][0](items[name]) for name in self.items}
+    with self._saving(step):
+      saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **args),
+                                force=force)
+    self._unconfirmed = step if saved else self._unconfirmed
+    return saved
 
-  def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> Any:
+  def restore(self, step: int, abstract_state: Any, **items: Any) -> dict[str, Any]:
+    """{"state": the state in abstract_state's shardings, **items}; pass the input iterator as data=."""
+    args = {name: _ITEMS[name][1](items.get(name)) for name in self.items}
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=DataPositionRestore(data_iterator)))
-    return restored.state
+        state=ocp.args.StandardRestore(abstract_state), **args))
+    return {name: restored[name] for name in ("state",) + self.items}
+
+  def restore_latest(self, abstract_state: Any, **items: Any) -> tuple[dict[str, Any], int] | None:
+    """(restore's dict, step) of the latest step that restores to a finite state, or None.
+
+    A step that fails is moved aside with a warning and the previous one is tried.
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self.restore(step, abstract_state, **items)
+        if not finite.tree_is_finite(restored["state"]):
+          raise ValueError("the saved state holds NaN or Inf (a diverged run)")
+        return restored, step
+      except (UserError, DataError):
+        raise
+      except Exception as e:  # pylint: disable=broad-except  # any orbax/tensorstore read failure
+        self._set_aside(step, e)
+    return None
+
+  def _set_aside(self, step: int, error: Exception) -> None:
+    damaged = self.directory.parent / f"{self.directory.name}-damaged"
+    target = damaged / f"{step}-{int(time.time())}"
+    reason = (str(error).strip().splitlines() or [""])[-1][:300]
+    problem = f"checkpoint {self.directory / str(step)} cannot be restored ({type(error).__name__}: {reason})"
+    if jax.process_count() > 1:  # the hosts would race to move it; one command by hand is safer
+      raise UserError(f"{problem}; move it aside (mkdir -p {damaged} && mv {self.directory / str(step)} "
+                      f"{target}) and rerun to resume from the previous step")
+    _QUIET.markers.add(f"{self.directory / str(step)}/")  # asyncio logs the failed reads later
+    damaged.mkdir(parents=True, exist_ok=True)
+    (self.directory / str(step)).rename(target)
+    self.manager.reload()
+    print(f"warning: {problem}; moved it to {target}, falling back to the previous step", flush=True)
+
+  def check_resumable(self, step: int, abstract_state: Any, saved_config: dict | None,
+                      config: ml_collections.ConfigDict) -> None:
+    """UserError (raised before a run writes anything) when `step`'s saved state does not fit
+    `abstract_state`, naming the optimizer settings that differ from the saved run's config."""
+    handler = ocp.StandardCheckpointHandler()
+    try:
+      tree = handler.metadata(self.directory / str(step) / "state")
+    except Exception:  # pylint: disable=broad-except  # unreadable metadata: restore_latest reports it
+      return
+    finally:
+      handler.close()
+    saved, wanted = _leaf_shapes(tree), _leaf_shapes(abstract_state)
+    if saved == wanted:
+      return
+    missing, extra = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
+    reshaped = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+    before, now = (saved_config or {}).get("optimizer", {}), config.optimizer.to_dict()
+    diffs = [f"optimizer.{k}: saved run {before[k]!r}, this config {now[k]!r}"
+             for k in sorted(now) if k in before and before[k] != now[k]]
+    detail = "; ".join(diffs) if diffs else (
+        f"{len(missing)} entries missing, {len(extra)} unexpected, {len(reshaped)} of another shape, "
+        f"e.g. {'/'.join(map(str, (missing or extra or reshaped)[0]))}")
+    raise UserError(f"{self.directory / str(step)}: the saved train state does not fit this config "
+                    f"({detail}); resume with the saved run's settings, or use another --workdir")
+
+  @contextlib.contextmanager
+  def _saving(self, step: int):
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
+      if not _no_space(e):
+        raise
+      self._broken = True
+      failed = min(s for s in (self._unconfirmed, step) if s is not None)
+      with contextlib.suppress(Exception):  # let orbax's other writer threads end before cleaning up
+        self.manager.wait_until_finished()
+      self._remove_partial_steps()
+      intact = max((s for s in _complete_steps(self.directory) if s < failed), default=None)
+      kept = f"checkpoints up to step {intact} are intact" if intact is not None else "no checkpoint was saved"
+      raise UserError(f"no space left in {self.directory.parent} while saving step {failed}; {kept}; free "
+                      "space (or lower checkpoint.keep) and rerun the same command to resume") from None
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._saving(self._unconfirmed or 0):
+      self.manager.wait_until_finished()
+    self._unconfirmed = None
+
+  def _remove_partial_steps(self) -> None:
+    for leftover in self.directory.glob("*.orbax-checkpoint-tmp*"):
+      leftover.rmtree(missing_ok=True)
 
   def close(self) -> None:
-    self.manager.close()
+    if self._broken:  # after a failed save, orbax's close raises the same error again
+      with contextlib.suppress(Exception):
+        self.manager.close()
+      self._remove_partial_steps()
+      return
+    with self._saving(self._unconfirmed or 0):
+      self.manager.close()
 
 
-def save_params(directory: str, params: Any, config: dict, tokenizer_files: dict[str, str] | None = None
-                ) -> None:
-  """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}."""
-  directory = os.path.abspath(directory)
-  os.makedirs(directory, exist_ok=True)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(directory, "params"), params, force=True)
-  with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-  for name, source in (tokenizer_files or {}).items():
-    with open(source, "rb") as src, open(os.path.join(directory, name), "wb") as dst:
-      dst.write(src.read())
+class _QuietKnownFaults(logging.Filter):
+  """Drops the tracebacks orbax (absl) and asyncio log for faults the Checkpointer reports in one line:
+  a full disk, and the reads of a damaged step it set aside (`markers`: those steps' paths)."""
+
+  def __init__(self):
+    super().__init__()
+    self.markers: set[str] = set()
+
+  def install(self) -> None:
+    for name in ("absl", "asyncio"):
+      if self not in logging.getLogger(name).filters:
+        logging.getLogger(name).addFilter(self)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    text = record.getMessage()
+    known = _no_space(record.exc_info[1] if record.exc_info else None) or _no_space(Exception(text))
+    return not (known or any(marker in text for marker in self.markers))
 
 
-def _restore_tree(path: str, abstract: Any | None) -> Any:
-  with ocp.StandardCheckpointer() as ckptr:
-    if abstract is None:
-      return ckptr.restore(path)
-    return ckptr.restore(path, abstract)
+_QUIET = _QuietKnownFaults()
 
 
-def load_params(path: str, abstract_params: Any | None = None) -> tuple[Any, dict]:
-  """Params and config from a params checkpoint, a workdir (latest step) or a step directory.
-
-  With `abstract_params` (jax.ShapeDtypeStruct leaves, optionally with shardings) the arrays are
-  restored into those shapes and shardings; mismatches are reported by name.
-  """
-  path = os.path.abspath(path)
-  config_path = next((p for p in (os.path.join(path, "config.json"),
-                                  os.path.join(path, os.pardir, os.pardir, "config.json"))
-                      if os.path.exists(p)), None)
-  if config_path is None:
-    raise UserError(f"{path}: no config.json found; expected a bert_jax workdir or params checkpoint")
-  with open(config_path) as f:
-    config = json.load(f)
-  if os.path.isdir(os.path.join(path, "params")):
-    saved = _restore_tree(os.path.join(path, "params"), None)
-  else:
-    step_dir = path
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-      manager = ocp.CheckpointManager(os.path.join(path, "checkpoints"))
-      step = manager.latest_step()
-      manager.close()
-      if step is None:
-        raise UserError(f"{path}: the workdir has no checkpoint yet")
-      step_dir = os.path.join(path, "checkpoints", str(step))
-    if not os.path.isdir(os.path.join(step_dir, "state")):
-      raise UserError(f"{path}: neither params/ nor checkpoints/<step>/state found")
-    saved = _restore_tree(os.path.join(step_dir, "state"), None)["params"]
-  if abstract_params is not None:
-    check_shapes(saved, abstract_params, path)
-    saved = jax.tree.map(lambda x, a: jax.device_put(x.astype(a.dtype), getattr(a, "sharding", None)),
-                         saved, abstract_params)
-  return saved, config
+def _key_names(path) -> tuple:
+  return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", None))) for k in path)
 
 
-def check_shapes(params: Any, abstract: Any, source: str) -> None:
-  """Raises UserError naming every missing, unexpected or mis-shaped parameter."""
-  flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
-  want = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(abstract)}
-  problems = [f"missing {k}" for k in want if k not in flat]
-  problems += [f"unexpected {k}" for k in flat if k not in want]
-  problems += [f"{k}: checkpoint {tuple(flat[k].shape)} vs model {tuple(want[k].shape)}"
-               for k in want if k in flat and tuple(flat[k].shape) != tuple(want[k].shape)]
-  if problems:
-    shown = "; ".join(problems[:6]) + (f"; ... {len(problems) - 6} more" if len(problems) > 6 else "")
-    raise UserError(f"{source} does not fit the model: {shown}")
+def _leaf_shapes(tree: Any) -> dict[tuple, tuple]:
+  """{key path as names: shape}, alike for a saved tree's metadata and an abstract state."""
+  return {_key_names(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def load_params_into(path: str, init_params: Any) -> Any:
-  """`init_params` with every parameter the checkpoint at `path` has, placed in the same shardings.
+def _no_space(error: BaseException | None) -> bool:
+  """Whether `error` or what caused it is ENOSPC (orbax and tensorstore wrap it, sometimes as text)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 
-  Parameters the checkpoint lacks (a head it was saved without) keep their fresh init and are named
-  on stdout; parameters only the checkpoint has (a head this model does not use) are dropped; a shape
-  mismatch is an error naming the tensor and both shapes.
-  """
-  saved, _ = load_params(path)
-  flat_saved = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(saved)}
-  leaves = [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(init_params)]
-  mismatched = [f"{name}: checkpoint {tuple(flat_saved[name].shape)} vs model {tuple(v.shape)}"
-                for name, _, v in leaves
-                if name in flat_saved and tuple(flat_saved[name].shape) != tuple(v.shape)]
-  if mismatched:
-    raise UserError(f"{path} does not fit the model: {'; '.join(mismatched[:6])}")
-  fresh = sorted({jax.tree_util.keystr(k[:1]) for name, k, _ in leaves if name not in flat_saved})
-  if fresh:
-    print(f"{path}: no weights for {', '.join(fresh)}; those start from a fresh init", flush=True)
 
-  def pick(key_path, leaf):
-    value = flat_saved.get(jax.tree_util.keystr(key_path))
-    if value is None:
-      return leaf
-    return jax.device_put(value.astype(leaf.dtype), leaf.sharding)
-
-  return jax.tree_util.tree_map_with_path(pick, init_params)
+def _complete_steps(directory: epath.Path) -> list[int]:
+  return [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.exists() else []

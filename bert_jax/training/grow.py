@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 from typing import Any
 
 import flax.linen as nn
@@ -19,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bert_jax import params_checkpoint, workdir
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, objectives
+from bert_jax.training import objectives
 
 
 def grow_encoder(encoder: dict[str, Any], share_layers: str) -> dict[str, Any]:
@@ -52,21 +52,19 @@ def _abstract_params(config: ml_collections.ConfigDict) -> Any:
 def _tokenizer_files(source: str, config: dict) -> dict[str, str]:
   """The vocabulary a workdir carries next to its config.json (data.vocab names it relative)."""
   vocab = config.get("data", {}).get("vocab", "")
-  for directory in (source, os.path.join(source, os.pardir, os.pardir)):
-    if vocab and os.path.basename(vocab) == vocab and os.path.isfile(os.path.join(directory, vocab)):
-      return {vocab: os.path.join(directory, vocab)}
-  return {}
+  located = workdir.vocab_file(source, config) if vocab and workdir.path(vocab).name == vocab else None
+  return {vocab: str(located)} if located else {}
 
 
 def grow(source: str, destination: str) -> dict[str, Any]:
   """Writes to `destination` a params checkpoint of `source`'s model with twice the layers."""
-  params, config = checkpoint.load_params(source)
+  params, config = params_checkpoint.load_params(source)
   grown_config = copy.deepcopy(config)
   layers = config["model"]["num_layers"]
   grown_config["model"]["num_layers"] = 2 * layers
   grown = grow_params(params, config["model"]["share_layers"])
-  checkpoint.check_shapes(grown, _abstract_params(ml_collections.ConfigDict(grown_config)),
+  params_checkpoint.check_shapes(grown, _abstract_params(ml_collections.ConfigDict(grown_config)),
                           f"{source} grown to {2 * layers} layers")
   grown_config["init_from"] = ""
-  checkpoint.save_params(destination, grown, grown_config, _tokenizer_files(os.path.abspath(source), config))
+  params_checkpoint.save_params(destination, grown, grown_config, _tokenizer_files(source, config))
   return {"from": source, "to": destination, "num_layers": [layers, 2 * layers]}

@@ -1,33 +1,75 @@
-"""Metric writing: clu writers (TensorBoard + logs), WORKDIR/metrics.jsonl, and a progress line."""
+"""Metric writing for every job: TensorBoard and log scalars (clu), WORKDIR/metrics.jsonl, a progress line.
+
+TensorBoard tags are `train/<name>` and `eval/<name>`, and the run's config is written as
+hyperparameters. metrics.jsonl holds one JSON object per logged step ({"step", <train metrics>,
+"steps_per_sec", "tokens_per_sec"}) and one per evaluation ({"step", "eval": true, <eval metrics>}).
+Only process 0 writes files; `tensorboard=False` (train.tensorboard) writes no event files.
+"""
 from __future__ import annotations
 
 import json
 import os
 import time
+from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
+
+from bert_jax import workdir
+
+
+def _flat_hparams(config: dict, prefix: str = "") -> dict[str, Any]:
+  """{"a": {"b": v}} -> {"a.b": v}, with values TensorBoard's hparams accept (bool, int, float, str)."""
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, dict):
+      flat.update(_flat_hparams(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+  return flat
+
+
+def drop_rows_after(file: epath.Path, step: int) -> None:
+  """Removes the rows of steps after `step`: a resumed run logs them again, so curves are not doubled."""
+  if not file.exists():
+    return
+  lines = file.read_text().splitlines(keepends=True)
+  kept = [line for line in lines if line.endswith("\n") and _row_step(line) <= step]
+  if len(kept) != len(lines):
+    partial = file.parent / (file.name + ".tmp")
+    partial.write_text("".join(kept))
+    partial.replace(file)
+
+
+def _row_step(line: str) -> float:
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):
+    return float("inf")  # a row cut short by a crash mid-write
 
 
 class MetricsLogger:
-  """Writes train and eval scalars to TensorBoard (clu) and one JSON object per row to metrics.jsonl."""
+  """Writes train and eval scalars to TensorBoard (clu) and metrics.jsonl, and prints progress."""
 
-  def __init__(self, workdir: str, num_steps: int, start_step: int):
-    from clu import metric_writers, periodic_actions  # clu's writers import TensorFlow
+  def __init__(self, run_dir: epath.Path, num_steps: int, start_step: int, *, tensorboard: bool = True):
+    from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
+    metric_writers = tf_module("clu.metric_writers")  # it imports TensorFlow
     self._primary = jax.process_index() == 0
-    self._writer = metric_writers.create_default_writer(workdir, just_logging=not self._primary)
-    self._progress = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=self._writer)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a") if self._primary else None
+    self._writer = metric_writers.create_default_writer(os.fspath(run_dir) if tensorboard else None,
+                                                        just_logging=not self._primary)
+    self._jsonl = run_dir / workdir.METRICS if self._primary else None
+    if self._jsonl:
+      drop_rows_after(self._jsonl, start_step)
     self._num_steps = num_steps
     self._last_time, self._last_step = time.time(), start_step
 
   def _row(self, row: dict) -> None:
     if self._jsonl:
-      self._jsonl.write(json.dumps(row) + "\n")
-      self._jsonl.flush()
+      workdir.append_line(self._jsonl, json.dumps(row))
 
-  def tick(self, step: int) -> None:
-    self._progress(step)
+  def write_hparams(self, config: dict) -> None:
+    self._writer.write_hparams(_flat_hparams(config))
 
   def log_train(self, step: int, metrics: list[dict], tokens_per_step: int) -> dict:
     """Averages the per-step metrics since the last call, adds throughput, writes and prints them."""
@@ -37,7 +79,7 @@ class MetricsLogger:
     steps_per_sec = (step - self._last_step) / max(now - self._last_time, 1e-9)
     self._last_time, self._last_step = now, step
     scalars.update(steps_per_sec=steps_per_sec, tokens_per_sec=steps_per_sec * tokens_per_step)
-    self._writer.write_scalars(step, scalars)
+    self._writer.write_scalars(step, {f"train/{k}": v for k, v in scalars.items()})
     self._row({"step": step, **scalars})
     eta = (self._num_steps - step) / max(steps_per_sec, 1e-9)
     shown = " | ".join(f"{k} {scalars[k]:.4g}" for k in scalars if k.endswith(("loss", "accuracy")))
@@ -55,5 +97,3 @@ class MetricsLogger:
   def close(self) -> None:
     self._writer.flush()
     self._writer.close()
-    if self._jsonl:
-      self._jsonl.close()

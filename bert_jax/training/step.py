@@ -1,9 +1,25 @@
-"""The train state, its sharded initialisation, and the jitted train and eval steps."""
+"""One sharded setup for every job: the train state, its sharded initialisation, the jitted steps.
+
+`sharded_setup` is the whole recipe (big_vision/MaxText style): abstract params -> optimizer -> abstract
+state -> shardings from the logical axis names -> `jax.jit` of init, train step (state donated) and
+eval step, traced inside the mesh and its rules. Pretraining (`build_train_setup` below) and
+fine-tuning (finetune/trainer.py) call it with their objective; a job with another step (a frozen
+teacher's params passed alongside) passes its own `step_fn` and the shardings of its extra arguments.
+Two options of the shared step serve fine-tuning's tricks: `trainable`, a mask of the parameters that
+get gradients (adapters, feature-based training: the others are stop_gradient'ed, so the backward
+pass skips them), and `teacher_momentum`, a moving average of the parameters kept in the state and
+handed to the objective's `sums(..., teacher=)` (SMART's Bregman proximal point update).
+
+An objective holds a model and says how a batch is scored: `init(rng, batch)`, `sums(params, batch,
+rng, deterministic)` additive over rows, `counts(batch)` from the data only, `loss(sums, counts)`
+linear in the sums and `metrics(sums, counts)`. So micro-batches (train.grad_accum_steps) give
+exactly the full batch's gradient, for every job.
+"""
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax
 import flax.linen as nn
@@ -11,10 +27,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, Sharding
 
 from bert_jax.errors import UserError
-from bert_jax.training import objectives, optim, partitioning
+from bert_jax.training import finite, objectives, optim, partitioning
+from bert_jax.training.objectives.base import Objective
 
 
 @flax.struct.dataclass
@@ -22,24 +39,26 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  teacher: Any = None  # a momentum average of params (sharded_setup's teacher_momentum); else None
 
 
 @dataclasses.dataclass
 class TrainSetup:
-  """Everything a run needs, built once from the config: mesh, objective, optimizer, jitted steps."""
+  """Everything a run needs, built once from the config (nothing allocated): mesh, objective,
+  optimizer, state shardings and the jitted functions."""
   config: ml_collections.ConfigDict
   mesh: Mesh
-  objective: Any
+  objective: Objective
   tx: optax.GradientTransformation
   schedule: optax.Schedule
-  state_shardings: Any
-  init_state: Callable[[jax.Array], TrainState]
-  train_step: Callable
-  eval_step: Callable
-
-  @property
-  def abstract_state(self) -> TrainState:
-    return jax.eval_shape(self.init_state, jax.random.key(0))
+  num_steps: int
+  state_shardings: TrainState
+  abstract_state: TrainState  # jax.ShapeDtypeStruct leaves with their shardings, for restoring
+  init_params: Callable[[jax.Array], Any]  # rng -> params
+  make_state: Callable[[Any], TrainState]  # params -> a fresh train state around them
+  init_state: Callable[[jax.Array], TrainState]  # rng -> train state
+  train_step: Callable  # (state, batch, rng, *extra) -> (state, metrics); the state is donated
+  eval_step: Callable  # (params, batch) -> eval_fn's outputs
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
@@ -50,15 +69,24 @@ def _split_micro_batches(batch: dict[str, jax.Array], num_micro: int) -> dict[st
   return {k: split(v) for k, v in batch.items()}
 
 
+def freeze(params: Any, trainable: Any) -> Any:
+  """params with the leaves whose `trainable` entry is False cut from the gradient."""
+  if trainable is None:
+    return params
+  return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params, trainable)
+
+
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, objective,
-               tx: optax.GradientTransformation, schedule: optax.Schedule, grad_accum_steps: int
+               tx: optax.GradientTransformation, schedule: optax.Schedule, grad_accum_steps: int,
+               trainable: Any = None, teacher_momentum: Callable | None = None
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer step over the global batch, accumulating gradients over micro-batches."""
   rng = jax.random.fold_in(rng, state.step)
   counts = objective.counts(batch)
+  teacher = {} if state.teacher is None else {"teacher": state.teacher}
 
   def loss_fn(params, micro_batch, micro_rng):
-    sums = objective.sums(params, micro_batch, micro_rng, deterministic=False)
+    sums = objective.sums(freeze(params, trainable), micro_batch, micro_rng, deterministic=False, **teacher)
     return objective.loss(sums, counts), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -75,7 +103,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 
     zero_grads = jax.tree.map(jnp.zeros_like, state.params)
     zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        lambda: objective.sums(state.params, jax.tree.map(lambda x: x[0], micro), rng, False)))
+        lambda: objective.sums(state.params, jax.tree.map(lambda x: x[0], micro), rng, False, **teacher)))
     (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums),
                                     (micro, jnp.arange(grad_accum_steps)))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -83,6 +111,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   metrics = objective.metrics(sums, counts)
   metrics.update(loss=objective.loss(sums, counts), grad_norm=optax.tree.norm(grads),
                  learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
+  if state.teacher is not None:  # teacher <- (1 - beta) params + beta teacher, after the update
+    teacher = optax.incremental_update(params, state.teacher, 1.0 - teacher_momentum(state.step))
+    return TrainState(state.step + 1, params, opt_state, teacher), metrics
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -93,49 +124,88 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[st
           **{f"count/{k}": v for k, v in objective.counts(batch).items()}}
 
 
-def check_batch_layout(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
-  batch, accum = config.train.batch_size, config.train.grad_accum_steps
+def check_batch_layout(train_cfg: ml_collections.ConfigDict, mesh: Mesh) -> None:
+  """The global batch splits over the data-parallel devices, micro-batches and processes."""
+  batch, accum = train_cfg.batch_size, train_cfg.grad_accum_steps
+  if batch < 1:
+    raise UserError(f"train.batch_size={batch} must be >= 1")
+  if train_cfg.eval_batch_size < 0:
+    raise UserError(f"train.eval_batch_size={train_cfg.eval_batch_size} must be >= 0 (0: train.batch_size)")
   dp = partitioning.data_parallel_size(mesh)
   if accum < 1 or batch % (dp * accum):
     raise UserError(f"train.batch_size={batch} must be divisible by data-parallel size "
                     f"(mesh.data x mesh.fsdp = {dp}) x train.grad_accum_steps ({accum}) = {dp * accum}")
+  if train_cfg.eval_batch_size % dp:
+    raise UserError(f"train.eval_batch_size={train_cfg.eval_batch_size} must be a multiple of the "
+                    f"data-parallel size {dp} (mesh.data x mesh.fsdp)")
   if jax.process_count() > 1 and batch % jax.process_count():
     raise UserError(f"train.batch_size={batch} is not divisible by the {jax.process_count()} processes")
 
 
-def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> TrainSetup:
-  """Mesh, objective, optimizer, abstract state shardings and the jitted steps (nothing allocated)."""
+def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
+                  init_params: Callable[[jax.Array], Any],
+                  make_tx: Callable[[Any], tuple[optax.GradientTransformation, optax.Schedule]],
+                  num_steps: int, *, mesh: Mesh | None = None, step_fn: Callable = train_step,
+                  eval_fn: Callable = eval_step,
+                  eval_out_sharding: Callable[[Mesh], Sharding] = partitioning.replicated,
+                  extra_shardings: Sequence[Any] = (), trainable: Any = None,
+                  teacher_momentum: Callable[[jax.Array], jax.Array] | None = None) -> TrainSetup:
+  """The jitted, sharded functions of a job over config.mesh (nothing allocated).
+
+  init_params: rng -> the boxed params tree (logical axis names on every leaf). make_tx: the abstract
+  boxed params -> (optimizer, schedule). step_fn(state, batch, rng, *extra, objective=, tx=,
+  schedule=, grad_accum_steps=) -> (state, metrics), with `extra_shardings` for the extra arguments.
+  eval_fn(params, batch, objective=) -> outputs in `eval_out_sharding(mesh)`. trainable: a tree of
+  bools like the params (None: all train). teacher_momentum: step -> beta; the state then keeps a
+  teacher, starting as the initial params.
+  """
   mesh = mesh or partitioning.make_mesh(config.mesh)
-  check_batch_layout(config, mesh)
+  check_batch_layout(config.train, mesh)
   axis_rules = partitioning.rules(config.mesh)
+  tx, schedule = make_tx(jax.eval_shape(init_params, jax.random.key(0)))
+  make_state = lambda params: TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),  # noqa: E731
+                                         jax.tree.map(jnp.copy, params) if teacher_momentum else None)
+  # Optimizer moments follow their parameters' logical axes: the shardings come from the boxed tree.
+  abstract_boxed = jax.eval_shape(lambda rng: make_state(init_params(rng)), jax.random.key(0))
+  state_shardings = partitioning.logical_shardings(abstract_boxed, mesh, axis_rules)
+  abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                nn.meta.unbox(abstract_boxed), state_shardings)
+  data, replicated = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
+  options = {**({} if trainable is None else {"trainable": trainable}),
+             **({} if teacher_momentum is None else {"teacher_momentum": teacher_momentum})}
+  step = finite.guard_step(functools.partial(step_fn, objective=objective, tx=tx, schedule=schedule,
+                                             grad_accum_steps=config.train.grad_accum_steps, **options),
+                           skip=config.train.skip_nonfinite_steps > 0)
+  return TrainSetup(
+      config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule, num_steps=num_steps,
+      state_shardings=state_shardings, abstract_state=abstract_state,
+      init_params=jax.jit(lambda rng: nn.meta.unbox(init_params(rng)), out_shardings=state_shardings.params),
+      make_state=jax.jit(make_state, in_shardings=(state_shardings.params,), out_shardings=state_shardings),
+      init_state=jax.jit(lambda rng: make_state(nn.meta.unbox(init_params(rng))),
+                         out_shardings=state_shardings),
+      train_step=jax.jit(partitioning.in_mesh(step, mesh, axis_rules),
+                         in_shardings=(state_shardings, data, replicated, *extra_shardings),
+                         out_shardings=(state_shardings, replicated), donate_argnums=0),
+      eval_step=jax.jit(partitioning.in_mesh(functools.partial(eval_fn, objective=objective), mesh,
+                                             axis_rules),
+                        in_shardings=(state_shardings.params, data), out_shardings=eval_out_sharding(mesh)))
+
+
+def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> TrainSetup:
+  """Pretraining's setup: the configured objective and optimizer through `sharded_setup`."""
+  length, positions = config.data.max_seq_length, config.model.max_position_embeddings
+  if not 1 <= length <= positions:
+    raise UserError(f"data.max_seq_length={length} must be between 1 and model.max_position_embeddings="
+                    f"{positions} (the model has no position embeddings beyond it)")
   objective = objectives.make_objective(config)
   init_batch = objectives.example_batch(1, config.data.max_seq_length, config.data.max_predictions_per_seq)
-  init_rng_params = functools.partial(objective.init, batch=init_batch)
-  abstract_boxed_params = jax.eval_shape(init_rng_params, jax.random.key(0))
-  stacked = partitioning.stacked_layers_tree(abstract_boxed_params)
-  tx, schedule = optim.make_optimizer(config.optimizer, config.train.num_steps, stacked)
 
-  def init_state(rng, boxed=False):
-    params = init_rng_params(rng)
-    if not boxed:
-      params = nn.meta.unbox(params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  def make_tx(abstract_boxed_params):
+    stacked = partitioning.stacked_layers_tree(abstract_boxed_params)
+    return optim.make_optimizer(config.optimizer, config.train.num_steps, stacked)
 
-  abstract_boxed_state = jax.eval_shape(functools.partial(init_state, boxed=True), jax.random.key(0))
-  state_shardings = partitioning.logical_shardings(abstract_boxed_state, mesh, axis_rules)
-  data_sharding = partitioning.batch_sharding(mesh)
-  replicated = partitioning.replicated(mesh)
-  step_fn = functools.partial(train_step, objective=objective, tx=tx, schedule=schedule,
-                              grad_accum_steps=config.train.grad_accum_steps)
-  jit_train = jax.jit(partitioning.in_mesh(step_fn, mesh, axis_rules),
-                      in_shardings=(state_shardings, data_sharding, replicated),
-                      out_shardings=(state_shardings, replicated), donate_argnums=0)
-  jit_eval = jax.jit(partitioning.in_mesh(functools.partial(eval_step, objective=objective), mesh, axis_rules),
-                     in_shardings=(state_shardings.params, data_sharding), out_shardings=replicated)
-  jit_init = jax.jit(init_state, out_shardings=state_shardings)
-  return TrainSetup(config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule,
-                    state_shardings=state_shardings, init_state=jit_init, train_step=jit_train,
-                    eval_step=jit_eval)
+  return sharded_setup(config, objective, functools.partial(objective.init, batch=init_batch), make_tx,
+                       config.train.num_steps, mesh=mesh)
 
 
 def summarize_eval(objective, totals: dict[str, jax.Array]) -> dict[str, float]:

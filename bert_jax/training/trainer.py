@@ -7,21 +7,18 @@ SIGTERM (preemption) saves a checkpoint at the next step boundary and stops.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
 import signal
 import tempfile
-import time
 from typing import Any
 
 import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax import config_utils
+from bert_jax import config_utils, run_lock, workdir as workdir_lib
+from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, partitioning
+from bert_jax.training import checkpoint, finite, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
 
@@ -50,33 +47,22 @@ class _Preemption:
 
 
 def make_inputs(config: ml_collections.ConfigDict, split: str, batch_size: int):
-  from data_pipelines import pipeline  # TensorFlow is imported only when there is input to read
-  data_cfg = config.data
-  if split == "eval" and data_cfg.num_workers:
+  from bert_jax.data_pipelines import pipeline  # TensorFlow is imported only when there is input to read
+  if split == "eval" and config.data.num_workers:
     # Evaluation rewinds its input before every run; worker processes would restart each time.
-    data_cfg = ml_collections.ConfigDict(data_cfg.to_dict())
-    data_cfg.num_workers = 0
-  return pipeline.make_pretrain_input(
-      data_cfg, global_batch_size=batch_size, process_index=jax.process_index(),
-      process_count=jax.process_count(), seed=config.data.seed, split=split,
-      max_position_embeddings=config.model.max_position_embeddings,
-      model_vocab_size=config.model.vocab_size)
-
-
-def _abstract_with_shardings(setup: TrainSetup) -> TrainState:
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                      setup.abstract_state, setup.state_shardings)
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.data.num_workers = 0
+  return pipeline.for_config(config, split, batch_size, jax.process_index(), jax.process_count())
 
 
 def restore_or_init(setup: TrainSetup, ckpt: checkpoint.Checkpointer, inputs: Any
                     ) -> tuple[TrainState, int]:
-  """Own latest checkpoint > config.init_from > fresh init. Returns (state, first step)."""
+  """Own latest intact checkpoint > config.init_from > fresh init. Returns (state, first step)."""
   config = setup.config
-  step = ckpt.latest_step()
-  if step is not None:
-    state = ckpt.restore(step, _abstract_with_shardings(setup), inputs)
-    print(f"resumed from {os.path.join(ckpt.manager.directory, str(step))}", flush=True)
-    return state, step
+  restored = ckpt.restore_latest(setup.abstract_state, data=inputs)
+  if restored is not None:
+    print(f"resumed from {ckpt.directory / str(restored[1])}", flush=True)
+    return restored[0]["state"], restored[1]
   state = setup.init_state(jax.random.key(config.train.seed))
   if config.init_from:
     params = checkpoint.load_params_into(config.init_from, state.params)
@@ -85,19 +71,38 @@ def restore_or_init(setup: TrainSetup, ckpt: checkpoint.Checkpointer, inputs: An
   return state, 0
 
 
-def _write_run_files(config: ml_collections.ConfigDict, workdir: str, tokenizer_path: str | None) -> None:
+def _check_resumable(setup: TrainSetup, ckpt: checkpoint.Checkpointer, run_dir) -> None:
+  """A checkpoint this config cannot continue (another optimizer) is refused before anything is written."""
+  step = ckpt.latest_step()
+  if step is None:
+    return
+  saved = run_dir / workdir_lib.CONFIG
+  ckpt.check_resumable(step, setup.abstract_state, workdir_lib.read_json(saved) if saved.exists() else None,
+                       setup.config)
+
+
+def _check_eval_split(inputs: Any, data_cfg: ml_collections.ConfigDict) -> None:
+  """Pulls one held-out batch at start-up, so an empty split fails now, not after the first train steps."""
+  try:
+    next(inputs)
+  except (DataError, StopIteration) as e:
+    source = (f"data.eval_corpus={data_cfg.eval_corpus!r}" if data_cfg.eval_corpus
+              else f"data.eval_fraction={data_cfg.eval_fraction} of the documents")
+    raise UserError(f"the evaluation split ({source}) gives no examples ({e or 'no batch'}); raise "
+                    "data.eval_fraction or set data.eval_corpus, or set train.eval_every_steps=0 to train "
+                    "without evaluation") from None
+
+
+def _write_run_files(config: ml_collections.ConfigDict, run_dir, tokenizer_path: str | None) -> None:
   """config.json (with data.vocab pointing at the copy) and the vocabulary, so the run is self-contained."""
   if jax.process_index() != 0:
     return
   saved = config.to_dict()
   if tokenizer_path:
-    name = os.path.basename(tokenizer_path)
-    destination = os.path.join(workdir, name)
-    if os.path.abspath(tokenizer_path) != os.path.abspath(destination):
-      shutil.copyfile(tokenizer_path, destination)
+    name = workdir_lib.path(tokenizer_path).name
+    workdir_lib.copy_file(tokenizer_path, run_dir / name)
     saved["data"]["vocab"] = name
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(saved, f, indent=2, sort_keys=True, default=str)
+  workdir_lib.write_json(run_dir / workdir_lib.CONFIG, saved)
 
 
 def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dict[str, float]:
@@ -111,54 +116,69 @@ def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dic
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs (or resumes) pretraining in `workdir`; returns the last train and eval metrics."""
-  os.makedirs(workdir, exist_ok=True)
-  checkpoint.check_same_model(workdir, config)
+  """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
+  returns the last train and eval metrics."""
+  run_dir = workdir_lib.create(workdir)
+  with run_lock.hold(run_dir, jax.process_index()):
+    return _pretrain(config, run_dir)
+
+
+def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
+  checkpoint.check_same_model(run_dir, config)
   setup = build_train_setup(config)
   train_cfg = config.train
+  ckpt = checkpoint.Checkpointer.for_pretraining(run_dir, config.checkpoint)
+  _check_resumable(setup, ckpt, run_dir)
   inputs = make_inputs(config, "train", train_cfg.batch_size)
-  _write_run_files(config, workdir, inputs.tokenizer.path)
-  ckpt = checkpoint.Checkpointer(workdir, config.checkpoint)
+  _write_run_files(config, run_dir, inputs.tokenizer.path)
   state, start = restore_or_init(setup, ckpt, inputs)
   eval_inputs = None
   if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
     eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
-  logger = MetricsLogger(workdir, train_cfg.num_steps, start)
+  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard)
+  logger.write_hparams(config.to_dict())
+  guard = finite.DivergenceGuard(train_cfg.skip_nonfinite_steps)
   rng = jax.random.key(train_cfg.seed + 1)
   tokens_per_step = train_cfg.batch_size * config.data.max_seq_length
   result: dict[str, Any] = {"step": start}
   pending: list = []
+  last_saved = start or None
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
-    if eval_inputs is not None:
-      eval_inputs.save(eval_start)
     preemption = stack.enter_context(_Preemption())
     stack.callback(logger.close)
     stack.callback(ckpt.close)
     stack.callback(inputs.close)
     if eval_inputs is not None:
       stack.callback(eval_inputs.close)
+      eval_inputs.save(eval_start)
+      _check_eval_split(eval_inputs, config.data)
     for step in range(start + 1, train_cfg.num_steps + 1):
       batch = partitioning.global_batch(next(inputs), setup.mesh)
       state, metrics = setup.train_step(state, batch, rng)
-      pending.append(metrics)
-      logger.tick(step)
+      pending.append((step, guard.record(step, metrics)))
       if step % train_cfg.log_every_steps == 0 or step == train_cfg.num_steps:
-        result["train"] = logger.log_train(step, pending, tokens_per_step)
+        guard.check(last_saved)
+        logged = [m for s, m in pending if s not in guard.skipped]
+        if logged:
+          result["train"] = logger.log_train(step, logged, tokens_per_step)
         pending = []
+      stop = preemption.reached(step)
+      if stop or step % config.checkpoint.every_steps == 0 or step == train_cfg.num_steps:
+        guard.check_state(step, state, last_saved)  # a checkpoint is never a non-finite state
+        ckpt.save(step, state, force=True, data=inputs)
+        last_saved = step
       if eval_inputs is not None and (step % train_cfg.eval_every_steps == 0
                                       or step == train_cfg.num_steps):
         result["eval"] = evaluate(setup, state.params, eval_inputs, eval_start)
         logger.log_eval(step, result["eval"])
-      stop = preemption.reached(step)
-      if stop or step % config.checkpoint.every_steps == 0 or step == train_cfg.num_steps:
-        ckpt.save(step, state, inputs, force=True)
       result["step"] = step
       if stop:
         result["preempted"] = True
         print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume", flush=True)
         break
     ckpt.wait()
+  result["skipped_steps"] = guard.skipped
   return result
 
 
@@ -171,4 +191,5 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
       raise UserError(f"train.{key} must be >= 1, got {config.train[key]}")
   if config.checkpoint.every_steps < 1:
     raise UserError(f"checkpoint.every_steps must be >= 1, got {config.checkpoint.every_steps}")
+  finite.check_skip_budget(config.train.skip_nonfinite_steps)
   return config

@@ -1,0 +1,80 @@
+"""Input pipeline A/B: real tokens per CPU second and per wall second of two code trees, alternating processes.
+
+  git worktree add /tmp/old <commit>
+  python benchmarks/data_ab.py --tree old=/tmp/old --tree new=. --rounds 3 [--cpus 0 --cpus 0,1]
+
+Each measurement is a fresh process (`taskset -c CPUS` when --cpus is given) that builds the input for
+one (source, seq, masking) on the embedded corpus (raw text, or records of `bert-jax data prepare`),
+reads 2 warm-up batches and then --batches batches of 64 rows. Medians over the rounds.
+"""
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+_MAX_PREDICTIONS = {128: 20, 512: 76}
+_SNIPPET = r"""
+import inspect, json, sys, time
+from bert_jax.configs import common
+from bert_jax.data_pipelines import embedded
+from bert_jax.data_pipelines.pipeline import make_pretrain_input
+source, seq, masking, records, batches, predictions = sys.argv[1:]
+corpus, vocab = embedded.ensure_embedded()
+cfg = common.data_config(corpus=corpus if source == "raw" else "", vocab=vocab, max_seq_length=int(seq),
+                         max_predictions_per_seq=int(predictions), masking=masking,
+                         prepared=records + "/*.tfrecord" if source == "prepared" else "")
+kw = {"seed": 0} if "seed" in inspect.signature(make_pretrain_input).parameters else {}
+data = make_pretrain_input(cfg, global_batch_size=64, process_index=0, process_count=1, **kw)
+for _ in range(2):
+  next(data)
+wall, cpu = time.perf_counter(), time.process_time()
+tokens = sum(int(next(data)["input_mask"].sum()) for _ in range(int(batches)))
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+data.close()
+print(json.dumps({"tokens_per_sec": tokens / wall, "tokens_per_cpu_sec": tokens / cpu}))
+"""
+
+
+def _run(tree, cpus, args):
+  env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="3")
+  command = ([f"taskset", "-c", cpus] if cpus else []) + [sys.executable, "-c", _SNIPPET, *args]
+  out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=900)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tree", action="append", required=True, help="NAME=PATH of a bert_jax checkout")
+  parser.add_argument("--cpus", action="append", default=[], help="taskset CPU list; repeat to compare")
+  parser.add_argument("--sources", default="raw,prepared")
+  parser.add_argument("--seq", default="128,512")
+  parser.add_argument("--masking", default="token,span")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--batches", type=int, default=30)
+  args = parser.parse_args()
+  trees = dict(t.split("=", 1) for t in args.tree)
+  with tempfile.TemporaryDirectory() as records:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(next(iter(trees.values()))), TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, "-m", "bert_jax.cli", "data", "prepare", "--output", records, "--workers", "1"],
+                   env=env, check=True, capture_output=True)
+    print("source    seq  masking  tree  cpus   real tokens/s (wall)  real tokens/s per CPU s")
+    for source, seq, masking in itertools.product(args.sources.split(","), map(int, args.seq.split(",")),
+                                                  args.masking.split(",")):
+      runs = {(name, cpus): [] for name in trees for cpus in (args.cpus or [""])}
+      for _ in range(args.rounds):
+        for name, cpus in runs:
+          runs[(name, cpus)].append(_run(trees[name], cpus, [source, str(seq), masking, records,
+                                                             str(args.batches), str(_MAX_PREDICTIONS[seq])]))
+      for (name, cpus), results in runs.items():
+        wall = statistics.median(r["tokens_per_sec"] for r in results)
+        per_cpu = statistics.median(r["tokens_per_cpu_sec"] for r in results)
+        print(f"{source:9s} {seq:4d} {masking:8s} {name:5s} {cpus or 'all':6s} {wall:20,.0f} {per_cpu:24,.0f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,138 @@
+"""`bert-jax analyze attention`: what each head attends to, over the inputs of a text file.
+
+Writes to the output directory:
+  attention.json          Clark et al.'s per-head statistics (statistics.py) and their per-layer means,
+                          Kovaleva et al.'s pattern classes (patterns.py: the rule, each head's share of
+                          inputs per class, its majority class) and Brunner et al.'s effective attention
+                          (effective.py: Pearson correlation with raw attention by token length and layer)
+  statistics.png          heatmaps [layer x head] of the statistics
+  special_tokens.png      mean attention to [CLS], [SEP] and punctuation per layer (Clark et al.'s Fig. 2)
+  patterns.png            heatmaps of each class's share
+  effective_attention.png correlation of effective and raw attention against token length
+  attention_maps.png      every head's map for one sentence (--sentence, else the first input)
+Pruned heads (model.pruned_heads) are null in the JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.analysis import effective, inputs, patterns, plots, statistics
+from bert_jax.training import prune
+
+
+def tolist(array: Any) -> Any:
+  """A JSON-ready nested list, NaN as null."""
+  return [tolist(x) for x in array] if np.ndim(array) else (None if np.isnan(array) else float(array))
+
+
+def effective_correlations(subject: inputs.Subject, out, batch: dict) -> np.ndarray:
+  """float[B, L, N]: correlation of each head's effective and raw attention (NaN for pruned heads)."""
+  config, mask = subject.config, batch["attention_mask"]
+  result = np.full((mask.shape[0], config.num_layers, config.num_heads), np.nan)
+  for layer in range(config.num_layers):
+    kept = np.asarray(config.kept_heads(layer))
+    raw = out.attentions[layer][:, kept]
+    eff = effective.effective_attention(raw, out.hidden_states[layer], mask,
+                                        inputs.layer_params(subject.params, config, layer)["attention"])
+    result[:, layer, kept] = np.asarray(effective.correlation(raw, eff, mask))
+  return result
+
+
+class _Totals:
+  """Sums over batches: statistics, class counts, and correlations per length bin."""
+
+  def __init__(self, subject: inputs.Subject, length_bin: int):
+    self.subject, self.length_bin = subject, length_bin
+    self.punctuation = jnp.asarray(statistics.punctuation_table(subject.tokenizer))
+    self.stats, self.classes = None, 0.0
+    self.bins: dict[int, list] = {}
+
+  def add(self, batch: dict) -> None:
+    out = inputs.run(self.subject.config, self.subject.params, batch)
+    special = inputs.special_positions(batch["input_ids"], self.subject.tokenizer)
+    self.stats = statistics.add(self.stats, statistics.head_sums(
+        out.attentions, batch["input_ids"], batch["attention_mask"], batch["example_weight"], special["cls"],
+        special["sep"], self.punctuation))
+    features = patterns.pattern_features(out.attentions, batch["attention_mask"], batch["token_type_ids"],
+                                         special["cls"] | special["sep"])
+    weight = np.asarray(batch["example_weight"])
+    self.classes = self.classes + patterns.class_counts(patterns.classify(*features), weight)
+    correlations = effective_correlations(self.subject, out, batch)
+    lengths = np.asarray(batch["attention_mask"]).sum(axis=1)
+    for row in np.flatnonzero(weight > 0):
+      self.bins.setdefault(int((lengths[row] - 1) // self.length_bin), []).append(correlations[row])
+
+  def effective_report(self) -> list[dict]:
+    report = []
+    for b in sorted(self.bins):
+      rows = np.stack(self.bins[b])
+      report.append({"lengths": [b * self.length_bin + 1, (b + 1) * self.length_bin], "inputs": len(rows),
+                     "correlation": float(np.nanmean(rows)),
+                     "by_layer": tolist(np.nanmean(rows, axis=(0, 2)))})
+    return report
+
+
+def _report(subject: inputs.Subject, totals: _Totals, count: int) -> dict:
+  pruned = ~prune.active_heads(subject.config)
+  stats = {k: np.where(pruned, np.nan, v) for k, v in statistics.means(totals.stats).items()}
+  shares = totals.classes / max(count, 1)
+  majority = np.asarray(patterns.CLASSES)[np.argmax(shares, axis=0)].astype(object)
+  majority[pruned] = None
+  return {
+      "checkpoint": subject.path, "inputs": count,
+      "statistics": {k: tolist(v) for k, v in stats.items()},
+      "statistics_by_layer": {k: tolist(np.nanmean(v, axis=1)) for k, v in stats.items()},
+      "patterns": {"rule": patterns.RULE,
+                   "shares": {c: tolist(np.where(pruned, np.nan, shares[i])) for i, c in enumerate(patterns.CLASSES)},
+                   "majority": majority.tolist(),
+                   "overall": {c: float(shares[i][~pruned].mean()) for i, c in enumerate(patterns.CLASSES)}},
+      "effective_attention": {"by_length": totals.effective_report()},
+  }
+
+
+def _plot(report: dict, subject: inputs.Subject, sentence_row: dict, out_dir: str) -> None:
+  stats = {k: np.asarray(v, float) for k, v in report["statistics"].items()}
+  plots.heatmaps(stats, os.path.join(out_dir, "statistics.png"), "attention statistics per head")
+  by_layer = report["statistics_by_layer"]
+  plots.lines(range(subject.config.num_layers), {k: by_layer[k] for k in ("cls", "sep", "punctuation")},
+              os.path.join(out_dir, "special_tokens.png"), "layer", "mean attention", "attention to special tokens")
+  plots.heatmaps({k: np.asarray(v, float) for k, v in report["patterns"]["shares"].items()},
+                 os.path.join(out_dir, "patterns.png"), "share of inputs per pattern class")
+  bins = report["effective_attention"]["by_length"]
+  plots.lines([b["lengths"][1] for b in bins], {"all layers": [b["correlation"] for b in bins]},
+              os.path.join(out_dir, "effective_attention.png"), "token length (bin end)",
+              "Pearson r(effective, raw)", "effective vs raw attention")
+  out = inputs.run(subject.config, subject.params, inputs.as_jnp(sentence_row))
+  n = int(sentence_row["attention_mask"][0].sum())
+  tokens = [subject.tokenizer.id_to_token(int(i)) for i in sentence_row["input_ids"][0][:n]]
+  plots.attention_grid(np.asarray(out.attentions[:, 0, :, :n, :n]), tokens,
+                       os.path.join(out_dir, "attention_maps.png"))
+
+
+def analyze_attention(checkpoint: str, text: str, out_dir: str, *, max_inputs: int = 1000,
+                      max_length: int = 128, batch_size: int = 16, sentence: str = "",
+                      length_bin: int = 8) -> dict:
+  """Runs the three analyses over `text` and writes attention.json and the plots into `out_dir`."""
+  plots.pyplot()
+  subject = inputs.load_subject(checkpoint)
+  inputs.check_length(max_length, subject.config)
+  rows = inputs.read_lines(text, max_inputs)
+  features = inputs.encode(subject.tokenizer, rows, max_length)
+  totals = _Totals(subject, length_bin)
+  num_batches = -(-len(rows) // batch_size)
+  for i, batch in enumerate(inputs.batches(features, batch_size)):
+    totals.add(inputs.as_jnp(batch))
+    if (i + 1) % 10 == 0 or i + 1 == num_batches:
+      print(f"analyze attention: batch {i + 1}/{num_batches}", flush=True)
+  report = _report(subject, totals, len(rows))
+  os.makedirs(out_dir, exist_ok=True)
+  row = inputs.encode(subject.tokenizer, [(sentence, None)] if sentence else rows[:1], max_length)
+  _plot(report, subject, row, out_dir)
+  with open(os.path.join(out_dir, "attention.json"), "w", encoding="utf-8") as f:
+    json.dump({"text": text, **report}, f, indent=1)
+  return report

@@ -1,0 +1,1 @@
+"""Model compression: task-specific knowledge distillation (distill.py)."""

@@ -1,0 +1,294 @@
+"""Predictions from a fine-tuning workdir: text in, labels, values, tags or answers out.
+
+`Predictor.load(workdir)` rebuilds `heads.FinetuneModel` from the workdir's config.json (the encoder,
+the head's kind and its label names by id) and its kept parameters. Calling it featurizes with the
+task module's own featurize function, so rows are exactly those of the dev evaluation; runs one
+jitted function on batches of one shape [batch_size, max_seq_length] (compiled once; short chunks are
+padded with copies of a row); and decodes with the task module's own decoder. Examples and records:
+
+  classification (GLUE, embedded)  "sentence", or a pair ("a", "b") / "a<TAB>b"
+                                   -> {"label", "score", "scores": {label: probability}}
+  regression (STS-B)               the same inputs -> {"value"}
+  token (NER)                      words: ["EU", "rejects", ...] or "EU rejects ..." -> {"words", "tags"}
+  span (SQuAD)                     {"id", "question", "context"}
+                                   -> {"id", "answer", "score", "null_score_diff"} (v2.0: "" when
+                                      null_score_diff > task.null_score_diff_threshold)
+
+The predictor holds its parameters so that one `load` serves many calls; the model itself stays a
+pure function (`FinetuneModel.apply`), jitted over a data-parallel mesh of the local devices (the
+fine-tuning default, so predictions match the run's dev evaluation on the same machine).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import sys
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+from etils import epath
+
+import bert_jax
+from bert_jax import params_checkpoint
+from bert_jax.configs import common
+from bert_jax.errors import UserError
+from bert_jax.finetune import embedded, glue, heads, ner, squad
+from bert_jax.finetune import features as feats
+from bert_jax.models.config import ModelConfig
+from bert_jax.training import partitioning
+
+Decode = Callable[[dict[str, np.ndarray]], list[dict]]
+
+
+def head_info(config: dict, source: str) -> tuple[str, int, tuple[str, ...]]:
+  """(head kind, num_labels, label names by id) that a fine-tuning run recorded in config.json."""
+  task = config.get("task") or {}
+  if "head" not in task:
+    raise UserError(f"{source}: config.json records no fine-tuning head (task.head); predict and export "
+                    "take a workdir written by `bert-jax finetune`")
+  return task["head"], int(task["num_labels"]), tuple(task.get("labels") or ())
+
+
+def _data_parallel_mesh():
+  return partitioning.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}),
+                                jax.local_devices())
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictor:
+  """An inference handle on a fine-tuned model: `predictor(examples) -> records` (see the module doc)."""
+  config: dict
+  tokenizer: Any
+  params: Any
+  apply: Callable  # jitted (params, batch of MODEL_INPUTS) -> model outputs
+  mesh: Any
+  batch_size: int
+
+  @classmethod
+  def load(cls, path: str, batch_size: int = 0) -> "Predictor":
+    """From a fine-tuning workdir; batch_size 0: the run's eval_batch_size (rounded up to the devices)."""
+    params, config = params_checkpoint.load_params(path)
+    return cls.build(config, params, bert_jax.load_tokenizer(path), batch_size, path)
+
+  @classmethod
+  def build(cls, config: dict, params: Any, tokenizer, batch_size: int = 0, source: str = "model"
+            ) -> "Predictor":
+    kind, num_labels, _ = head_info(config, source)
+    batch_size = batch_size or config["train"]["eval_batch_size"]
+    if batch_size <= 0:
+      raise UserError(f"batch size {batch_size} must be positive")
+    model = heads.FinetuneModel(ModelConfig.from_dict(config["model"]), kind, num_labels,
+                                config["head"]["pooling"], config["head"]["dropout"])
+    if (config.get("quantization") or {}).get("activations") == "int8":
+      from bert_jax.compress import int8  # pylint: disable=import-outside-toplevel
+      model = int8.int8_model(model)
+    dummy = jnp.zeros((1, config["data"]["max_seq_length"]), jnp.int32)
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"])
+    params_checkpoint.check_shapes(params, nn.meta.unbox(abstract), source)
+    mesh, rules = _data_parallel_mesh(), common.LOGICAL_AXIS_RULES
+    shardings = partitioning.logical_shardings(abstract, mesh, rules)
+    forward = lambda p, batch: model.apply({"params": p}, *(batch[k] for k in feats.MODEL_INPUTS))  # noqa: E731
+    data = partitioning.batch_sharding(mesh)
+    devices = partitioning.data_parallel_size(mesh)
+    return cls(config=config, tokenizer=tokenizer, params=jax.device_put(params, shardings),
+               apply=jax.jit(partitioning.in_mesh(forward, mesh, rules), in_shardings=(shardings, data),
+                             out_shardings=data),
+               mesh=mesh, batch_size=-(-batch_size // devices) * devices)
+
+  @property
+  def kind(self) -> str:
+    return self.config["task"]["head"]
+
+  @property
+  def labels(self) -> tuple[str, ...]:
+    return tuple(self.config["task"].get("labels") or ())
+
+  def __call__(self, examples: Sequence, *, progress: bool = False) -> list[dict]:
+    return list(self.records(examples, progress=progress))
+
+  def records(self, examples: Sequence, *, progress: bool = False) -> Iterator[dict]:
+    """One record per example, in order, computed a batch of examples at a time (a tqdm bar on stderr
+    when `progress` and the job takes more than a couple of seconds)."""
+    examples = self.normalize(examples)
+    with tqdm.tqdm(total=len(examples), disable=not progress, delay=2.0, file=sys.stderr,
+                   unit="example", desc="predict") as bar:
+      for start in range(0, len(examples), self.batch_size):
+        part = examples[start:start + self.batch_size]
+        features, decode = self.featurize(part)
+        yield from decode(self.run(features))
+        bar.update(len(part))
+
+  def normalize(self, examples: Iterable) -> list:
+    """Examples in the one form featurize takes ((a, b | None), [words] or squad.Example); a malformed
+    one is a UserError naming it by its position."""
+    if self.kind in ("classification", "regression"):
+      normal = functools.partial(_sentences, paired=_glue_spec(self.config).tfds_fields[1] is not None)
+    else:
+      normal = _words if self.kind == "token" else _question
+    examples = [normal(ex, i) for i, ex in enumerate(examples)]
+    if self.kind == "span":
+      repeated = sorted(i for i, n in collections.Counter(q.qid for q in examples).items() if n > 1)
+      if repeated:
+        raise UserError(f"question ids must be unique (answers are keyed by them); repeated: {repeated[:5]}")
+    return examples
+
+  def featurize(self, examples: Sequence) -> tuple[dict[str, np.ndarray], Decode]:
+    """The model rows for normalized `examples` and the function turning the model's outputs into records."""
+    featurizers = {"classification": _sentence_features, "regression": _sentence_features,
+                   "token": _word_features, "span": _question_features}
+    return featurizers[self.kind](self, examples)
+
+  def run(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs (numpy, one row per feature row) in batches of batch_size."""
+    n = len(features["input_ids"])
+    padded = feats.pad_to_multiple({k: features[k] for k in feats.MODEL_INPUTS}, self.batch_size)
+    chunks = []
+    for start in range(0, len(padded["input_ids"]), self.batch_size):
+      batch = {k: padded[k][start:start + self.batch_size] for k in feats.MODEL_INPUTS}
+      chunks.append(jax.device_get(self.apply(self.params, partitioning.global_batch(batch, self.mesh))))
+    return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+
+  def outputs(self, examples: Sequence) -> dict[str, np.ndarray]:
+    """The raw model outputs (logits) for `examples`, one row per feature row."""
+    features, _ = self.featurize(self.normalize(examples))
+    return self.run(features)
+
+
+def _glue_spec(config: dict) -> glue.GlueSpec:
+  task = config["task"]
+  return embedded.SPEC if task["family"] == "embedded" else glue.SPECS[task["name"]]
+
+
+def _sentences(example, index: int, paired: bool) -> tuple[str, str | None]:
+  """(a, b) from "a", "a<TAB>b" or ("a", "b")."""
+  parts = example.split("\t") if isinstance(example, str) else list(example)
+  if len(parts) != (2 if paired else 1) or not all(isinstance(p, str) for p in parts):
+    want = "a pair of sentences ('first<TAB>second' or a 2-tuple)" if paired else \
+        "one sentence (no tab)"
+    raise UserError(f"example {index + 1}: the model's task takes {want}, got {example!r:.80}")
+  return parts[0], parts[1] if paired else None
+
+
+def _sentence_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
+  spec = _glue_spec(predictor.config)
+  rows = [(a, b, None) for a, b in examples]
+  features = glue.featurize(rows, spec, predictor.tokenizer, predictor.config["data"]["max_seq_length"])
+  labels = predictor.labels
+
+  def decode(outputs):
+    if predictor.kind == "regression":
+      return [{"value": float(v)} for v in glue.predictions_from(outputs, spec)]
+    logits = outputs["logits"].astype(np.float64)
+    probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    return [{"label": labels[int(i)], "score": float(p[i]), "scores": dict(zip(labels, map(float, p)))}
+            for i, p in zip(glue.predictions_from(outputs, spec), probabilities)]
+
+  return features, decode
+
+
+def _words(example, index: int) -> list[str]:
+  words = example.split() if isinstance(example, str) else list(example)
+  if not all(isinstance(w, str) for w in words):
+    raise UserError(f"example {index + 1}: NER takes a sentence as words (a list, or one string), "
+                    f"got {example!r:.80}")
+  return words
+
+
+def _word_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
+  labels = predictor.labels
+  sentences = [(words, [labels[0]] * len(words)) for words in examples]  # tags: placeholders
+  features, first_positions = ner.featurize(sentences, labels, predictor.tokenizer,
+                                            predictor.config["data"]["max_seq_length"])
+
+  def decode(outputs):
+    tags = ner.predicted_tags(outputs, sentences, first_positions, labels)
+    return [{"words": words, "tags": t} for (words, _), t in zip(sentences, tags)]
+
+  return features, decode
+
+
+def _question(example, index: int) -> squad.Example:
+  if isinstance(example, squad.Example):
+    return example
+  if not isinstance(example, dict) or not all(isinstance(example.get(k), str) for k in ("id", "question",
+                                                                                       "context")):
+    raise UserError(f"example {index + 1}: question answering takes {{'id', 'question', 'context'}} "
+                    f"strings, got {example!r:.80}")
+  return squad.Example(example["id"], example["question"], example["context"], [])
+
+
+def _finite(value: float) -> float | None:
+  return float(value) if np.isfinite(value) else None
+
+
+def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
+  task = ml_collections.ConfigDict(predictor.config["task"])
+  questions = list(examples)
+  featurized = squad.featurize(questions, predictor.tokenizer, task, predictor.config["data"]["max_seq_length"],
+                               training=False)
+
+  def decode(outputs):
+    start, end = outputs["start_logits"], outputs["end_logits"]
+    answers, null_diff = squad.best_answers(start, end, questions, featurized, task)
+    null = {}  # the [CLS] score as best_answers takes it: lowest over the question's windows
+    for row, window in enumerate(featurized.windows):
+      null[window.example] = min(null.get(window.example, np.inf), float(start[row, 0] + end[row, 0]))
+    return [{"id": q.qid, "answer": answers[q.qid], "score": _finite(null[e] - null_diff[q.qid]),
+             "null_score_diff": _finite(null_diff[q.qid])} for e, q in enumerate(questions)]
+
+  return featurized.features, decode
+
+
+def read_examples(path: str, kind: str, config: dict) -> list:
+  """The examples in a user's input file: SQuAD JSON for span models; otherwise one example per line
+  (a GLUE TSV with its header row is read as fine-tuning reads it, by the task's columns)."""
+  path = epath.Path(path)
+  if not path.is_file():
+    raise UserError(f"--input {path}: no such file")
+  try:
+    text = path.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise UserError(f"--input {path}: not UTF-8 text ({e})") from None
+  if kind == "span":
+    return _squad_questions(text, path)
+  lines = [line.removesuffix("\r") for line in text.split("\n")]
+  lines = lines[:-1] if lines and not lines[-1] else lines
+  if kind in ("classification", "regression") and lines:
+    spec = _glue_spec(config)
+    if spec.tsv_columns[0] in lines[0].split("\t"):
+      return [(a, b) if b is not None else a for a, b, _ in glue.read_tsv(str(path), spec)]
+  return lines
+
+
+def _squad_questions(text: str, path) -> list[dict]:
+  try:
+    articles = json.loads(text)["data"]
+    return [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
+            for article in articles for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+  except (ValueError, KeyError, TypeError) as e:
+    raise UserError(f"--input {path}: not SQuAD JSON ({type(e).__name__}: {e}); expected "
+                    '{"data": [{"paragraphs": [{"context", "qas": [{"id", "question"}]}]}]}') from None
+
+
+def write_records(records: Iterable[dict], output: str | None) -> int:
+  """JSON lines to `output` (stdout when None), written as they come; returns how many."""
+  count = 0
+  stream = epath.Path(output).open("w", encoding="utf-8") if output else sys.stdout
+  try:
+    for record in records:
+      stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+      count += 1
+  finally:
+    if output:
+      stream.close()
+    else:
+      stream.flush()
+  return count

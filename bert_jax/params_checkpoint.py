@@ -1,0 +1,206 @@
+"""Parameters on disk: writing a params checkpoint, reading one (or a workdir's latest train state).
+
+A *params checkpoint* (what `bert-jax convert` and `bert-jax grow` write, what a fine-tuning run keeps,
+and what `init_from` accepts) is a directory with config.json, params/ (orbax, the params tree) and the
+tokenizer files. A pretraining workdir or a checkpoint step directory serves as one too: its params
+are the `params` of the latest train state.
+
+`load_params_into` restores straight into the target's shardings (each host reads only its shards);
+`load_params` restores the whole tree onto one device, for conversion and inspection.
+
+A *delta* checkpoint (fine-tuning with train.mode=adapters) holds only the parameters that trained;
+config.json's `base_checkpoint` names the checkpoint that holds the rest. Every reader here completes
+it from there, so a delta serves wherever a full checkpoint does (init_from, predict, conversion).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from bert_jax import workdir
+from bert_jax.compress import int8
+from bert_jax.errors import UserError
+from bert_jax.training import finite
+
+
+BASE = "base_checkpoint"
+
+
+def save_params(directory: epath.PathLike, params: Any, config: dict,
+                tokenizer_files: dict[str, str] | None = None) -> None:
+  """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}.
+  A delta's config carries BASE: the location of the checkpoint with the other parameters."""
+  directory = workdir.create(directory)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(directory / workdir.PARAMS, params, force=True)
+  workdir.write_json(directory / workdir.CONFIG, config)
+  workdir.write_tokenizer(directory, tokenizer_files)
+
+
+def _latest_step_dir(managed: epath.Path) -> epath.Path:
+  manager = ocp.CheckpointManager(managed)
+  step = manager.latest_step()
+  manager.close()
+  if step is None:
+    raise UserError(f"{managed.parent}: the workdir has no checkpoint yet")
+  return managed / str(step)
+
+
+def params_location(location: epath.PathLike) -> tuple[epath.Path, tuple[str, ...]]:
+  """The orbax tree that holds the params at `location`, and the params' key path inside it."""
+  location = workdir.path(location)
+  if (location / workdir.PARAMS).exists():
+    return location / workdir.PARAMS, ()
+  step_dir = location
+  for managed in (workdir.CHECKPOINTS, workdir.PAUSED):
+    if (location / managed).exists():
+      step_dir = _latest_step_dir(location / managed)
+      break
+  if not (step_dir / "state").exists():
+    raise UserError(f"{location}: neither params/ nor checkpoints/<step>/state found")
+  return step_dir / "state", ("params",)
+
+
+def _subtree(tree: Any, keys: tuple[str, ...]) -> Any:
+  for key in keys:
+    tree = tree[key]
+  return tree
+
+
+def base_checkpoint(location: epath.PathLike) -> str | None:
+  """The checkpoint that completes the delta checkpoint at `location`; None for a full checkpoint."""
+  location = workdir.path(location)
+  if not (location / workdir.PARAMS).exists():
+    return None
+  base = workdir.read_config(location).get(BASE)
+  if base and not workdir.path(base).exists():
+    raise UserError(f"{location} holds only the parameters its fine-tuning trained (adapters); the rest "
+                    f"are in {base}, which is not there: put that checkpoint back at that path")
+  return base or None
+
+
+def _overlay(base: dict, delta: dict) -> dict:
+  """base with delta's leaves put in (nested dicts)."""
+  out = dict(base)
+  for key, value in delta.items():
+    out[key] = _overlay(out.get(key, {}), value) if isinstance(value, dict) else value
+  return out
+
+
+def load_params(location: epath.PathLike) -> tuple[Any, dict]:
+  """(params, config) from a params checkpoint, a workdir (latest step) or a step directory; int8
+  weights (an int8 checkpoint) come back as float32 on their int8 grid."""
+  config = workdir.read_config(location)
+  tree_path, keys = params_location(location)
+  with ocp.StandardCheckpointer() as ckptr:
+    params = _subtree(ckptr.restore(tree_path), keys)
+  finite.check_params_finite(params, str(location))
+  if config.get("quantization"):  # `bert-jax quantize`'s int8 weights, back on their grid in float32
+    params = int8.dequantize_params(params)
+  base = base_checkpoint(location)
+  return (params if base is None else _overlay(load_params(base)[0], params)), config
+
+
+def _own_metadata(location: epath.PathLike) -> Any:
+  tree_path, keys = params_location(location)
+  with ocp.PyTreeCheckpointer() as ckptr:
+    tree = ckptr.metadata(tree_path).item_metadata.tree
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(tree, keys))
+
+
+def params_metadata(location: epath.PathLike) -> Any:
+  """The checkpoint's params tree with jax.ShapeDtypeStruct leaves: shapes and dtypes, no data read."""
+  base = base_checkpoint(location)
+  own = _own_metadata(location)
+  return own if base is None else _overlay(params_metadata(base), own)
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+  return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def check_shapes(params: Any, abstract: Any, source: str) -> None:
+  """Raises UserError naming every missing, unexpected or mis-shaped parameter."""
+  flat, want = _flat(params), _flat(abstract)
+  problems = [f"missing {k}" for k in want if k not in flat]
+  problems += [f"unexpected {k}" for k in flat if k not in want]
+  problems += [f"{k}: checkpoint {tuple(flat[k].shape)} vs model {tuple(want[k].shape)}"
+               for k in want if k in flat and tuple(flat[k].shape) != tuple(want[k].shape)]
+  if problems:
+    shown = "; ".join(problems[:6]) + (f"; ... {len(problems) - 6} more" if len(problems) > 6 else "")
+    raise UserError(f"{source} does not fit the model: {shown}")
+
+
+def _nest(flat_items: Iterable[tuple[tuple, Any]]) -> dict:
+  """{key path: leaf} -> the nested dict of those leaves (params trees are nested dicts)."""
+  tree: dict = {}
+  for key_path, leaf in flat_items:
+    node = tree
+    for key in key_path[:-1]:
+      node = node.setdefault(key.key, {})
+    node[key_path[-1].key] = leaf
+  return tree
+
+
+def load_params_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None = None,
+                     wanted: Callable[[str], bool] = lambda name: True) -> Any:
+  """`target` with the parameters the checkpoint at `location` has, restored into target's shardings.
+
+  target: the model's params tree; its leaves (arrays, or jax.ShapeDtypeStruct with shardings) give
+  each restored array's shape, dtype and sharding. keep: the top-level names to take from the
+  checkpoint (default: all). A kept parameter the checkpoint lacks (a head it was saved without) keeps
+  the target's value, a fresh init named on stdout; an abstract one is an error. Parameters only the
+  checkpoint has are not read; a shape mismatch is an error naming the tensor and both shapes.
+  wanted: which leaves (by jax.tree_util.keystr name) to restore at all; the others keep target's value.
+  """
+  return _load_into(location, target, keep, wanted)
+
+
+def _load_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None,
+               wanted: Callable[[str], bool]) -> Any:
+  """load_params_into for the leaves whose names `wanted` accepts: a delta's own leaves from it, the
+  others from its base."""
+  base = base_checkpoint(location)
+  if base is None:
+    return _restore_into(location, target, keep, wanted)
+  own = set(_flat(_own_metadata(location)))
+  target = _load_into(base, target, keep, lambda name: wanted(name) and name not in own)
+  return _restore_into(location, target, keep, lambda name: wanted(name) and name in own)
+
+
+def _restore_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None,
+                  wanted: Callable[[str], bool]) -> Any:
+  saved = _flat(_own_metadata(location))
+  if any(name.endswith("['qvalue']") for name in saved):
+    raise UserError(f"{location} holds int8 weights (bert-jax quantize): predict with it, and fine-tune, "
+                    "distill or quantize from the float model it was made from")
+  keep = None if keep is None else set(keep)
+  leaves = [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(target)
+            if (keep is None or k[0].key in keep) and wanted(jax.tree_util.keystr(k))]
+  mismatched = [f"{name}: checkpoint {tuple(saved[name].shape)} vs model {tuple(v.shape)}"
+                for name, _, v in leaves if name in saved and tuple(saved[name].shape) != tuple(v.shape)]
+  if mismatched:
+    raise UserError(f"{location} does not fit the model: {'; '.join(mismatched[:6])}")
+  missing = sorted({jax.tree_util.keystr(k[:1]) for name, k, _ in leaves if name not in saved})
+  if missing and any(isinstance(v, jax.ShapeDtypeStruct) for _, _, v in leaves):
+    raise UserError(f"{location} does not fit the model: no weights for {', '.join(missing)}")
+  if missing:
+    print(f"{location}: no weights for {', '.join(missing)}; those start from a fresh init", flush=True)
+  items = _nest((k, jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None)))
+                for name, k, v in leaves if name in saved)
+  if not items:
+    return target
+  tree_path, keys = params_location(location)
+  for key in reversed(keys):
+    items = {key: items}
+  with ocp.PyTreeCheckpointer() as ckptr:
+    restored = ckptr.restore(tree_path, args=ocp.args.PyTreeRestore(
+        item=items, restore_args=ocp.checkpoint_utils.construct_restore_args(items), partial_restore=True))
+  restored = _subtree(restored, keys)
+  finite.check_params_finite(restored, str(location))
+  flat_restored = _flat(restored)
+  return jax.tree_util.tree_map_with_path(
+      lambda k, v: flat_restored.get(jax.tree_util.keystr(k), v), target)

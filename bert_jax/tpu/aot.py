@@ -1,0 +1,222 @@
+"""`bert-jax compile`: the pretraining train and eval steps, compiled ahead of time for a TPU slice.
+
+libtpu compiles for a slice it only describes (`jax.experimental.topologies`), so the HBM a step
+needs on each chip and the collectives it runs are known on any machine, before a TPU hour is spent.
+The steps are `build_train_setup`'s, the ones `pretrain` runs, lowered with abstract inputs carrying
+their shardings on the slice's mesh; nothing is allocated.
+
+Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer state, batch;
+temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
+Estimated (a roofline, not a measurement): step time = model FLOPs (counted analytically, as
+`cost_analysis` counts a scanned layer once) x the recompute of `model.remat=full` over chips x bf16
+peak, plus the collectives' bytes over the chip's ICI bandwidth with no overlap; MFU = model FLOPs /
+(step time x chips x peak). Real steps also wait on HBM bandwidth and the host, so read MFU as a
+ceiling.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+import jax
+import ml_collections
+
+from bert_jax.errors import UserError
+from bert_jax.training import benchmark, info, objectives, partitioning
+from bert_jax.training.step import build_train_setup
+from bert_jax.tpu import hlo, slices
+
+# XLA:TPU's out-of-memory messages: "... memory required for HLO temporaries (104.29G) exceeds
+# available HBM (30.75G)" (temporaries alone), or "Used 45.12G of 30.75G hbm" (everything).
+_OOM = (re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+        re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"))
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+# Real tokens one input worker process turns into masked examples per CPU second (BENCHMARKS.md,
+# "Input pipeline throughput", with worker processes).
+TOKENS_PER_WORKER_SECOND = 230e3
+
+
+def _slice_mesh(config: ml_collections.ConfigDict, tpu: slices.Slice, devices: list) -> jax.sharding.Mesh:
+  try:
+    shape = partitioning.mesh_shape(config.mesh, len(devices))
+  except UserError as e:
+    raise UserError(f"{tpu.name} has {len(devices)} devices: {e}") from None
+  # jax.make_mesh lays the axes along the physical torus (rings for the collectives).
+  return jax.make_mesh(shape, partitioning.MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+
+
+def _check_hosts(config: ml_collections.ConfigDict, tpu: slices.Slice) -> None:
+  """What the input pipeline will ask of the slice's host count (data_pipelines/pipeline.py)."""
+  shards = config.data.num_shards
+  for name, batch in (("batch_size", config.train.batch_size), ("eval_batch_size", config.train.eval_batch_size)):
+    if batch and batch % tpu.hosts:
+      raise UserError(f"train.{name}={batch} is not divisible by the {tpu.hosts} hosts of {tpu.name}")
+    if batch and (shards % tpu.hosts or batch % shards):
+      fix = tpu.hosts * max(1, 8 // tpu.hosts)
+      raise UserError(f"data.num_shards={shards} must be a multiple of the {tpu.hosts} hosts of {tpu.name} "
+                      f"and divide train.{name}={batch}; set --config.data.num_shards={fix}")
+
+
+def _abstract_batch(config: ml_collections.ConfigDict, batch_size: int, mesh) -> dict:
+  example = objectives.example_batch(batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq)
+  sharding = partitioning.batch_sharding(mesh)
+  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in example.items()}
+
+
+def _out_of_memory(message: str, argument_bytes: float) -> dict[str, Any] | None:
+  for pattern, adds_arguments in zip(_OOM, (True, False)):
+    found = pattern.search(message)
+    if found:
+      needed = float(found.group(1)) * _UNITS[found.group(2)] + (argument_bytes if adds_arguments else 0)
+      return {"oom": True, "device_bytes": needed,
+              "available_bytes": float(found.group(3)) * _UNITS[found.group(4)]}
+  return None
+
+
+def _compile(jitted, num_devices: int, *args) -> dict[str, Any]:
+  """Memory per device and collectives of one step; out of memory, what the compiler reported (with
+  the arguments' shards added where it counted temporaries only)."""
+  start = time.perf_counter()
+  try:
+    compiled = jitted.lower(*args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    oom = _out_of_memory(str(e), info.bytes_per_device(args, jax.tree.map(lambda a: a.sharding, args)))
+    if "RESOURCE_EXHAUSTED" not in str(e) or oom is None:
+      raise
+    return {"compile_seconds": time.perf_counter() - start, **oom}
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  return {"compile_seconds": seconds, "oom": False,
+          "argument_bytes": memory.argument_size_in_bytes,
+          "temp_bytes": memory.temp_size_in_bytes,
+          # Outputs not aliased to donated arguments (metrics; the new state reuses the old).
+          "output_bytes": memory.output_size_in_bytes - memory.alias_size_in_bytes,
+          "code_bytes": memory.generated_code_size_in_bytes,
+          "device_bytes": (memory.argument_size_in_bytes + memory.output_size_in_bytes
+                           - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+                           + memory.generated_code_size_in_bytes),
+          "collectives": hlo.collectives(compiled.as_text(), num_devices)}
+
+
+def _model_flops(config: ml_collections.ConfigDict, setup) -> float | None:
+  """Train FLOPs per step (benchmark.py's count); None for objectives it does not count."""
+  if config.objective != "bert":
+    return None
+  return benchmark.train_flops_per_step(setup.objective.config, config.train.batch_size,
+                                        config.data.max_seq_length, config.data.max_predictions_per_seq)
+
+
+def _estimates(config, tpu: slices.Slice, flops: float | None, train: dict[str, Any]) -> dict[str, Any]:
+  """None where there is nothing to estimate from (an objective without a FLOP count, no program)."""
+  if train["oom"]:
+    return {"estimated_step_seconds": None, "estimated_mfu": None, "estimated_comm_seconds": None,
+            "model_flops_per_step": flops, "input_workers_per_host": None}
+  sent = sum(c["bytes"] for c in train["collectives"]) * tpu.chip.devices_per_chip
+  comm = sent / tpu.chip.ici_bytes_per_s
+  if flops is None:
+    return {"estimated_step_seconds": None, "estimated_mfu": None, "estimated_comm_seconds": comm,
+            "model_flops_per_step": None, "input_workers_per_host": None}
+  recompute = 4 / 3 if config.model.remat == "full" else 1.0  # the forward pass runs twice
+  compute = flops * recompute / (tpu.chips * tpu.chip.peak_bf16_flops)
+  step = compute + comm
+  tokens_per_host_second = config.train.batch_size * config.data.max_seq_length / step / tpu.hosts
+  return {"estimated_step_seconds": step, "estimated_mfu": flops / (step * tpu.chips * tpu.chip.peak_bf16_flops),
+          "estimated_comm_seconds": comm, "model_flops_per_step": flops,
+          # At the estimated (fastest) step rate; rows of real corpora are nearly full.
+          "input_workers_per_host": math.ceil(tokens_per_host_second / TOKENS_PER_WORKER_SECOND)}
+
+
+def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity: float, used: float) -> str:
+  """One concrete change for a step that does not fit: shard the state, remat, or micro-batches."""
+  mesh, model, train = config.mesh, config.model, config.train
+  if state_bytes > 0.5 * capacity and mesh.fsdp == 1:
+    return "shard parameters and optimizer state over the slice: --config.mesh.fsdp=-1 --config.mesh.data=1"
+  if model.remat == "none":
+    return "recompute activations in the backward pass: --config.model.remat=full"
+  activations = max(used - state_bytes, 1.0)
+  factor = 2 ** math.ceil(math.log2(max(2.0, activations / max(capacity - state_bytes, 1.0))))
+  return (f"split each step into micro-batches: --config.train.grad_accum_steps="
+          f"{train.grad_accum_steps * factor} (train.batch_size must stay divisible by data x fsdp x that)")
+
+
+def compile_for_slice(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
+  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits."""
+  tpu = slices.parse(topology)
+  devices = slices.compile_only_devices(tpu)
+  mesh = _slice_mesh(config, tpu, devices)
+  _check_hosts(config, tpu)
+  setup = build_train_setup(config, mesh)
+  state = setup.abstract_state  # shapes with their shardings on the slice's mesh
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
+  train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng)
+  eval_batch = config.train.eval_batch_size or config.train.batch_size
+  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh))
+  per_chip = tpu.chip.devices_per_chip
+  used = max(train["device_bytes"], evaluation["device_bytes"]) * per_chip
+  capacity = tpu.chip.hbm_bytes
+  fits = not train["oom"] and not evaluation["oom"] and used <= capacity
+  state_bytes = info.bytes_per_device(setup.abstract_state, setup.state_shardings) * per_chip
+  train_fits = not train["oom"] and train["device_bytes"] * per_chip <= capacity
+  fix = None
+  if not fits:  # the eval step has no micro-batches: smaller eval batches are its fix
+    fix = (suggest_fix(config, state_bytes, capacity, used) if not train_fits else
+           f"evaluate in smaller batches: --config.train.eval_batch_size="
+           f"{config.train.batch_size // config.train.grad_accum_steps}")
+  return {
+      "topology": tpu.name, "libtpu_topology": tpu.topology_name, "device_kind": devices[0].device_kind,
+      "chips": tpu.chips, "hosts": tpu.hosts, "devices": len(devices), "mesh": dict(mesh.shape),
+      "fits": fits, "hbm_per_chip_bytes": int(used), "hbm_capacity_bytes": capacity,
+      "state_bytes_per_chip": int(state_bytes),
+      "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],
+      "train_step": _per_chip(train, per_chip), "eval_step": _per_chip(evaluation, per_chip),
+      "collectives": train.get("collectives", []),
+      **_estimates(config, tpu, _model_flops(config, setup), train),
+      "fix": fix,
+  }
+
+
+def _per_chip(step: dict[str, Any], per_chip: int) -> dict[str, Any]:
+  return {k: (v * per_chip if k.endswith("_bytes") else v) for k, v in step.items() if k != "collectives"}
+
+
+def _gib(n: float) -> str:
+  return f"{n / 2 ** 30:.2f} GiB"
+
+
+def _step_line(name: str, step: dict[str, Any], arguments: str) -> str:
+  if step["oom"]:
+    return (f"  {name:<16}out of memory: needs {_gib(step['device_bytes'])} per chip, the compiler has "
+            f"{_gib(step['available_bytes'])}")
+  return (f"  {name:<16}arguments {_gib(step['argument_bytes'])} ({arguments}), "
+          f"temporaries {_gib(step['temp_bytes'])} (activations), outputs {_gib(step['output_bytes'])}, "
+          f"code {_gib(step['code_bytes'])}")
+
+
+def format_report(r: dict[str, Any]) -> str:
+  mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
+  collectives = ", ".join(f"{c['kind']} x{c['count']} {c['bytes'] / 1e9:.3f} GB" for c in r["collectives"])
+  lines = [
+      f"slice             {r['topology']} ({r['libtpu_topology']}): {r['chips']} chips ({r['device_kind']}), "
+      f"{r['hosts']} host(s), {r['devices']} devices",
+      f"mesh              {mesh}",
+      f"HBM per chip      {_gib(r['hbm_per_chip_bytes'])} of {_gib(r['hbm_capacity_bytes'])}: "
+      f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
+      _step_line("train step", r["train_step"], "params, optimizer state, batch"),
+      _step_line("eval step", r["eval_step"], "params, batch"),
+      f"compile           {r['compile_seconds']:.1f} s (train {r['train_step']['compile_seconds']:.1f} s, "
+      f"eval {r['eval_step']['compile_seconds']:.1f} s)",
+      f"collectives/step  {collectives or 'none'} (bytes each device sends)" if not r["train_step"]["oom"] else
+      "collectives/step  not known: the train step did not compile",
+  ]
+  if r["estimated_step_seconds"] is not None:
+    comm = r["estimated_comm_seconds"]
+    lines.append(f"ESTIMATES         step {r['estimated_step_seconds'] * 1e3:.1f} ms = compute at bf16 peak "
+                 f"{(r['estimated_step_seconds'] - comm) * 1e3:.1f} ms + ICI {comm * 1e3:.1f} ms; "
+                 f"MFU {r['estimated_mfu']:.1%} (a roofline ceiling, not a measurement)")
+    lines.append(f"input             {r['input_workers_per_host']} input worker process(es) per host keep up with "
+                 f"that step rate (--config.data.num_workers)")
+  return "\n".join(lines)

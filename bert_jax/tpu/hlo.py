@@ -1,0 +1,108 @@
+"""The collectives of a compiled (SPMD-partitioned) HLO module, counted per execution of the module.
+
+A collective inside a loop body runs once per iteration: the scanned encoder layers, micro-batches
+and XLA's windowed (collective-matmul) loops all show up as `while` ops, so counts are multiplied
+along the call graph from the entry computation by each loop's trip count, read from its condition
+(`i < N`; JAX's loops count up from 0).
+
+`bytes` is what one device sends per step with ring algorithms over a group of n devices:
+all-reduce 2(n-1)/n x buffer, all-gather and all-to-all (n-1)/n x the (gathered) buffer,
+reduce-scatter (n-1) x the scattered output, collective-permute the buffer.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%\S+ = (.*?) ([a-z][a-z0-9-]*)\((.*)$")
+_ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
+
+
+def _array_bytes(type_text: str) -> list[float]:
+  """Bytes of each array in a (possibly tuple) HLO type, in order."""
+  return [_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+          for dtype, dims in _ARRAY.findall(type_text) if dtype in _DTYPE_BYTES]
+
+
+def _group_size(attrs: str, num_devices: int) -> int:
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+  if mesh:
+    sizes = {name: int(size) for name, size in re.findall(r"'(\w+)'=(\d+)", mesh.group(1))}
+    return math.prod(sizes.get(name, 1) for name in re.findall(r"'(\w+)'", mesh.group(2)))
+  explicit = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+  if explicit:
+    return len(explicit.group(1).split(","))
+  iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", attrs)
+  return int(iota.group(1)) if iota else num_devices
+
+
+def _sent_bytes(kind: str, opcode: str, type_text: str, attrs: str, num_devices: int) -> float:
+  arrays = _array_bytes(type_text)
+  if opcode == "all-gather-start":  # (operands..., outputs...)
+    arrays = arrays[len(arrays) // 2:]
+  elif opcode == "collective-permute-start":  # (operand, output, context scalars)
+    arrays = arrays[1:2]
+  size, n = sum(arrays), _group_size(attrs, num_devices)
+  if kind == "all-reduce":
+    return 2 * (n - 1) / n * size
+  if kind == "reduce-scatter":
+    return (n - 1) * size
+  if kind in ("all-gather", "all-to-all"):
+    return (n - 1) / n * size
+  return size
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+  """name -> instruction lines, and the entry computation's name."""
+  bodies, entry, current = {}, "", None
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(ENTRY )?%(\S+) ", line)
+    if header and line.rstrip().endswith("{"):
+      current = header.group(2)
+      bodies[current] = []
+      entry = current if header.group(1) else entry
+    elif line.startswith("}"):
+      current = None
+    elif current is not None:
+      bodies[current].append(line)
+  return bodies, entry
+
+
+def _trip_count(condition: list[str]) -> int:
+  constants = [int(v) for line in condition for v in re.findall(r"\bconstant\((\d+)\)", line)]
+  compares_lt = any("direction=LT" in line for line in condition)
+  return constants[0] if compares_lt and len(constants) == 1 else 1
+
+
+def collectives(hlo_text: str, num_devices: int) -> list[dict]:
+  """[{kind, count, bytes}] per execution of the module, one entry per collective kind present."""
+  bodies, entry = _computations(hlo_text)
+  totals = collections.defaultdict(lambda: [0, 0.0])
+
+  def visit(name: str, times: int) -> None:
+    for line in bodies.get(name, ()):
+      match = _INSTRUCTION.match(line)
+      if not match:
+        continue
+      type_text, opcode, attrs = match.groups()
+      kind = opcode.removesuffix("-start")
+      if kind in KINDS:
+        totals[kind][0] += times
+        totals[kind][1] += times * _sent_bytes(kind, opcode, type_text, attrs, num_devices)
+      if opcode == "while":
+        body = re.search(r"body=%([^\s,]+)", attrs).group(1)
+        condition = re.search(r"condition=%([^\s,]+)", attrs).group(1)
+        visit(body, times * _trip_count(bodies.get(condition, [])))
+      elif opcode not in ("async-update", "async-done"):  # those name their start's computation again
+        branches = re.search(r"branch_computations=\{([^}]*)\}", attrs)
+        called = re.findall(r"(?:calls|true_computation|false_computation)=%([^\s,]+)", attrs)
+        for callee in called + (re.findall(r"%([^\s,]+)", branches.group(1)) if branches else []):
+          visit(callee, times)
+
+  visit(entry, 1)
+  return [{"kind": kind, "count": count, "bytes": int(sent)}
+          for kind, (count, sent) in sorted(totals.items(), key=lambda kv: KINDS.index(kv[0]))]

@@ -1,0 +1,89 @@
+"""What an objective is (a model plus how its loss and metrics are computed from a batch), and the loss
+helpers the objectives share.
+
+A loss is a combination of additive statistics: `sums(params, batch)` are sums over rows (summing them
+over micro-batches gives the full batch's), `counts(batch)` are the denominators, which depend on the
+data only. `loss(sums, counts)` is linear in the sums, so accumulating gradients over micro-batches
+with the full batch's counts gives exactly the full batch's gradient.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.models.config import ModelConfig
+
+Batch = Mapping[str, jax.Array]
+
+HEAD_NAMES = ("mlm_head", "sentence_classifier", "rtd_head")
+
+
+class Objective(Protocol):
+  """What the shared train and eval steps (training/step.py) need of a job's objective."""
+
+  def init(self, rng: jax.Array, batch: Batch) -> Any:
+    """The boxed parameter tree (logical axis names on every leaf)."""
+
+  def counts(self, batch: Batch) -> dict[str, jax.Array]:
+    """The denominators: from the data only."""
+
+  def sums(self, params: Any, batch: Batch, rng: jax.Array | None, deterministic: bool
+           ) -> dict[str, jax.Array]:
+    """Statistics additive over rows; rng None in evaluation."""
+
+  def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
+    """Linear in the sums."""
+
+  def metrics(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The logged metrics besides the loss."""
+
+
+class PretrainingObjective(Objective, Protocol):
+  """A pretraining objective (`make_objective`): also its encoder's config and how to count its size."""
+  config: ModelConfig
+
+  def backbone(self, params: Any) -> Any:
+    """The parameters the papers count as the model's size."""
+
+
+def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:
+  """An all-zeros batch of the data contract's shapes (for init and abstract evaluation)."""
+  tokens = np.zeros((batch_size, seq_len), np.int32)
+  preds = np.zeros((batch_size, max_predictions), np.int32)
+  return {"input_ids": tokens, "input_mask": tokens + 1, "segment_ids": tokens,
+          "masked_lm_positions": preds, "masked_lm_ids": preds,
+          "masked_lm_weights": preds.astype(np.float32),
+          "next_sentence_labels": np.zeros((batch_size,), np.int32)}
+
+
+def token_nll_and_correct(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """logits: f32[..., V], labels: int[...] -> (negative log-likelihood, label logit == max logit).
+
+  One-hot products rather than gathers/argmax along V: the vocab axis may be sharded over the mesh.
+  The loss is (max - label logit) + log(sum(exp(logits - max))): no cancellation between two large
+  log-sum-exp and label terms, and exactly the log-sum-exp term when the label is the max.
+  """
+  logits = logits.astype(jnp.float32)
+  one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+  label_logit = jnp.sum(logits * one_hot, axis=-1)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  nll = (top - label_logit) + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  correct = (label_logit >= top).astype(jnp.float32)
+  return nll, correct
+
+
+def mlm_sums(logits: jax.Array, batch: Batch) -> dict[str, jax.Array]:
+  """The masked-LM loss and correct predictions summed over the weighted (real) predictions."""
+  weights = batch["masked_lm_weights"].astype(jnp.float32)
+  nll, correct = token_nll_and_correct(logits, batch["masked_lm_ids"])
+  return {"mlm_loss": jnp.sum(nll * weights), "mlm_correct": jnp.sum(correct * weights)}
+
+
+def model_inputs(batch: Batch) -> dict[str, Any]:
+  """Maps the data contract's feature names to the model's arguments."""
+  return dict(input_ids=batch["input_ids"], attention_mask=batch["input_mask"],
+              token_type_ids=batch["segment_ids"], position_ids=batch.get("position_ids"),
+              document_ids=batch.get("document_ids"), masked_positions=batch["masked_lm_positions"])

@@ -1,0 +1,35 @@
+"""The objectives by name (a run config's `objective`): each objective's module registers a factory.
+
+A new objective is one module in this package: its class, and a factory decorated with
+`@register("name")` that checks the config keys it needs; the package's __init__ imports it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import ml_collections
+
+from bert_jax.errors import UserError
+from bert_jax.models.config import ModelConfig
+from bert_jax.training.objectives.base import PretrainingObjective
+
+Factory = Callable[[ml_collections.ConfigDict, ModelConfig], PretrainingObjective]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+  """Decorator: `factory(config, model_config)` builds the objective `name`."""
+  def add(factory: Factory) -> Factory:
+    if name in _FACTORIES:
+      raise ValueError(f"objective {name!r} is registered twice")
+    _FACTORIES[name] = factory
+    return factory
+  return add
+
+
+def make_objective(config: ml_collections.ConfigDict) -> PretrainingObjective:
+  """The objective named by `config.objective`."""
+  model_config = ModelConfig.from_dict(config.model.to_dict())
+  if config.objective not in _FACTORIES:
+    raise UserError(f"objective={config.objective!r} is not one of {tuple(_FACTORIES)}")
+  return _FACTORIES[config.objective](config, model_config)

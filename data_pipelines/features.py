@@ -1,0 +1,75 @@
+"""The output contract (FEATURES), and the last stage that meets it: unmasked rows -> masked, padded batches.
+
+Rows arrive as padded arrays with, per row, its shard and its mask counter; the masks are drawn in
+TensorFlow (masking.py) from keys of (seeds, shard, counter), so they are the same in any batch,
+on any host count and with any number of threads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
+from bert_jax.data_pipelines.tftools import tf
+
+# name: (dtype, shape, meaning)
+FEATURES = {
+    "input_ids": ("int32", ("B", "T"), "[CLS] A [SEP] (B [SEP]) with masked positions replaced; 0 ([PAD]) after"),
+    "input_mask": ("int32", ("B", "T"), "1 on real tokens, 0 on padding"),
+    "segment_ids": ("int32", ("B", "T"), "token type: 0 for [CLS] A [SEP], 1 for B [SEP], 0 on padding"),
+    "masked_lm_positions": ("int32", ("B", "P"), "positions of the predictions, ascending; 0 on unused slots"),
+    "masked_lm_ids": ("int32", ("B", "P"), "original token ids at those positions; 0 on unused slots"),
+    "masked_lm_weights": ("float32", ("B", "P"), "1.0 for a real prediction, 0.0 for an unused slot"),
+    "next_sentence_labels": ("int32", ("B",), "NSP: 1 = random B, 0 = actual next; SOP: 1 = swapped; "
+                             "0 without a sentence objective"),
+}
+PACKING_FEATURES = {
+    "document_ids": ("int32", ("B", "T"), "1..k for the k documents packed in the row, 0 on padding; "
+                     "attend only where equal and non-zero"),
+    "position_ids": ("int32", ("B", "T"), "position inside its own document, from 0; 0 on padding"),
+}
+SPAN_FEATURES = {
+    "masked_lm_span_left": ("int32", ("B", "P"), "position of the token just before the prediction's span"),
+    "masked_lm_span_right": ("int32", ("B", "P"), "position of the token just after the prediction's span"),
+    "masked_lm_span_offset": ("int32", ("B", "P"), "0-based index of the prediction inside its span"),
+}
+# What a row source hands to `Featurizer`: the unmasked rows and each row's mask identity.
+ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", "counter")
+
+
+def feature_spec(data_cfg) -> dict:
+  """The contract for this config: name -> (dtype, shape, meaning)."""
+  spec = dict(FEATURES)
+  if data_cfg.packing:
+    spec.update(PACKING_FEATURES)
+  if data_cfg.masking == "span":
+    spec.update(SPAN_FEATURES)
+  return spec
+
+
+class Featurizer:
+  """Unmasked row batches (numpy, ROW_FIELDS) -> the contract's features (numpy), masked in TensorFlow."""
+
+  def __init__(self, masking: MaskingConfig, seeds: tuple, spec: dict, max_seq_length: int):
+    self._spec, t = spec, tf()
+    width = max_seq_length
+
+    def featurize(ids, length, segment_ids, label, document_ids, shard, counter):
+      masked = mask_batch(ids, length, row_keys(seeds, shard, counter), masking)
+      real = t.range(width)[None] < length[:, None]
+      out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
+             "next_sentence_labels": label, "document_ids": document_ids}
+      if "position_ids" in spec:
+        pos = t.range(width)[None]
+        starts = t.pad(document_ids[:, 1:] != document_ids[:, :-1], [[0, 0], [1, 0]]) | (pos == 0)
+        start_of = t.transpose(t.scan(t.maximum, t.transpose(t.where(starts, pos, 0))))
+        out["position_ids"] = t.where(document_ids > 0, pos - start_of, 0)
+      return {name: out[name] for name in spec}
+
+    rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
+            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
+            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int64), t.TensorSpec([None], t.int64)]
+    self._fn = t.function(featurize, input_signature=rows)
+
+  def __call__(self, rows: dict) -> dict:
+    out = self._fn(*(rows[name] for name in ROW_FIELDS))
+    return {name: np.asarray(value) for name, value in out.items()}

@@ -1,0 +1,241 @@
+"""Virtual shards: deterministic, resumable streams of unmasked rows, and the context they share.
+
+The documents are split into `data.num_shards` virtual shards (by file when there are at least that
+many files, else by a hash of each document's identity). A shard reads `data.shuffle_buffer` documents
+at a time (a block), builds its rows with a generator seeded by (seeds, shard, block position) and
+shuffles them. Each row carries a mask counter, (epoch, rows before it in the epoch), from which
+features.py draws its mask: fresh every epoch with dynamic masking; with static masking epoch e
+replays epoch e % dupe_factor, rows and masks alike (the original data creation's duplicates).
+A shard's saved position is (block position, rows taken from the block, rows taken in the epoch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+from etils import epath
+
+from bert_jax.data_pipelines import corpora, embedded
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
+from bert_jax.data_pipelines.features import feature_spec
+from bert_jax.data_pipelines.masking import MaskingConfig
+from bert_jax.data_pipelines.tokenizers import load_tokenizer
+
+MASKING_MODES = ("dynamic", "static")
+MASK_TOKENS = ("[MASK]", "[UNK]")
+COUNTER_EPOCH_SHIFT = 40  # a row's mask counter = epoch << 40 | row in the epoch
+STATE_FILE = "data_state.process{:05d}.json"  # one file of input positions per process
+
+
+def write_state(directory: epath.PathLike, process_index: int, state: dict) -> None:
+  """Writes one process's input positions into `directory` (local or gs://, through etils.epath)."""
+  directory = epath.Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / STATE_FILE.format(process_index)).write_text(json.dumps(state))
+
+
+def read_states(directory: epath.PathLike) -> list[tuple[epath.Path, dict]]:
+  """(path, positions) of every process's file in `directory`, whatever the process count that wrote them."""
+  return [(path, json.loads(path.read_text()))
+          for path in sorted(epath.Path(directory).glob(STATE_FILE.replace("{:05d}", "*")))]
+
+
+@dataclasses.dataclass
+class Context:
+  """Everything the shard streams share; `make_context` builds it from the config (also in workers)."""
+  source: object
+  tokenized: bool  # the source yields token ids already (prepared records)
+  tokenizer: object
+  builder: BuilderConfig
+  masking: MaskingConfig
+  spec: dict
+  seeds: tuple
+  num_shards: int
+  holdout: tuple | None  # (fraction, keep_held_out) for the eval_fraction split, else None
+  block_documents: int
+  max_seq_length: int
+  stats: corpora.Stats
+  dupe_factor: int | None = None  # static masking: epochs repeat with this period
+
+
+class ShardStream:
+  """One virtual shard: a deterministic, resumable stream of (row, mask counter)."""
+
+  def __init__(self, ctx: Context, shard: int, state: dict | None = None):
+    self.ctx, self.shard = ctx, shard
+    units = ctx.source.units
+    self.by_unit = len(units) >= ctx.num_shards
+    self.units = units[shard::ctx.num_shards] if self.by_unit else list(units)
+    # state: cursor = [epoch, unit position, offset, document index] of the current block's start.
+    self.state = state or {"cursor": [0, 0, 0, 0], "skip": 0, "index": 0}
+
+  def _keep(self, unit, index) -> bool:
+    h = corpora.document_hash(unit, index)
+    if self.ctx.holdout is not None:
+      fraction, held_out = self.ctx.holdout
+      if ((h & 0xFFFFFFFF) / 2 ** 32 < fraction) != held_out:
+        return False
+    return self.by_unit or (h >> 32) % self.ctx.num_shards == self.shard
+
+  def _epoch(self, epoch: int) -> int:
+    """The epoch whose rows and masks `epoch` uses: itself, or its static duplicate."""
+    return epoch % self.ctx.dupe_factor if self.ctx.dupe_factor else epoch
+
+  def read_block(self, cursor):
+    """(documents, cursor after them): up to block_documents documents from `cursor`, within one epoch."""
+    epoch, position, offset, index = cursor
+    order = np.random.default_rng([*self.ctx.seeds, self.shard, self._epoch(epoch)]).permutation(len(self.units))
+    docs = []
+    while position < len(self.units) and len(docs) < self.ctx.block_documents:
+      unit = self.units[order[position]]
+      for doc, offset, index in self.ctx.source.read(unit, offset, index):
+        if self._keep(unit, index - 1):
+          docs.append(doc)
+          if len(docs) == self.ctx.block_documents:
+            break
+      else:
+        position, offset, index = position + 1, 0, 0
+    if position == len(self.units):
+      return docs, [epoch + 1, 0, 0, 0]
+    return docs, [epoch, position, offset, index]
+
+  def _rows(self, cursor):
+    docs, next_cursor = self.read_block(cursor)
+    if not self.ctx.tokenized:
+      encode = self.ctx.tokenizer.encode
+      docs = [[encode(s) for s in doc] for doc in docs]
+    rng = np.random.default_rng([*self.ctx.seeds, self.shard, self._epoch(cursor[0]), *cursor[1:]])
+    rows = build_rows(self.ctx.builder, docs, rng, self.ctx.stats)
+    return [rows[i] for i in rng.permutation(len(rows))], next_cursor
+
+  def __iter__(self):
+    cursor, skip, index = self.state["cursor"], self.state["skip"], self.state["index"]
+    empty_since = None
+    while True:
+      rows, next_cursor = self._rows(cursor)
+      if rows:
+        empty_since = None
+      elif empty_since is None:
+        empty_since = cursor
+      elif next_cursor[0] > empty_since[0] + 1:
+        raise DataError(f"shard {self.shard} of {self.ctx.num_shards} produced no examples in a whole "
+                        f"epoch (stats: {dict(self.ctx.stats)}): the corpus is empty, binary, or its "
+                        "documents are too short; check data.corpus or lower data.num_shards")
+      counter_base = self._epoch(cursor[0]) << COUNTER_EPOCH_SHIFT
+      for row in rows[skip:]:
+        counter = counter_base + index
+        skip, index = skip + 1, index + 1
+        self.state = {"cursor": cursor, "skip": skip, "index": index}
+        yield row, counter
+      if next_cursor[0] != cursor[0]:
+        index = 0
+      cursor, skip = next_cursor, 0
+      self.state = {"cursor": cursor, "skip": 0, "index": index}
+
+
+def _stack(rows, counters, shards, width: int) -> dict:
+  """Unmasked rows as the padded arrays features.Featurizer takes (features.ROW_FIELDS)."""
+  n = len(rows)
+  ids, segments, documents = (np.zeros((n, width), np.int32) for _ in range(3))
+  for i, row in enumerate(rows):
+    ids[i, :len(row.ids)] = row.ids
+    segments[i, :len(row.ids)] = row.segment_ids
+    if row.document_ids is not None:
+      documents[i, :len(row.ids)] = row.document_ids
+  return {"ids": ids, "length": np.array([len(r.ids) for r in rows], np.int32), "segment_ids": segments,
+          "label": np.array([r.label for r in rows], np.int32), "document_ids": documents,
+          "shard": np.array(shards, np.int64), "counter": np.array(counters, np.int64)}
+
+
+def shard_batches(ctx: Context, shards, states: dict, rows_per_shard: int):
+  """(key, unmasked rows of `shards` in shard order, their states after those rows) for batch 0, 1, ..."""
+  streams = [ShardStream(ctx, s, states[s]) for s in shards]
+  iterators = [iter(s) for s in streams]
+  for key in itertools.count():
+    taken = [(next(it), s.shard) for it, s in zip(iterators, streams) for _ in range(rows_per_shard)]
+    rows = [row for (row, _), _ in taken]
+    rows = _stack(rows, [counter for (_, counter), _ in taken], [shard for _, shard in taken], ctx.max_seq_length)
+    yield key, rows, {s.shard: s.state for s in streams}
+
+
+def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_size):
+  if max_position_embeddings is not None and data_cfg.max_seq_length > max_position_embeddings:
+    raise DataError(f"data.max_seq_length={data_cfg.max_seq_length} exceeds the model's "
+                    f"max_position_embeddings={max_position_embeddings}; lower data.max_seq_length")
+  if model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size:
+    raise DataError(f"vocabulary {data_cfg.vocab or '(embedded)'} has {tokenizer.vocab_size} entries, more "
+                    f"than model.vocab_size={model_vocab_size}; raise model.vocab_size or use a smaller vocab")
+  if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
+    raise DataError(f"data.max_predictions_per_seq={data_cfg.max_predictions_per_seq} must be in "
+                    f"1..max_seq_length ({data_cfg.max_seq_length})")
+
+
+def make_tokenizer(data_cfg):
+  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
+  if data_cfg.tokenizer != kind:
+    raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} "
+                    "vocabulary (*.model is SentencePiece, anything else a WordPiece vocab.txt)")
+  return load_tokenizer(vocab, data_cfg.lower_case)
+
+
+def _source(data_cfg, split, num_shards, stats):
+  """(source, tokenized, holdout) for the split."""
+  if split == "eval" and data_cfg.eval_corpus:
+    files = corpora.list_files(data_cfg.eval_corpus, "data.eval_corpus")
+    return corpora.TextSource(files, data_cfg.corpus_format, stats), False, None
+  if split == "eval" and not 0 < data_cfg.eval_fraction < 1:
+    raise DataError(f"split='eval' needs data.eval_corpus or 0 < data.eval_fraction < 1 "
+                    f"(it is {data_cfg.eval_fraction})")
+  holdout = None
+  if not data_cfg.eval_corpus and data_cfg.eval_fraction > 0:
+    holdout = (data_cfg.eval_fraction, split == "eval")
+  if data_cfg.prepared:
+    from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
+    files = corpora.list_files(data_cfg.prepared, "data.prepared")
+    prepare.check_prepared(files, data_cfg)
+    return corpora.RecordSource(files, stats), True, holdout
+  if data_cfg.tfds_name:
+    source = corpora.TfdsSource(data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_feature,
+                                data_cfg.tfds_data_dir, num_shards, stats)
+    return source, False, holdout
+  files = corpora.list_files(data_cfg.corpus) if data_cfg.corpus else [embedded.ensure_embedded()[0]]
+  return corpora.TextSource(files, data_cfg.corpus_format, stats), False, holdout
+
+
+def masking_config(data_cfg, tokenizer) -> MaskingConfig:
+  if data_cfg.mask_token not in MASK_TOKENS:
+    raise DataError(f"data.mask_token={data_cfg.mask_token!r}; choose one of {MASK_TOKENS}")
+  if data_cfg.masking_mode not in MASKING_MODES:
+    raise DataError(f"data.masking_mode={data_cfg.masking_mode!r}; choose one of {MASKING_MODES}")
+  if data_cfg.masking_mode == "static" and data_cfg.dupe_factor < 1:
+    raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
+  special = tokenizer.special_ids
+  return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, data_cfg.max_predictions_per_seq,
+                       special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask())
+
+
+def seeds(data_cfg, split: str) -> tuple:
+  """The one seed path from config to batch: data.seed and the split."""
+  return (data_cfg.seed, 0 if split == "train" else 1)
+
+
+def make_context(data_cfg, split: str, max_position_embeddings: int | None,
+                 model_vocab_size: int | None) -> Context:
+  """The shard streams' shared context; built this way in the main process and in every worker."""
+  tokenizer = make_tokenizer(data_cfg)
+  check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_size)
+  special = tokenizer.special_ids
+  builder = BuilderConfig(data_cfg.example_builder, data_cfg.max_seq_length, special["[CLS]"],
+                          special["[SEP]"], data_cfg.short_seq_prob, data_cfg.packing)
+  masking = masking_config(data_cfg, tokenizer)
+  if data_cfg.shuffle_buffer < 1:
+    raise DataError(f"data.shuffle_buffer={data_cfg.shuffle_buffer}; use a positive number of documents")
+  stats = corpora.Stats()
+  source, tokenized, holdout = _source(data_cfg, split, data_cfg.num_shards, stats)
+  return Context(source, tokenized, tokenizer, builder, masking, feature_spec(data_cfg), seeds(data_cfg, split),
+                 data_cfg.num_shards, holdout, data_cfg.shuffle_buffer, data_cfg.max_seq_length, stats,
+                 data_cfg.dupe_factor if data_cfg.masking_mode == "static" else None)

@@ -1,0 +1,30 @@
+"""`bert-jax data throughput`: examples/s and real tokens/s of a config's pretraining input, after warm-up."""
+from __future__ import annotations
+
+import os
+import time
+
+from bert_jax.data_pipelines import pipeline
+from bert_jax.data_pipelines.errors import DataError
+
+_WARMUP_BATCHES = 3  # traces the TF functions and fills the prefetch queues
+
+
+def measure(config, batches: int) -> dict:
+  """Reads `batches` batches of the train input after warm-up; CPU time is this process's, all threads."""
+  if batches < 1:
+    raise DataError(f"--batches={batches}; measure at least 1 batch")
+  data = pipeline.for_config(config, "train", config.train.batch_size)
+  try:
+    for _ in range(_WARMUP_BATCHES):
+      next(data)
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = sum(int(next(data)["input_mask"].sum()) for _ in range(batches))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  finally:
+    data.close()
+  examples = batches * config.train.batch_size
+  return {"examples_per_sec": examples / wall, "real_tokens_per_sec": tokens / wall,
+          "real_tokens_per_cpu_sec": tokens / cpu, "batches": batches, "batch_size": config.train.batch_size,
+          "seconds": wall, "cpu_seconds": cpu, "cores": len(os.sched_getaffinity(0)),
+          "mean_real_tokens_per_row": tokens / examples}

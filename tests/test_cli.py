@@ -1,0 +1,51 @@
+"""The `bert-jax` command's own surface: --version, `config show`, help with defaults, one-line errors."""
+import json
+import os
+
+import pytest
+
+import bert_jax
+from bert_jax.cli import main
+
+
+def test_version(capsys):
+  with pytest.raises(SystemExit) as e:
+    main(["--version"])
+  assert e.value.code == 0
+  assert capsys.readouterr().out.strip() == f"bert-jax {bert_jax.__version__}"
+
+
+def test_config_show_prints_the_resolved_config(capsys):
+  assert main(["config", "show", "--config", "configs/bert.py:demo", "--config.train.num_steps=7",
+               "--config.optimizer.learning_rate=2e-4"]) == 0
+  shown = json.loads(capsys.readouterr().out)
+  assert shown["train"]["num_steps"] == 7
+  assert shown["optimizer"]["learning_rate"] == 2e-4
+  assert shown["model"]["num_layers"] == 2 and shown["data"]["max_seq_length"] == 64  # the demo preset
+
+
+@pytest.mark.parametrize("override,suggestion", [
+    ("--config.train.num_step=3", "config.train.num_steps"),           # a typo in the leaf
+    ("--config.train.learning_rate=3", "config.optimizer.learning_rate"),  # the right leaf, wrong section
+    ("--config.optimiser.learning_rate=3", "config.optimizer.learning_rate"),  # a typo in the section
+])
+def test_misspelled_key_gets_did_you_mean(capsys, override, suggestion):
+  assert main(["config", "show", "--config", "configs/bert.py:demo", override]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and f"did you mean {suggestion}?" in err
+
+
+def test_sub_command_help_shows_defaults(capsys):
+  with pytest.raises(SystemExit):
+    main(["benchmark", "--help"])
+  out = capsys.readouterr().out
+  assert "default: 32" in out and "default: 128" in out and "(default: configs/bert.py:base)" in out
+
+
+def test_missing_config_file_lists_each_folder_once(capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert main(["config", "show", "--config", "nope.py:x"]) == 2
+  err = capsys.readouterr().err
+  folders = err.split("looked in ")[1].split(")")[0].split(", ")
+  assert len(folders) == len(set(folders)) and str(tmp_path) in folders
+  assert all(os.path.isdir(f) for f in folders)

@@ -1,0 +1,92 @@
+"""Compression end to end on a learnable GLUE-format task: a float teacher is fine-tuned through the
+CLI; a student distilled from it beats the same student trained without it; the teacher's int8
+version keeps its accuracy at under 30% of its bytes and `predict` serves it."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import data_fixtures
+from bert_jax import cli
+
+pytest.importorskip("qwix")
+
+MODEL = ["--config.model.num_heads=2", "--config.model.max_position_embeddings=32",
+         "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+         "--config.train.eval_batch_size=32", "--config.train.log_every_steps=16",
+         "--config.optimizer.learning_rate=3e-3", "--config.train.tensorboard=false"]
+TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
+STUDENT = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
+
+
+def _sst2_dir(directory, random_train_labels: bool, n_train=256, n_dev=64):
+  """Real sentences whose label is their first word ("true ..." / "false ..."); the dev labels are
+  always right, the training labels optionally coin flips (data without labels to learn from)."""
+  os.makedirs(directory, exist_ok=True)
+  sentences = data_fixtures.real_sentences(n_train + n_dev)
+  rng = np.random.default_rng(0)
+  for split, chunk in (("train", sentences[:n_train]), ("dev", sentences[n_train:])):
+    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
+      f.write("sentence\tlabel\n")
+      for sentence in chunk:
+        y = int(rng.integers(2))
+        label = int(rng.integers(2)) if random_train_labels and split == "train" else y
+        f.write(f"{('false', 'true')[y]} {sentence}\t{label}\n")
+  return str(directory)
+
+
+def _results(workdir):
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  data = _sst2_dir(tmp_path_factory.mktemp("sst2"), random_train_labels=False)
+  workdir = str(tmp_path_factory.mktemp("teacher"))
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *MODEL, *TEACHER,
+                   f"--config.data.data_dir={data}", "--config.train.epochs=4"]) == 0
+  assert _results(workdir)["accuracy"] >= 0.95
+  return data, workdir
+
+
+def test_distilled_student_beats_the_student_without_teacher(teacher, tmp_path):
+  """The distillation set's labels are coin flips: without the teacher the student stays near chance;
+  with the teacher's soft targets (temperature 1, no hard loss) it learns the teacher's rule."""
+  _, teacher_dir = teacher
+  noisy = _sst2_dir(tmp_path / "noisy", random_train_labels=True)
+  common = [*MODEL, *STUDENT, f"--config.data.data_dir={noisy}", "--config.train.epochs=4",
+            "--config.train.seed=1"]
+  student, alone = str(tmp_path / "student"), str(tmp_path / "alone")
+  assert cli.main(["distill", "--config", "configs/distill.py:sst2", "--workdir", student, *common,
+                   f"--config.distill.teacher={teacher_dir}", "--config.distill.hard_weight=0",
+                   "--config.distill.temperature=1"]) == 0
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", alone, *common]) == 0
+  distilled, baseline = _results(student)["accuracy"], _results(alone)["accuracy"]
+  assert distilled >= 0.9 and baseline <= 0.75, (distilled, baseline)
+  saved = json.load(open(os.path.join(student, "config.json")))  # a normal fine-tuning workdir
+  assert saved["model"]["num_layers"] == 1 and saved["task"]["head"] == "classification"
+
+
+def test_int8_teacher_keeps_accuracy_and_predict_serves_it(teacher, tmp_path, capsys):
+  data, teacher_dir = teacher
+  out = str(tmp_path / "int8")
+  assert cli.main(["quantize", "--model", teacher_dir, "--output", out]) == 0
+  results = _results(out)
+  float_acc = _results(teacher_dir)["accuracy"]
+  assert results["float"]["accuracy"] == pytest.approx(float_acc)  # the same model, measured the same way
+  assert results["int8"]["accuracy"] >= float_acc - 0.02 and results["agreement"] >= 0.95, results
+  assert results["bytes"]["ratio"] <= 0.3, results["bytes"]
+  capsys.readouterr()
+  predictions = str(tmp_path / "predictions.jsonl")
+  assert cli.main(["predict", "--model", out, "--input", os.path.join(data, "dev.tsv"),
+                   "--output", predictions]) == 0
+  with open(os.path.join(data, "dev.tsv")) as f:
+    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
+  with open(predictions) as f:
+    labels = [json.loads(line)["label"] for line in f]
+  # predict loads the int8 workdir on its own path and agrees with the quantize job's measurement
+  assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(results["int8"]["accuracy"])
+  assert cli.main(["quantize", "--model", out, "--output", str(tmp_path / "again")]) == 2
+  assert "already quantized" in capsys.readouterr().err

@@ -1,0 +1,335 @@
+"""The fault campaign of issue 19, kept alive: SIGKILL at several moments (one during an async save)
+resumes to the uninterrupted run; divergence stops and keeps the finite checkpoint; a damaged
+checkpoint, a full disk, another optimizer and an empty eval split each end in one line; a second run
+on a busy workdir is locked out; a crafted .bin is refused."""
+import errno
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from etils import epath
+
+from bert_jax import run_lock
+from bert_jax.errors import UserError
+from bert_jax.training import checkpoint, finite, metrics, step as step_lib, trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
+        "--config.train.batch_size=8", "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
+        "--config.data.shuffle_buffer=100", "--config.model.num_layers=1", "--config.model.hidden_size=32",
+        "--config.model.intermediate_size=64", "--config.checkpoint.every_steps=2"]
+
+
+def _config(*overrides):
+  return trainer.load_run_config("configs/bert.py:demo", TINY + list(overrides))
+
+
+def _rows(workdir, evals=False):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if bool(r.get("eval")) == evals]
+
+
+def _steps(workdir):
+  return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+
+
+def _cli(workdir, *overrides, prelude="", timeout=400, **env):
+  """`bert-jax pretrain` in a fresh process (after `prelude`, Python run first in that process)."""
+  code = prelude + "\nimport sys\nfrom bert_jax import cli\nsys.exit(cli.main(sys.argv[1:]))"
+  command = [sys.executable, "-c", code, "pretrain", "--config", "configs/bert.py:demo",
+             "--workdir", str(workdir), *TINY, *overrides]
+  return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=ROOT, **env))
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+  """A finite 4-step run (checkpoints 2 and 4, one evaluation at 4), and the order of saves and evals."""
+  workdir = tmp_path_factory.mktemp("healthy")
+  order = []
+  with pytest.MonkeyPatch.context() as m:
+    save, evaluate = checkpoint.Checkpointer.save, trainer.evaluate
+    m.setattr(checkpoint.Checkpointer, "save",
+              lambda self, step, *a, **k: order.append(("save", step)) or save(self, step, *a, **k))
+    m.setattr(trainer, "evaluate", lambda *a: order.append(("eval",)) or evaluate(*a))
+    trainer.pretrain(_config("--config.train.num_steps=4", "--config.train.eval_every_steps=4",
+                             "--config.train.eval_steps=1"), str(workdir))
+  return workdir, order
+
+
+def _copy(healthy, tmp_path):
+  target = tmp_path / "run"
+  shutil.copytree(healthy[0], target)
+  return target
+
+
+def test_a_checkpoint_is_saved_before_evaluating(healthy):
+  assert healthy[1] == [("save", 2), ("save", 4), ("eval",)]
+
+
+def test_divergence_stops_and_keeps_the_last_finite_checkpoint(healthy, tmp_path):
+  """lr 1e6 from a healthy step 4: the loss overflows within a few steps. Before the check the run went
+  on to step 12 with exit 0, and checkpoints 8..12 (NaN) rotated the finite ones out."""
+  workdir = _copy(healthy, tmp_path)
+  with pytest.raises(finite.TrainingDiverged, match=r"not finite at step (\d+)") as info:
+    trainer.pretrain(_config("--config.train.num_steps=12", "--config.optimizer.learning_rate=1e6",
+                             "--config.checkpoint.keep=2"), str(workdir))
+  diverged = int(re.search(r"at step (\d+)", str(info.value)).group(1))
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows] == list(range(1, diverged))  # the non-finite step is not logged
+  assert all(np.isfinite(r["loss"]) for r in rows)
+  latest = _steps(workdir)[-1]
+  assert latest < diverged and f"the latest checkpoint, step {latest}, is finite" in str(info.value)
+  params, _ = checkpoint.load_params(str(workdir))  # refuses NaN params
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+def test_nan_params_are_refused_on_load(tmp_path):
+  config = {"model": {"hidden_size": 2}}
+  checkpoint.save_params(str(tmp_path / "nan"), {"dense": {"kernel": np.array([[1.0, np.nan]], np.float32),
+                                                           "bias": np.zeros(2, np.float32)}}, config)
+  with pytest.raises(UserError, match=r"nan: parameters hold NaN or Inf \(\['dense'\]\['kernel'\]\)"):
+    checkpoint.load_params(str(tmp_path / "nan"))
+
+
+def _toy_step(state, batch, rng):
+  """Loss = sum(w * x): gradient x, so a NaN in the batch makes loss and gradient NaN."""
+  tx = optax.sgd(1.0)
+  loss, grads = jax.value_and_grad(lambda w: jnp.sum(w * batch))(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  return (step_lib.TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state),
+          {"loss": loss, "grad_norm": optax.tree.norm(grads)})
+
+
+@pytest.mark.parametrize("budget", [0, 1])
+def test_skip_nonfinite_steps(budget, capsys):
+  step = jax.jit(finite.guard_step(_toy_step, skip=budget > 0))
+  state = step_lib.TrainState(jnp.int32(0), jnp.ones(2), optax.sgd(1.0).init(jnp.ones(2)))
+  guard = finite.DivergenceGuard(budget)
+  batches = [jnp.array([1.0, 2.0]), jnp.array([np.nan, 0.0]), jnp.array([0.5, 0.5]), jnp.array([np.inf, 0.0])]
+  for number, batch in enumerate(batches[:3], 1):
+    state, m = step(state, batch, None)
+    guard.record(number, m)
+  if not budget:
+    with pytest.raises(finite.TrainingDiverged, match="not finite at step 2; .* step 1, is finite"):
+      guard.check(last_saved=1)
+    return
+  assert guard.check(last_saved=None) == {2}
+  np.testing.assert_allclose(state.params, [1 - 1 - 0.5, 1 - 2 - 0.5])  # step 2 left the params alone
+  assert int(state.step) == 3
+  assert "step 2: loss or gradient norm not finite; update skipped (1 of train.skip_nonfinite_steps=1)" in \
+      capsys.readouterr().out
+  state, m = step(state, batches[3], None)
+  guard.record(4, m)
+  with pytest.raises(finite.TrainingDiverged, match=r"more than train.skip_nonfinite_steps=1 .* at step 4"):
+    guard.check_state(4, state, last_saved=None)
+
+
+def test_resume_with_another_optimizer_is_refused_before_writing(healthy, tmp_path):
+  workdir = _copy(healthy, tmp_path)
+  before = (workdir / "config.json").read_text()
+  with pytest.raises(UserError, match=r"checkpoints/4: the saved train state does not fit this config "
+                                      r"\(optimizer.name: saved run 'adamw', this config 'lamb'\)"):
+    trainer.pretrain(_config("--config.train.num_steps=6", "--config.optimizer.name=lamb"), str(workdir))
+  assert (workdir / "config.json").read_text() == before
+
+
+def test_damaged_checkpoint_falls_back_to_the_previous_step(healthy, tmp_path, capsys):
+  workdir = _copy(healthy, tmp_path)
+  data_files = sorted(p for p in (workdir / "checkpoints/4/state").rglob("*")
+                      if p.is_file() and "/d/" in str(p))
+  assert data_files
+  for path in data_files:
+    path.write_bytes(path.read_bytes()[:10])
+  result = trainer.pretrain(_config("--config.train.num_steps=5"), str(workdir))
+  out = capsys.readouterr().out
+  assert f"warning: checkpoint {workdir}/checkpoints/4 cannot be restored" in out
+  assert f"resumed from {workdir}/checkpoints/2" in out
+  assert result["step"] == 5 and _steps(workdir) == [2, 4, 5]  # 4 saved again by the resumed run
+  assert len(list((workdir / "checkpoints-damaged").iterdir())) == 1
+  assert [r["step"] for r in _rows(workdir)] == [1, 2, 3, 4, 5]  # rows 3, 4 replaced, not doubled
+  np.testing.assert_allclose([r["loss"] for r in _rows(workdir)][:4],
+                             [r["loss"] for r in _rows(healthy[0])], rtol=1e-6)
+
+
+def test_metrics_rows_after_the_resumed_step_are_dropped(tmp_path):
+  path = epath.Path(tmp_path / "metrics.jsonl")
+  with open(path, "w") as f:
+    f.write('{"step": 1}\n{"step": 2, "eval": true}\n{"step": 3}\n{"step": 4')  # cut short by a kill
+  metrics.drop_rows_after(path, 2)
+  assert open(path).read() == '{"step": 1}\n{"step": 2, "eval": true}\n'
+
+
+def test_empty_eval_split_is_found_at_start(tmp_path):
+  with pytest.raises(UserError, match=r"evaluation split \(data.eval_fraction=1e-09 of the documents\) gives "
+                                      r"no examples"):
+    trainer.pretrain(_config("--config.train.num_steps=4", "--config.train.eval_every_steps=4",
+                             "--config.data.eval_fraction=1e-9"), str(tmp_path))
+  assert not (tmp_path / "checkpoints").exists() or not _steps(tmp_path)
+  assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)], capture_output=True)
+  if done.returncode:
+    pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.decode().strip()}")
+  yield mount
+  subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_disk_full_is_one_line_and_keeps_earlier_checkpoints(small_disk, healthy):
+  """A 5 MB disk holds one 3.2 MB checkpoint; before, the second save gave ~1,300 lines of traceback."""
+  workdir = small_disk / "run"
+  with pytest.raises(UserError) as info:
+    trainer.pretrain(_config("--config.train.num_steps=6"), str(workdir))
+  assert str(info.value) == (f"no space left in {workdir} while saving step 4; checkpoints up to step 2 are "
+                             "intact; free space (or lower checkpoint.keep) and rerun the same command to resume")
+  assert _steps(workdir) == [2]
+  assert not [p for p in os.listdir(workdir / "checkpoints") if "tmp" in p]
+  params, _ = checkpoint.load_params(str(workdir))
+  assert params["encoder"]
+
+
+def test_no_space_is_recognised_through_wrapping():
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as e:
+      raise RuntimeError("orbax: save failed") from e
+  except RuntimeError as wrapped:
+    assert checkpoint._no_space(wrapped)  # pylint: disable=protected-access
+  assert not checkpoint._no_space(ValueError("shape mismatch"))  # pylint: disable=protected-access
+
+
+def test_a_second_run_is_locked_out(tmp_path):
+  """A holder killed with SIGKILL leaves nothing stale; a live holder locks a second run out in seconds."""
+  hold = ("import sys, time\nfrom bert_jax import run_lock\nwith run_lock.hold(sys.argv[1]):\n"
+          "  print('held', flush=True)\n  time.sleep(600)\n")
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, env=env, cwd=ROOT)
+  try:
+    assert holder.stdout.readline() == b"held\n"
+    started = time.time()
+    done = _cli(tmp_path, "--config.train.num_steps=2", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert time.time() - started < 120
+    assert done.stderr.strip().splitlines() == [
+        f"bert-jax pretrain: error: workdir {tmp_path} is in use by another run (host {os.uname().nodename}, "
+        f"pid {holder.pid}, started " + done.stderr.split("started ")[1].split(")")[0] + "); wait for it to "
+        "finish or stop it, or use another --workdir"]
+    assert not (tmp_path / "config.json").exists()
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  with run_lock.hold(str(tmp_path)):
+    pass
+
+
+class _FakeBlob:
+  """google-cloud-storage Blob semantics that the lease relies on: generation preconditions."""
+
+  class Failed(Exception):
+    pass
+
+  def __init__(self):
+    self.data, self.generation = None, None
+
+  def upload_from_string(self, data, if_generation_match):
+    if (self.generation or 0) != if_generation_match:
+      raise self.Failed()
+    self.data, self.generation = data, (self.generation or 0) + 1
+
+  def reload(self):
+    pass
+
+  def download_as_bytes(self, if_generation_match):
+    assert if_generation_match == self.generation
+    return self.data.encode()
+
+  def delete(self, if_generation_match):
+    if self.generation != if_generation_match:
+      raise self.Failed()
+    self.data, self.generation = None, None
+
+
+def test_gcs_lease_excludes_until_it_expires():
+  blob, now = _FakeBlob(), [1000.0]
+  first = run_lock.LeaseLock("gs://b/run", blob, _FakeBlob.Failed, lease_seconds=60, clock=lambda: now[0])
+  second = run_lock.LeaseLock("gs://b/run", blob, _FakeBlob.Failed, lease_seconds=60, clock=lambda: now[0])
+  first.try_acquire()
+  now[0] += 50
+  assert first.renew()  # expires at 1110 now
+  now[0] += 59
+  with pytest.raises(UserError, match=f"workdir gs://b/run is in use by another run \\(host .*, pid {os.getpid()}"):
+    second.try_acquire()
+  now[0] += 2  # the first holder stopped renewing: its lease ran out
+  second.try_acquire()
+  assert not first.renew()  # the first holder finds out at its next renewal
+  second.release()
+  assert blob.data is None
+
+
+def test_crafted_bin_is_refused(tmp_path):
+  pytest.importorskip("torch")
+  from test_conversion_hf import _float_view, write_crafted_bin  # pylint: disable=import-outside-toplevel
+  from bert_jax.conversion.torch_zip import load_torch_zip  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "pytorch_model.bin")
+  write_crafted_bin(path, {"w": _float_view("0", 4, 0, (2_000_000_000,), (1,))},
+                    {"0": np.arange(4, dtype=np.float32)})
+  with pytest.raises(UserError, match="reaches element 1999999999 of a storage holding 4"):
+    load_torch_zip(path)
+
+
+KILL_DURING_SAVE = """
+import os, signal
+from bert_jax.training import checkpoint
+save = checkpoint.DataPositionHandler.save
+def save_or_die(self, directory, args):
+  if os.path.basename(os.path.dirname(os.fspath(directory))).startswith(os.environ["KILL_SAVING"] + "."):
+    os.kill(os.getpid(), signal.SIGKILL)  # the step's state is being written, its directory still tmp
+  return save(self, directory, args)
+checkpoint.DataPositionHandler.save = save_or_die
+"""
+def test_sigkill_at_several_moments_resumes_to_the_uninterrupted_run(healthy, tmp_path):
+  """Killed while the first checkpoint (step 2) is being written, then while the last one (step 4) is,
+  with step 2 complete: the resumed run ends with the uninterrupted run's parameters and metrics rows,
+  each step once (before, rows 3 and 4 were logged twice)."""
+  killed = tmp_path / "killed"
+  for step in ("2", "4"):
+    done = _cli(killed, "--config.train.num_steps=4", prelude=KILL_DURING_SAVE, KILL_SAVING=step)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert not os.path.exists(killed / f"checkpoints/{step}")
+  assert [r["step"] for r in _rows(killed)] == [1, 2, 3, 4]
+  done = _cli(killed, "--config.train.num_steps=4")
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"resumed from {killed}/checkpoints/2" in done.stdout
+  assert [r["step"] for r in _rows(killed)] == [1, 2, 3, 4]
+  np.testing.assert_allclose([r["loss"] for r in _rows(killed)], [r["loss"] for r in _rows(healthy[0])],
+                             rtol=1e-6)
+  a, _ = checkpoint.load_params(str(healthy[0]))
+  b, _ = checkpoint.load_params(str(killed))
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+
+
+def test_finetune_and_sweep_take_the_workdir_lock(tmp_path):
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune import sweep, trainer as finetune_trainer  # pylint: disable=import-outside-toplevel
+  config = load_config("configs/glue.py:embedded", [])
+  with run_lock.hold(str(tmp_path)):
+    for entry in (finetune_trainer.finetune, sweep.sweep):
+      with pytest.raises(UserError, match=f"workdir {tmp_path} is in use by another run \\(host .*, pid "
+                                          f"{os.getpid()}, started "):
+        entry(config, str(tmp_path))

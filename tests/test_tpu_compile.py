@@ -1,0 +1,249 @@
+"""`bert-jax compile`: Cloud TPU names, collectives read from HLO, and the steps compiled for a TPU slice.
+
+The compile tests need libtpu (the `[tpu]` extra) and skip without it; slice shapes and host counts
+are checked against the Cloud TPU documentation's tables, memory against an AOT compile written out
+here with plain JAX and against a hand count of the parameters and optimizer state.
+"""
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.cli import main
+from bert_jax.errors import UserError
+from bert_jax.tpu import hlo, slices
+from core_helpers import TINY
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install 'bert_jax[tpu]')")
+# A BERT-large step that fits costs 1-2 CPU minutes to compile; these run with BERT_JAX_SLOW_TESTS=1.
+slow = pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"),
+                          reason="compiles BERT-large for a TPU slice (minutes); set BERT_JAX_SLOW_TESTS=1")
+
+
+# (name, topology, chips, hosts) from cloud.google.com/tpu/docs/{v3,v4,v5e,v5p-training,v6e}.
+@pytest.mark.parametrize("name,topology,chips,hosts", [
+    ("v3-8", "v3:2x2", 4, 1), ("v3-32", "v3:4x4", 16, 4), ("v3-2048", "v3:32x32", 1024, 256),
+    ("v4-8", "v4:2x2x1", 4, 1), ("v4-16", "v4:2x2x2", 8, 2), ("v4-32", "v4:2x2x4", 16, 4),
+    ("v4-128", "v4:4x4x4", 64, 16), ("v4-1024", "v4:8x8x8", 512, 128), ("v4-4096", "v4:8x16x16", 2048, 512),
+    ("v5p-8", "v5:2x2x1", 4, 1), ("v5p-128", "v5:4x4x4", 64, 16), ("v5p-256", "v5:4x4x8", 128, 32),
+    ("v5p-512", "v5:4x8x8", 256, 64), ("v5p-4096", "v5:8x16x16", 2048, 512),
+    ("v5p-12288", "v5:16x16x24", 6144, 1536),
+    ("v5litepod-1", "v5e:1x1", 1, 1), ("v5litepod-8", "v5e:2x4", 8, 1), ("v5litepod-16", "v5e:4x4", 16, 2),
+    ("v5litepod-256", "v5e:16x16", 256, 32), ("v6e-8", "v6e:2x4", 8, 1), ("v6e-256", "v6e:16x16", 256, 32),
+])
+def test_cloud_names_map_to_documented_slices(name, topology, chips, hosts):
+  tpu = slices.parse(name)
+  assert (tpu.topology_name, tpu.chips, tpu.hosts) == (topology, chips, hosts)
+
+
+@pytest.mark.parametrize("name", ["v2-8", "v4-12", "v3-16", "v5litepod-512", "v4", "tpu"])
+def test_names_cloud_tpu_does_not_offer_are_user_errors(name):
+  with pytest.raises(UserError, match="Cloud TPU name"):
+    slices.parse(name)
+
+
+_LOOPED_HLO = """HloModule jit_step
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%cond (p: (s32[], f32[1024])) -> pred[] {
+  %p = (s32[], f32[1024]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(6)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %p = (s32[], f32[1024]) parameter(0)
+  %x = f32[1024]{0:T(1024)} get-tuple-element(%p), index=1
+  %r = f32[1024]{0:T(1024)} all-reduce(%x), channel_id=1, replica_groups=[2,4]<=[8], to_apply=%add
+  %s = (bf16[64,8]{1,0}, bf16[64,8]{1,0}, u32[], u32[]) collective-permute-start(%y), source_target_pairs={{0,1},{1,0}}
+  ROOT %t = (s32[], f32[1024]) tuple(%i, %r)
+}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %w = (s32[], f32[1024]) while(%init), condition=%cond, body=%body
+  %g = bf16[8,256]{1,0} all-gather(%z), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  ROOT %out = f32[1024] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_count_loop_iterations_and_ring_bytes():
+  found = {c["kind"]: c for c in hlo.collectives(_LOOPED_HLO, num_devices=8)}
+  # all-reduce over groups of 4, 6 iterations: 2 * 3/4 * 4096 bytes each.
+  assert found["all-reduce"] == {"kind": "all-reduce", "count": 6, "bytes": 6 * 2 * 3 / 4 * 4096}
+  # the permute sends its bf16[64,8] buffer (1024 bytes) each iteration; its context scalars are not data.
+  assert found["collective-permute"] == {"kind": "collective-permute", "count": 6, "bytes": 6 * 1024}
+  # all-gather over 8 devices, outside the loop: 7/8 of the gathered bf16[8,256].
+  assert found["all-gather"] == {"kind": "all-gather", "count": 1, "bytes": 7 / 8 * 4096}
+
+
+def _compile_json(capsys, *argv):
+  status = main(["compile", "--json", *argv])
+  captured = capsys.readouterr()
+  return status, json.loads(captured.out), captured.err
+
+
+def _independent_train_step_bytes(config, topology, mesh_shape):
+  """The train step compiled for `topology` with plain JAX: the slice, mesh and inputs built here."""
+  import jax
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from bert_jax.training.objectives import example_batch
+  from bert_jax.training.step import build_train_setup
+
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=topology, chip_config_name="megacore",
+                                         chips_per_host_bounds=(2, 2, 1)).devices
+  mesh = Mesh(np.asarray(devices).reshape(mesh_shape), ("data", "fsdp", "tensor"))
+  setup = build_train_setup(config, mesh)
+  state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                       setup.abstract_state, setup.state_shardings)
+  rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in example_batch(
+      config.train.batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq).items()}
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+  memory = setup.train_step.lower(state, batch, key).compile().memory_analysis()
+  return (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+          + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes), memory.argument_size_in_bytes
+
+
+# Dimensions in multiples of TPU tiles (8 x 128), so padding adds almost nothing to the hand count.
+SMALL = ["--config.model.vocab_size=1024", "--config.model.hidden_size=256", "--config.model.num_heads=4",
+         "--config.model.intermediate_size=1024", "--config.model.num_layers=2",
+         "--config.model.max_position_embeddings=128", "--config.data.max_seq_length=128",
+         "--config.data.max_predictions_per_seq=20", "--config.train.batch_size=8",
+         "--config.model.dtype=bfloat16", "--config.mesh.data=4"]
+
+
+def _hand_count_params(cfg):
+  h, i, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+  layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h  # q,k,v,out; FFN; two LayerNorms
+  embeddings = v * h + cfg.max_position_embeddings * h + cfg.type_vocab_size * h + 2 * h
+  heads = (h * h + h) + (2 * h + 2) + (h * h + h + 2 * h + v)  # pooler, NSP, MLM transform + LayerNorm + bias
+  return embeddings + layers * layer + heads
+
+
+@needs_libtpu
+def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
+  from bert_jax.config_utils import load_config
+  status, report, err = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *SMALL)
+  assert status == 0 and err == "" and report["fits"]
+  for key in ("topology", "chips", "hosts", "mesh", "fits", "hbm_per_chip_bytes", "hbm_capacity_bytes",
+              "compile_seconds", "collectives", "estimated_step_seconds", "estimated_mfu"):
+    assert key in report
+  assert (report["topology"], report["chips"], report["hosts"]) == ("v4-8", 4, 1)
+  assert report["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert report["hbm_capacity_bytes"] == 32 * 2 ** 30
+  config = load_config("configs/bert.py:tiny", SMALL)
+  total, arguments = _independent_train_step_bytes(config, "v4:2x2x1", (4, 1, 1))
+  assert report["train_step"]["device_bytes"] == total
+  assert report["train_step"]["argument_bytes"] == arguments
+  assert report["hbm_per_chip_bytes"] >= total  # the larger of the train and eval steps
+  # Arguments by hand: replicated f32 parameters and AdamW's two moments, plus this device's quarter of
+  # the batch (2 rows: 3 int32 features of 128 tokens, 3 of 20 predictions, 1 label).
+  params = _hand_count_params(config.model)
+  expected = 3 * 4 * params + 2 * (128 * 3 + 20 * 3 + 1) * 4
+  assert expected <= arguments <= 1.03 * expected
+  # Pure data parallelism: the gradients' all-reduce is the only collective traffic; each device
+  # sends 2 x 3/4 of the gradients (in bf16 or f32) per step.
+  sent = sum(c["bytes"] for c in report["collectives"])
+  assert {c["kind"] for c in report["collectives"]} == {"all-reduce"}
+  assert 1.5 * 2 * params <= sent <= 1.5 * 4 * params * 1.05
+  assert 0 < report["estimated_mfu"] < 1
+
+
+@needs_libtpu
+@pytest.mark.parametrize("argv,message", [
+    (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
+    (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
+    (["--topology", "v4-16", "--config.train.batch_size=9"], "not divisible"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+  assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and message in err
+
+
+def test_missing_libtpu_names_the_tpu_extra(capsys, monkeypatch):
+  monkeypatch.setitem(__import__("sys").modules, "libtpu", None)  # import libtpu now raises ImportError
+  assert main(["compile", "--config", "configs/bert.py:tiny", "--topology", "v4-8", *TINY]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "bert_jax[tpu]" in err
+
+
+@needs_libtpu
+@slow
+def test_bert_large_batch_256_fits_on_v4_16_and_agrees_with_plain_jax(capsys):
+  from bert_jax.config_utils import load_config
+  overrides = ["--config.model.dtype=bfloat16", "--config.train.batch_size=256", "--config.data.max_seq_length=128",
+               "--config.data.max_predictions_per_seq=20", "--config.model.remat=none",
+               "--config.train.grad_accum_steps=1", "--config.mesh.data=8", "--config.mesh.fsdp=1",
+               "--config.train.eval_batch_size=256"]
+  status, report, err = _compile_json(capsys, "--config", "configs/bert.py:large", "--topology", "v4-16", *overrides)
+  assert status == 0 and report["fits"] and (report["chips"], report["hosts"]) == (8, 2)
+  total, _ = _independent_train_step_bytes(load_config("configs/bert.py:large", overrides), "v4:2x2x2", (8, 1, 1))
+  assert report["train_step"]["device_bytes"] == total
+  assert report["hbm_per_chip_bytes"] == max(total, report["eval_step"]["device_bytes"]) < 32 * 2 ** 30
+
+
+@needs_libtpu
+def test_bert_large_8k_by_512_without_remat_does_not_fit_on_8_chips(capsys):
+  # The compiler gives up on the temporaries early: ~30 CPU seconds with the eval step's compile.
+  status, report, err = _compile_json(
+      capsys, "--config", "configs/bert.py:large", "--topology", "v4-16", "--config.model.dtype=bfloat16",
+      "--config.train.batch_size=8192", "--config.data.max_seq_length=512",
+      "--config.data.max_predictions_per_seq=80", "--config.model.remat=none",
+      "--config.train.grad_accum_steps=1", "--config.mesh.data=8", "--config.mesh.fsdp=1",
+      "--config.train.eval_batch_size=256")
+  assert status == 1 and not report["fits"]
+  assert report["hbm_per_chip_bytes"] > report["hbm_capacity_bytes"] == 32 * 2 ** 30
+  assert len(err.strip().splitlines()) == 1 and "--config." in err
+  assert report["chips"] == 8 and report["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+
+
+@pytest.mark.parametrize("overrides,state_gib,used_gib,fix", [
+    ([], 20, 40, "--config.mesh.fsdp=-1 --config.mesh.data=1"),  # the state alone is most of HBM
+    (["--config.mesh.fsdp=4"], 20, 40, "--config.model.remat=full"),
+    (["--config.model.remat=full"], 4, 40, "--config.train.grad_accum_steps=2"),  # 36 GiB of activations, 28 free
+    (["--config.model.remat=full", "--config.train.grad_accum_steps=4"], 4, 100, "grad_accum_steps=16"),
+])
+def test_the_fix_for_a_step_that_does_not_fit(overrides, state_gib, used_gib, fix):
+  from bert_jax.config_utils import load_config
+  from bert_jax.tpu import aot
+  config = load_config("configs/bert.py:tiny", overrides)
+  assert fix in aot.suggest_fix(config, state_gib * 2 ** 30, 32 * 2 ** 30, used_gib * 2 ** 30)
+
+
+@needs_libtpu
+def test_pruned_heads_shrink_the_compiled_step_and_its_flop_count(capsys):
+  """The TPU estimate of a head-pruned model (issue 13): `compile` with model.pruned_heads."""
+  unrolled = [*SMALL, "--config.model.scan_layers=False"]
+  pruned_heads = '{"0": [0, 1], "1": [3]}'
+  full = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *unrolled)[1]
+  status, pruned, err = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *unrolled,
+                                      f"--config.model.pruned_heads={pruned_heads}")
+  assert status == 0 and err == "" and pruned["fits"]
+  # FLOPs by hand (3 x forward): hidden 256, heads of 64, FFN 1024, 8 rows of 128 tokens, 20 predictions,
+  # vocab 1024. Layer 0 keeps 2 heads (128 columns), layer 1 keeps 3 (192).
+  h, i, seq, tokens = 256, 1024, 128, 8 * 128
+  def layer(width):
+    return 2 * 4 * h * width + 2 * 2 * h * i + 2 * 2 * seq * width
+  rest = 8 * 2 * h * h + 8 * 2 * h * 2 + 8 * 20 * (2 * h * h + 2 * h * 1024)  # pooler, NSP, MLM
+  assert pruned["model_flops_per_step"] == 3 * (tokens * (layer(128) + layer(192)) + rest)
+  assert full["model_flops_per_step"] == 3 * (tokens * 2 * layer(256) + rest)
+  # Each pruned head takes its q, k, v columns (64 x 256 weights + 64 biases each) and its 64 rows of the
+  # output kernel out of the parameters, AdamW's two moments too: 3 heads x 3 copies x 4 bytes.
+  removed = 3 * 3 * 4 * (4 * 64 * h + 3 * 64)
+  dropped = full["train_step"]["argument_bytes"] - pruned["train_step"]["argument_bytes"]
+  assert 0.97 * removed <= dropped <= 1.03 * removed
+  assert pruned["estimated_step_seconds"] < full["estimated_step_seconds"]
