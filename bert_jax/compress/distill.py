@@ -241,6 +241,9 @@ class DistillRun(trainer.Run):
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):  # pylint: disable=super-init-not-called
     self.config, self.workdir = config, workdir_lib.path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
+    if config.train.mode != "finetune":
+      raise UserError(f"distill trains every student parameter: train.mode={config.train.mode!r} is not "
+                      "supported here (use train.mode=finetune)")
     self.teacher = Teacher.load(config.distill.teacher, config)
     with config.unlocked():
       tokenizer_config = ml_collections.ConfigDict(config.to_dict())
@@ -262,6 +265,7 @@ class DistillRun(trainer.Run):
                       f"train.batch_size={config.train.batch_size}")
     self._build(teacher_config)
     self.saved_config = trainer._saved_config(config, self.model_config, self.tokenizer, self.task)  # pylint: disable=protected-access
+    self.seeds, self.trainable = trainer.seeds(config.train), None
     self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
     self.state, self.progress = self._start(None)
 
@@ -300,7 +304,7 @@ class DistillRun(trainer.Run):
     """Own paused state > the teacher's layers (student_layers) > init_from > fresh init."""
     if (self.workdir / workdir_lib.PAUSED).exists() or self.layers is None:
       return super()._start(workdir_lib.read_config(self.config.init_from) if self.config.init_from else None)
-    fresh = self.setup.init_params(jax.random.key(self.config.train.seed))
+    fresh = self.setup.init_params(jax.random.key(self.seeds["head"]))
     student = take_layers(jax.device_get(self.teacher_params), self.teacher.model, self.layers)
     params = {**student, "distill": fresh["distill"]}
     params_checkpoint.check_shapes(params, fresh, f"the teacher's layers {list(self.layers)}")
