@@ -183,7 +183,11 @@ def test_tfds_corpus_with_mock_data():
   cfg = common.data_config(tfds_name="imdb_reviews", tfds_feature="text", vocab=data_fixtures.embedded_paths()[1],
                            max_seq_length=64, max_predictions_per_seq=10, num_shards=2, shuffle_buffer=8)
   with tfds.testing.mock_data(num_examples=40):
-    batch = _batches(cfg, 2, batch=4)[1]
+    data = make_pretrain_input(cfg, global_batch_size=4, process_index=0, process_count=1)
+    try:
+      batch = [next(data) for _ in range(2)][1]
+    finally:  # a reader thread left running would see tfds' file-system mocks come and go
+      data.close()
   assert batch["input_ids"].shape == (4, 64) and batch["masked_lm_weights"].sum() > 0
 
 
