@@ -8,6 +8,7 @@ import os
 
 import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -151,6 +152,10 @@ def test_sso_and_trigram_shuffling_are_refused_where_they_cannot_work(tmp_path, 
   assert "objective='bert' has no loss for" in error("--config.data.example_builder=sso", config="configs/bert.py:tiny")
   assert "objective='bert' has no loss for" in error("--config.data.trigram_shuffle_rate=0.05",
                                                      config="configs/bert.py:tiny")
+  # A converted checkpoint's config (what `grow` reads) names neither key: plain BERT.
+  converted = ml_collections.ConfigDict({"objective": "bert", "data": {"vocab": "vocab.txt"},
+                                         "model": load_config("configs/bert.py:tiny").model.to_dict()})
+  assert type(objectives.make_objective(converted)).__name__ == "BertPretraining"
   with pytest.raises(examples.DataError, match="data.packing=True"):
     examples.BuilderConfig("sso", 64, CLS, SEP, packing=True)
   with pytest.raises(examples.DataError, match=r"trigram_shuffle_rate=-0.1; use a fraction in \[0, 1\)"):

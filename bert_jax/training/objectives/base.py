@@ -64,12 +64,14 @@ def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[s
 def refuse_structbert_inputs(config: ml_collections.ConfigDict) -> None:
   """Shuffled trigrams and 3-way sentence labels are StructBERT's: another objective would train on them
   without their losses (shuffled tokens never predicted, a label its 2-way head cannot hold)."""
-  shuffle = config.data.get("trigram_shuffle_rate", 0.0)  # configs saved before the key existed: 0
-  if shuffle or config.data.example_builder == "sso":
-    raise UserError(f"data.trigram_shuffle_rate={shuffle} and data.example_builder="
-                    f"{config.data.example_builder!r}: shuffled trigrams and the 'sso' builder are StructBERT's "
-                    f"inputs, which objective={config.objective!r} has no loss for; use objective='structbert' "
-                    "(configs/structbert.py), or trigram_shuffle_rate=0 and another builder")
+  # Saved configs may lack either key (older runs; converted checkpoints keep only the tokenizer's).
+  data = config.get("data") or {}
+  shuffle, builder = data.get("trigram_shuffle_rate", 0.0), data.get("example_builder", "")
+  if shuffle or builder == "sso":
+    raise UserError(f"data.trigram_shuffle_rate={shuffle} and data.example_builder={builder!r}: shuffled "
+                    f"trigrams and the 'sso' builder are StructBERT's inputs, which objective={config.objective!r} "
+                    "has no loss for; use objective='structbert' (configs/structbert.py), or "
+                    "trigram_shuffle_rate=0 and another builder")
 
 
 def token_nll_and_correct(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
