@@ -63,7 +63,8 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.masking_mode = "dynamic"  # dynamic (fresh masks every epoch) | static (dupe_factor fixed copies)
   c.dupe_factor = 10  # static masking: epochs repeat rows and masks with this period (BERT: 10)
   c.mask_token = "[MASK]"  # what the 80% branch writes: [MASK] or [UNK] (Clinchant et al. 2019)
-  c.example_builder = "nsp"  # nsp | sop | full_sentences | doc_sentences
+  c.trigram_shuffle_rate = 0.0  # StructBERT: shuffle this fraction of the unmasked tokens' trigrams (0: off)
+  c.example_builder = "nsp"  # nsp | sop | sso | full_sentences | doc_sentences
   c.short_seq_prob = 0.1
   c.packing = False  # pack whole documents per row (full_sentences/doc_sentences only)
   c.num_shards = 8  # virtual shards; a multiple of the process count, dividing the global batch

@@ -4,7 +4,10 @@ A document is a list of sentences, each a list of token ids (no specials). Every
 `Row`s whose `ids` already hold [CLS]/[SEP]; masking and padding come later (masking.py, pipeline.py).
 NSP follows google-research/bert create_pretraining_data.py (target length with short_seq_prob,
 random B from another document, random-side truncation); the random document comes from the same
-block of documents instead of the whole corpus, which is what lets the builder stream.
+block of documents instead of the whole corpus, which is what lets the builder stream. SOP (ALBERT)
+swaps the two consecutive segments half the time. SSO (StructBERT's sentence objective) cuts the
+segments as NSP does and takes, 1/3 each, B the next segment (label 0), B the previous one (A and B
+swapped, label 1) or B from another document (label 2).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import numpy as np
 from bert_jax.data_pipelines.corpora import Stats
 from bert_jax.data_pipelines.errors import DataError
 
-BUILDERS = ("nsp", "sop", "full_sentences", "doc_sentences")
+BUILDERS = ("nsp", "sop", "sso", "full_sentences", "doc_sentences")
+PAIR_BUILDERS = ("nsp", "sop", "sso")
 _OPEN_ROWS = 32  # packing looks for room in this many most recent rows (bounds the cost per piece)
 
 
@@ -23,7 +27,7 @@ _OPEN_ROWS = 32  # packing looks for room in this many most recent rows (bounds 
 class Row:
   ids: list[int]
   segment_ids: list[int]
-  label: int = 0  # NSP: 1 = random B; SOP: 1 = swapped; 0 without a sentence objective
+  label: int = 0  # NSP: 1 = random B; SOP: 1 = swapped; SSO: 1 = B precedes A, 2 = random B; else 0
   document_ids: list[int] | None = None  # packing only: 1..k per packed document
 
 
@@ -39,7 +43,7 @@ class BuilderConfig:
   def __post_init__(self):
     if self.kind not in BUILDERS:
       raise DataError(f"data.example_builder={self.kind!r}; choose one of {BUILDERS}")
-    if self.packing and self.kind in ("nsp", "sop"):
+    if self.packing and self.kind in PAIR_BUILDERS:
       raise DataError("data.packing=True packs whole documents and has no sentence pairs; use "
                       "data.example_builder=full_sentences or doc_sentences, or packing=False")
     if self.max_seq_length < 8:
@@ -84,7 +88,9 @@ def _split_chunk(cfg, chunk, docs, doc_index, target, rng):
     if len(chunk) == 1 or rng.random() < 0.5:
       return a, _random_b(docs, doc_index, target - len(a), rng), 1, len(chunk) - a_end
     return a, [t for s in chunk[a_end:] for t in s], 0, 0
-  if len(chunk) == 1:  # SOP needs two consecutive pieces: cut the lone sentence
+  if cfg.kind == "sso" and rng.random() < 1 / 3:
+    return a, _random_b(docs, doc_index, target - len(a), rng), 2, len(chunk) - a_end
+  if len(chunk) == 1:  # SOP and SSO need two consecutive pieces: cut the lone sentence
     if len(a) < 2:
       return None
     cut = int(rng.integers(1, len(a)))
@@ -170,7 +176,7 @@ def build_rows(cfg: BuilderConfig, docs: list[list[list[int]]], rng: np.random.G
   docs = [d for d in ([s for s in doc if s] for doc in docs) if d]
   if cfg.packing:
     return _packed_rows(cfg, docs)
-  if cfg.kind in ("full_sentences", "doc_sentences"):
+  if cfg.kind not in PAIR_BUILDERS:
     return _single_rows(cfg, docs)
   rows = []
   for i in range(len(docs)):

@@ -9,17 +9,20 @@ from __future__ import annotations
 import numpy as np
 
 from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
+from bert_jax.data_pipelines.shuffling import shuffle_trigrams, trigram_slots
 from bert_jax.data_pipelines.tftools import tf
 
 # name: (dtype, shape, meaning)
 FEATURES = {
-    "input_ids": ("int32", ("B", "T"), "[CLS] A [SEP] (B [SEP]) with masked positions replaced; 0 ([PAD]) after"),
+    "input_ids": ("int32", ("B", "T"), "[CLS] A [SEP] (B [SEP]) with masked positions replaced "
+                  "(and trigrams shuffled: TRIGRAM_FEATURES); 0 ([PAD]) after"),
     "input_mask": ("int32", ("B", "T"), "1 on real tokens, 0 on padding"),
     "segment_ids": ("int32", ("B", "T"), "token type: 0 for [CLS] A [SEP], 1 for B [SEP], 0 on padding"),
     "masked_lm_positions": ("int32", ("B", "P"), "positions of the predictions, ascending; 0 on unused slots"),
     "masked_lm_ids": ("int32", ("B", "P"), "original token ids at those positions; 0 on unused slots"),
     "masked_lm_weights": ("float32", ("B", "P"), "1.0 for a real prediction, 0.0 for an unused slot"),
     "next_sentence_labels": ("int32", ("B",), "NSP: 1 = random B, 0 = actual next; SOP: 1 = swapped; "
+                             "SSO: 0 = B follows A, 1 = B precedes A, 2 = random B; "
                              "0 without a sentence objective"),
 }
 PACKING_FEATURES = {
@@ -32,6 +35,12 @@ SPAN_FEATURES = {
     "masked_lm_span_right": ("int32", ("B", "P"), "position of the token just after the prediction's span"),
     "masked_lm_span_offset": ("int32", ("B", "P"), "0-based index of the prediction inside its span"),
 }
+TRIGRAM_FEATURES = {  # data.trigram_shuffle_rate > 0 (shuffling.py); S = shuffling.trigram_slots(T, rate)
+    "shuffled_positions": ("int32", ("B", "S"), "positions of the shuffled trigrams' tokens, ascending; 0 on "
+                           "unused slots"),
+    "shuffled_ids": ("int32", ("B", "S"), "original token ids at those positions; 0 on unused slots"),
+    "shuffled_weights": ("float32", ("B", "S"), "1.0 for a shuffled position, 0.0 for an unused slot"),
+}
 # What a row source hands to `Featurizer`: the unmasked rows and each row's mask identity.
 ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", "counter")
 
@@ -43,7 +52,16 @@ def feature_spec(data_cfg) -> dict:
     spec.update(PACKING_FEATURES)
   if data_cfg.masking == "span":
     spec.update(SPAN_FEATURES)
+  if data_cfg.trigram_shuffle_rate > 0:
+    spec.update(TRIGRAM_FEATURES)
   return spec
+
+
+def feature_shapes(data_cfg, batch_size: int) -> dict:
+  """The contract for this config with its sizes: name -> (dtype, shape) for `batch_size` rows."""
+  sizes = {"B": batch_size, "T": data_cfg.max_seq_length, "P": data_cfg.max_predictions_per_seq,
+           "S": trigram_slots(data_cfg.max_seq_length, data_cfg.trigram_shuffle_rate)}
+  return {name: (dtype, tuple(sizes[d] for d in dims)) for name, (dtype, dims, _) in feature_spec(data_cfg).items()}
 
 
 class Featurizer:
@@ -54,7 +72,10 @@ class Featurizer:
     width = max_seq_length
 
     def featurize(ids, length, segment_ids, label, document_ids, shard, counter):
-      masked = mask_batch(ids, length, row_keys(seeds, shard, counter), masking)
+      keys = row_keys(seeds, shard, counter)
+      masked = mask_batch(ids, length, keys, masking)
+      if "shuffled_positions" in spec:
+        masked.update(shuffle_trigrams(ids, length, masked, keys, masking))
       real = t.range(width)[None] < length[:, None]
       out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
              "next_sentence_labels": label, "document_ids": document_ids}

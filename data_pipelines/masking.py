@@ -25,7 +25,7 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import tf
 
 STRATEGIES = ("token", "whole_word", "ngram", "span")
-# Independent random streams per row.
+# Independent random streams per row (shuffling.py draws from 6..9).
 _ORDER, _LENGTH, _PLACE, _ROLL, _REPLACE = 1, 2, 3, 4, 5
 
 
@@ -47,6 +47,7 @@ class MaskingConfig:
   mask_id: int  # what the 80% branch writes: [MASK], or [UNK] (Clinchant et al. 2019)
   special: np.ndarray  # bool[vocab]
   continuation: np.ndarray  # bool[vocab]
+  trigram_shuffle_rate: float = 0.0  # StructBERT's word objective (shuffling.py); 0: off
 
   def __post_init__(self):
     if self.strategy not in STRATEGIES:
@@ -55,6 +56,9 @@ class MaskingConfig:
       raise DataError(f"data.mask_rate={self.rate}; use a fraction in (0, 1), e.g. 0.15")
     if self.max_predictions < 1:
       raise DataError(f"data.max_predictions_per_seq={self.max_predictions}; use at least 1")
+    if not 0.0 <= self.trigram_shuffle_rate < 1.0:
+      raise DataError(f"data.trigram_shuffle_rate={self.trigram_shuffle_rate}; use a fraction in [0, 1) "
+                      "(StructBERT: 0.05; 0 shuffles nothing)")
     object.__setattr__(self, "lengths", _length_distribution(self.strategy))
     object.__setattr__(self, "replacements", np.flatnonzero(~self.special).astype(np.int32))
 
@@ -79,8 +83,8 @@ def row_keys(seeds: tuple, shard, index):
   return key
 
 
-def _uniform(keys, stream: int, counter):
-  """float64 in [0, 1), shape of `counter` broadcast against keys[:, None]."""
+def uniform(keys, stream: int, counter):
+  """float64 in [0, 1), shape of `counter` broadcast against keys[:, None]; one stream per kind of draw."""
   t = tf()
   k = _mix(t.bitwise.bitwise_xor(keys, np.uint32(stream * 0x9E3779B9 & 0xFFFFFFFF)))
   h = _mix(t.bitwise.bitwise_xor(k[:, None], _mix(t.cast(counter, t.uint32) + np.uint32(0x6A09E667))))
@@ -125,7 +129,7 @@ def _single_units(keys, starts, ends, valid, budget, cfg):
   """BERT: units in random order, each taken whole if it fits in what is left of the budget."""
   t = tf()
   width = starts.shape[1]
-  priority = t.where(valid, _uniform(keys, _ORDER, t.range(width)[None]), 2.0)
+  priority = t.where(valid, uniform(keys, _ORDER, t.range(width)[None]), 2.0)
   order = t.argsort(priority, axis=1, stable=True)
   sizes = t.gather(ends - starts, order, batch_dims=1)
   ok = t.gather(valid, order, batch_dims=1)
@@ -167,12 +171,12 @@ def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
   def body(i, used, blocked, lo, hi):
     free = _free_lengths(blocked, run)
     most = t.reduce_max(free, 1)
-    drawn = 1 + t.reduce_sum(t.cast(_uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
+    drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
     length = t.minimum(drawn, most)
     active = (used < budget) & (most > 0)
     fits = free >= length[:, None]
     count = t.reduce_sum(t.cast(fits, t.int32), 1)
-    pick = t.cast(_uniform(keys, _PLACE, i[None])[:, 0] * t.cast(count, t.float64), t.int32)
+    pick = t.cast(uniform(keys, _PLACE, i[None])[:, 0] * t.cast(count, t.float64), t.int32)
     first = t.argmax(t.cast(fits & (t.cumsum(t.cast(fits, t.int32), 1) - 1 == pick[:, None]), t.int32),
                      1, output_type=t.int32)
     last = t.minimum(first[:, None] + t.range(max_len)[None], width - 1)  # [B, max_len]
@@ -214,9 +218,9 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
   unit = t.maximum(unit_of, 0)
   selected = candidate & t.gather(chosen, unit, batch_dims=1)
   pos = t.range(width)[None]
-  roll = _uniform(keys, _ROLL, pos)
+  roll = uniform(keys, _ROLL, pos)
   replacements = t.constant(cfg.replacements)
-  random_ids = t.gather(replacements, t.cast(_uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
+  random_ids = t.gather(replacements, t.cast(uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
   masked_ids = t.where(roll < 0.8, cfg.mask_id, t.where(roll >= 0.9, random_ids, ids))
   positions = t.argsort(t.where(selected, pos, width + pos), stable=True)[:, :slots]
   weights = t.range(slots)[None] < t.reduce_sum(t.cast(selected, t.int32), 1)[:, None]

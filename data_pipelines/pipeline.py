@@ -2,7 +2,8 @@
 
 Output contract (one dict per `next()`; B = global_batch_size // process_count rows, this host's
 contiguous share of the global batch; T = data.max_seq_length; P = data.max_predictions_per_seq):
-`features.FEATURES`, plus PACKING_FEATURES when `data.packing` and SPAN_FEATURES when `data.masking == "span"`.
+`features.FEATURES`, plus PACKING_FEATURES when `data.packing`, SPAN_FEATURES when `data.masking == "span"` and
+TRIGRAM_FEATURES when `data.trigram_shuffle_rate > 0` (`features.feature_spec`).
 
 Host-count independence: every virtual shard (shards.py) is a deterministic stream that contributes
 `global_batch // num_shards` consecutive rows to each global batch; host h builds shards
@@ -199,6 +200,9 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
   if static and data_cfg.masking == "span":
     raise DataError("data.masking_mode=static trains on the records' masks, which have no spans; "
                     "use data.masking_mode=dynamic for span masking")
+  if data_cfg.trigram_shuffle_rate > 0:
+    raise DataError("data.format=bert_tfrecord reads the records' features, without shuffled trigrams; "
+                    "use data.format=text for data.trigram_shuffle_rate > 0 (StructBERT)")
   files = bert_records.list_record_files(data_cfg, split)
   bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size)
   ctx = Context(data_cfg.eval_corpus if split == "eval" else data_cfg.corpus, True, tokenizer, None, masking,

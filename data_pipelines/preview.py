@@ -12,12 +12,16 @@ _SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 
 
 def render_example(batch: dict, row: int, tokenizer) -> str:
-  """Tokens of one row up to its padding; a prediction shows as `[input->ORIGINAL]`."""
+  """Tokens of one row up to its padding; a prediction (a masked token, or a shuffled trigram's token:
+  `shuffled_*`) shows as `[input->ORIGINAL]`."""
   length = int(batch["input_mask"][row].sum())
   tokens = tokenizer.decode_tokens(batch["input_ids"][row][:length])
-  weights = batch["masked_lm_weights"][row] > 0
-  for position, label in zip(batch["masked_lm_positions"][row][weights], batch["masked_lm_ids"][row][weights]):
-    tokens[position] = f"[{tokens[position]}->{tokenizer.id_to_token(int(label))}]"
+  for kind in ("masked_lm", "shuffled"):
+    if f"{kind}_weights" not in batch:
+      continue
+    weights = batch[f"{kind}_weights"][row] > 0
+    for position, label in zip(batch[f"{kind}_positions"][row][weights], batch[f"{kind}_ids"][row][weights]):
+      tokens[position] = f"[{tokens[position]}->{tokenizer.id_to_token(int(label))}]"
   return " ".join(tokens)
 
 

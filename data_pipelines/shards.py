@@ -215,7 +215,8 @@ def masking_config(data_cfg, tokenizer) -> MaskingConfig:
     raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
   special = tokenizer.special_ids
   return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, data_cfg.max_predictions_per_seq,
-                       special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask())
+                       special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask(),
+                       data_cfg.trigram_shuffle_rate)
 
 
 def seeds(data_cfg, split: str) -> tuple:

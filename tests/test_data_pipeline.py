@@ -37,12 +37,13 @@ def _batches(cfg, n, process_count=1, batch=BATCH, split="train", **kw):
 
 
 def test_contract_shapes_and_dtypes(corpus):
-  for kw in ({}, {"masking": "span"}, {"packing": True, "example_builder": "doc_sentences"}):
+  for kw in ({}, {"masking": "span"}, {"packing": True, "example_builder": "doc_sentences"},
+             {"trigram_shuffle_rate": 0.05, "example_builder": "sso"}):
     cfg = _cfg(corpus, **kw)
     batch = _batches(cfg, 1)[0]
     spec = features.feature_spec(cfg)
     assert set(batch) == set(spec)
-    sizes = {"B": BATCH, "T": 64, "P": 10}
+    sizes = {"B": BATCH, "T": 64, "P": 10, "S": 6}  # S: 3 x ceil(0.05 x 62 / 3) shuffled positions
     for name, (dtype, dims, _) in spec.items():
       assert batch[name].dtype == np.dtype(dtype), name
       assert batch[name].shape == tuple(sizes[d] for d in dims), name
@@ -55,7 +56,7 @@ def test_contract_shapes_and_dtypes(corpus):
     assert np.all(taken[w] == 1) and np.all(batch["masked_lm_ids"][~w] == 0)
 
 
-@pytest.mark.parametrize("builder", ["nsp", "sop"])
+@pytest.mark.parametrize("builder", ["nsp", "sop", "sso"])
 def test_sentence_objective_balance(corpus, builder):
   # Long rows so chunks hold several sentences: a one-sentence chunk forces a random B (as in BERT).
   cfg = _cfg(corpus, example_builder=builder, num_shards=2, shuffle_buffer=80, max_seq_length=256)
@@ -63,6 +64,8 @@ def test_sentence_objective_balance(corpus, builder):
   labels = np.concatenate([b["next_sentence_labels"] for b in batches])
   if builder == "sop":
     assert abs(labels.mean() - 0.5) < 0.06, labels.mean()
+  elif builder == "sso":  # next, previous, random: a third each (a lone sentence is cut, as in SOP)
+    assert np.all(np.abs(np.bincount(labels, minlength=3) / len(labels) - 1 / 3) < 0.06), np.bincount(labels)
   else:  # BERT's algorithm puts unused sentences back after a random B; they often form a lone
     assert 0.45 < labels.mean() < 0.65, labels.mean()  # one-sentence chunk, which forces random
   segments = np.concatenate([b["segment_ids"] for b in batches])

@@ -27,6 +27,7 @@ PUBLISHED = {
     "configs/albert.py:xxlarge": 235e6,
     "configs/electra.py:small": 14e6, "configs/electra.py:base": 110e6, "configs/electra.py:large": 335e6,
     "configs/spanbert.py:base": 110e6, "configs/spanbert.py:large": 340e6,
+    "configs/structbert.py:base": 110e6, "configs/structbert.py:large": 340e6,
 }
 # The ALBERT paper's 235M for xxlarge is not reproducible from its stated sizes (H=4096, E=128, FFN
 # 16384, V=30000, all shared): the released checkpoint (and HF's model card) has 223M, -5.3%.
@@ -70,7 +71,7 @@ def hf_backbone(spec):
     if family == "electra":
       return transformers.ElectraModel(transformers.ElectraConfig(embedding_size=config.embedding_size,
                                                                   **common))
-    return transformers.BertModel(transformers.BertConfig(**common), add_pooling_layer=False)
+    return transformers.BertModel(transformers.BertConfig(**common), add_pooling_layer=config.use_pooler)
 
 
 @pytest.mark.parametrize("spec", sorted(PUBLISHED))

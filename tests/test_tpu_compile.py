@@ -174,6 +174,27 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert len(err.splitlines()) == 1 and message in err
 
 
+@pytest.mark.parametrize("family,feature", [("spanbert", "masked_lm_span_offset"),
+                                            ("structbert", "shuffled_positions")])
+def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature):
+  """`compile`'s abstract batch is the input pipeline's contract for the config (span and trigram
+  features included; before, the spanbert step raised a KeyError): lowered here on the CPU mesh."""
+  import jax
+  from bert_jax.config_utils import load_config
+  from bert_jax.data_pipelines import features
+  from bert_jax.tpu import aot
+  from bert_jax.training import partitioning
+  from bert_jax.training.step import build_train_setup
+  config = load_config(f"configs/{family}.py:tiny", TINY)
+  mesh = partitioning.make_mesh(config.mesh)
+  batch = aot._abstract_batch(config, 8, mesh)  # pylint: disable=protected-access
+  assert feature in batch
+  assert {k: (str(v.dtype), v.shape) for k, v in batch.items()} == features.feature_shapes(config.data, 8)
+  setup = build_train_setup(config, mesh)
+  setup.train_step.lower(setup.abstract_state, batch, jax.random.key(0))
+  setup.eval_step.lower(setup.abstract_state.params, batch)
+
+
 def test_missing_libtpu_names_the_tpu_extra(capsys, monkeypatch):
   monkeypatch.setitem(__import__("sys").modules, "libtpu", None)  # import libtpu now raises ImportError
   assert main(["compile", "--config", "configs/bert.py:tiny", "--topology", "v4-8", *TINY]) == 2

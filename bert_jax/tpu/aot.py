@@ -23,8 +23,9 @@ from typing import Any
 import jax
 import ml_collections
 
+from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
-from bert_jax.training import benchmark, info, objectives, partitioning
+from bert_jax.training import benchmark, info, partitioning
 from bert_jax.training.step import build_train_setup
 from bert_jax.tpu import hlo, slices
 
@@ -61,9 +62,11 @@ def _check_hosts(config: ml_collections.ConfigDict, tpu: slices.Slice) -> None:
 
 
 def _abstract_batch(config: ml_collections.ConfigDict, batch_size: int, mesh) -> dict:
-  example = objectives.example_batch(batch_size, config.data.max_seq_length, config.data.max_predictions_per_seq)
+  """The batch the input pipeline gives this config (its feature contract: span, trigram, packing
+  features included), as abstract arrays split over the batch axes."""
   sharding = partitioning.batch_sharding(mesh)
-  return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in example.items()}
+  return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+          for name, (dtype, shape) in features.feature_shapes(config.data, batch_size).items()}
 
 
 def _out_of_memory(message: str, argument_bytes: float) -> dict[str, Any] | None:

@@ -12,8 +12,10 @@ from typing import Any, Mapping, Protocol
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
 
 Batch = Mapping[str, jax.Array]
@@ -57,6 +59,19 @@ def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[s
           "masked_lm_positions": preds, "masked_lm_ids": preds,
           "masked_lm_weights": preds.astype(np.float32),
           "next_sentence_labels": np.zeros((batch_size,), np.int32)}
+
+
+def refuse_structbert_inputs(config: ml_collections.ConfigDict) -> None:
+  """Shuffled trigrams and 3-way sentence labels are StructBERT's: another objective would train on them
+  without their losses (shuffled tokens never predicted, a label its 2-way head cannot hold)."""
+  # Saved configs may lack either key (older runs; converted checkpoints keep only the tokenizer's).
+  data = config.get("data") or {}
+  shuffle, builder = data.get("trigram_shuffle_rate", 0.0), data.get("example_builder", "")
+  if shuffle or builder == "sso":
+    raise UserError(f"data.trigram_shuffle_rate={shuffle} and data.example_builder={builder!r}: shuffled "
+                    f"trigrams and the 'sso' builder are StructBERT's inputs, which objective={config.objective!r} "
+                    "has no loss for; use objective='structbert' (configs/structbert.py), or "
+                    "trigram_shuffle_rate=0 and another builder")
 
 
 def token_nll_and_correct(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -9,7 +9,8 @@ import ml_collections
 
 from bert_jax.models.bert import BertModel, ModelOutput
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import HEAD_NAMES, Batch, mlm_sums, model_inputs, token_nll_and_correct
+from bert_jax.training.objectives.base import (HEAD_NAMES, Batch, mlm_sums, model_inputs, refuse_structbert_inputs,
+                                               token_nll_and_correct)
 from bert_jax.training.objectives.registry import register
 
 
@@ -67,5 +68,5 @@ class BertPretraining:
 
 @register("bert")
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> BertPretraining:
-  del config  # plain BERT reads nothing beyond the model section
+  refuse_structbert_inputs(config)
   return BertPretraining(model_config)
