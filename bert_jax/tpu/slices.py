@@ -119,10 +119,12 @@ def compile_only_devices(tpu: Slice) -> list:
   require("libtpu", "tpu", "compiling for a TPU slice")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
   # libtpu otherwise asks the GCE metadata server for these and prints warnings when there is none;
-  # a machine-wide lock file would also keep two compiling processes from running at once.
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.name)
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  # a machine-wide lock file would also keep two compiling processes from running at once. Set only
+  # while libtpu reads them: left in os.environ they would make this process and its children look like
+  # a TPU VM (training/distributed.py: on_tpu_vm).
+  fake = {"TPU_ACCELERATOR_TYPE": tpu.name, "TPU_WORKER_HOSTNAMES": "localhost", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+  saved = {k: os.environ.get(k) for k in fake}
+  os.environ.update({k: v for k, v in fake.items() if saved[k] is None})
   try:
     return list(topologies.get_topology_desc(
         platform="tpu", topology_name=tpu.topology_name, chip_config_name=tpu.chip.chip_config,
@@ -132,3 +134,7 @@ def compile_only_devices(tpu: Slice) -> list:
     first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise UserError(f"libtpu could not describe {tpu.name} ({first_line}); install the libtpu matching jax "
                     f"{jax.__version__}: python3 -m pip install 'jax[tpu]=={jax.__version__}'") from None
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
