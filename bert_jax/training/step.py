@@ -4,7 +4,9 @@
 state -> shardings from the logical axis names -> `jax.jit` of init, train step (state donated) and
 eval step, traced inside the mesh and its rules. Pretraining (`build_train_setup` below) and
 fine-tuning (finetune/trainer.py) call it with their objective; a job with another step (a frozen
-teacher's params passed alongside) passes its own `step_fn` and the shardings of its extra arguments.
+teacher's params passed alongside: `teacher_step`) passes its own `step_fn` and the shardings of its
+extra arguments; a pretraining objective with a teacher (objectives.TeacherObjective: general
+distillation) gets that from `build_train_setup`.
 Two options of the shared step serve fine-tuning's tricks: `trainable`, a mask of the parameters that
 get gradients (adapters, feature-based training: the others are stop_gradient'ed, so the backward
 pass skips them), and `teacher_momentum`, a moving average of the parameters kept in the state and
@@ -117,6 +119,13 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def teacher_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, teacher_params: Any, *,
+                 objective, **step_args) -> tuple[TrainState, dict[str, jax.Array]]:
+  """train_step, its loss reading a frozen teacher's params (an extra, non-trained jit input):
+  distillation's step. `objective.with_teacher(params)` is the objective that sees them."""
+  return train_step(state, batch, rng, objective=objective.with_teacher(teacher_params), **step_args)
+
+
 def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[str, jax.Array]:
   """Additive statistics of one eval batch (summed over batches by the caller)."""
   sums = objective.sums(params, batch, None, deterministic=True)
@@ -204,8 +213,26 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
     stacked = partitioning.stacked_layers_tree(abstract_boxed_params)
     return optim.make_optimizer(config.optimizer, config.train.num_steps, stacked)
 
-  return sharded_setup(config, objective, functools.partial(objective.init, batch=init_batch), make_tx,
-                       config.train.num_steps, mesh=mesh)
+  init_params = functools.partial(objective.init, batch=init_batch)
+  if not isinstance(objective, objectives.TeacherObjective):
+    return sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh)
+  return _with_teacher(config, objective, init_params, make_tx, mesh)
+
+
+def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.TeacherObjective,
+                  init_params: Callable, make_tx: Callable, mesh: Mesh | None) -> TrainSetup:
+  """A setup whose train step takes the frozen teacher's params, sharded by their logical axes and read
+  from the teacher's checkpoint at the first step (so building a setup still allocates nothing)."""
+  mesh = mesh or partitioning.make_mesh(config.mesh)
+  boxed = objective.teacher_init(config.data.max_seq_length, config.data.max_predictions_per_seq)
+  shardings = partitioning.logical_shardings(boxed, mesh, partitioning.rules(config.mesh))
+  setup = sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh,
+                        step_fn=teacher_step, extra_shardings=(shardings,))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nn.meta.unbox(boxed), shardings)
+  teacher = functools.cache(lambda: objective.load_teacher(abstract))
+  jitted = setup.train_step
+  return dataclasses.replace(setup, train_step=lambda state, batch, rng: jitted(state, batch, rng, teacher()))
 
 
 def summarize_eval(objective, totals: dict[str, jax.Array]) -> dict[str, float]:

@@ -184,6 +184,12 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
 
 def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDict:
   config = config_utils.load_config(spec, overrides)
+  check_run_config(config)
+  return config
+
+
+def check_run_config(config: ml_collections.ConfigDict) -> None:
+  """The training-loop settings a pretraining run config must have (the model's are checked where built)."""
   if config.train.num_steps < 1:
     raise UserError(f"train.num_steps must be >= 1, got {config.train.num_steps}")
   for key in ("log_every_steps",):
@@ -192,4 +198,3 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
   if config.checkpoint.every_steps < 1:
     raise UserError(f"checkpoint.every_steps must be >= 1, got {config.checkpoint.every_steps}")
   finite.check_skip_budget(config.train.skip_nonfinite_steps)
-  return config
