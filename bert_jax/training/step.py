@@ -61,6 +61,9 @@ class TrainSetup:
   init_state: Callable[[jax.Array], TrainState]  # rng -> train state
   train_step: Callable  # (state, batch, rng, *extra) -> (state, metrics); the state is donated
   eval_step: Callable  # (params, batch) -> eval_fn's outputs
+  # Pretraining's extra train-step inputs (a frozen teacher's params): abstract, and how to read them.
+  frozen: tuple = ()
+  load_frozen: Callable[[], tuple] = tuple
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
@@ -221,8 +224,8 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
 
 def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.TeacherObjective,
                   init_params: Callable, make_tx: Callable, mesh: Mesh | None) -> TrainSetup:
-  """A setup whose train step takes the frozen teacher's params, sharded by their logical axes and read
-  from the teacher's checkpoint at the first step (so building a setup still allocates nothing)."""
+  """A setup whose train step also takes the frozen teacher's params (`frozen`), sharded by their logical
+  axes; the run reads them with `load_frozen()`, so building a setup still allocates nothing."""
   mesh = mesh or partitioning.make_mesh(config.mesh)
   boxed = objective.teacher_init(config.data.max_seq_length, config.data.max_predictions_per_seq)
   shardings = partitioning.logical_shardings(boxed, mesh, partitioning.rules(config.mesh))
@@ -230,9 +233,7 @@ def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.Teach
                         step_fn=teacher_step, extra_shardings=(shardings,))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           nn.meta.unbox(boxed), shardings)
-  teacher = functools.cache(lambda: objective.load_teacher(abstract))
-  jitted = setup.train_step
-  return dataclasses.replace(setup, train_step=lambda state, batch, rng: jitted(state, batch, rng, teacher()))
+  return dataclasses.replace(setup, frozen=(abstract,), load_frozen=lambda: (objective.load_teacher(abstract),))
 
 
 def summarize_eval(objective, totals: dict[str, jax.Array]) -> dict[str, float]:

@@ -132,6 +132,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
   inputs = make_inputs(config, "train", train_cfg.batch_size)
   _write_run_files(config, run_dir, inputs.tokenizer.path)
   state, start = restore_or_init(setup, ckpt, inputs)
+  frozen = setup.load_frozen()  # a distillation teacher's params; else ()
   eval_inputs = None
   if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
     eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
@@ -155,7 +156,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
       _check_eval_split(eval_inputs, config.data)
     for step in range(start + 1, train_cfg.num_steps + 1):
       batch = partitioning.global_batch(next(inputs), setup.mesh)
-      state, metrics = setup.train_step(state, batch, rng)
+      state, metrics = setup.train_step(state, batch, rng, *frozen)
       pending.append((step, guard.record(step, metrics)))
       if step % train_cfg.log_every_steps == 0 or step == train_cfg.num_steps:
         guard.check(last_saved)
