@@ -114,7 +114,8 @@ def corpus_teacher(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("teacher")
   trainer.pretrain(trainer.load_run_config("configs/bert.py:demo", FAST + [
       "--config.model.num_layers=1", "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-      "--config.model.scan_unroll=1", "--config.train.num_steps=100", "--config.optimizer.warmup_steps=10", "--config.train.eval_every_steps=0",
+      "--config.model.scan_unroll=1", "--config.train.num_steps=100", "--config.optimizer.warmup_steps=10",
+      "--config.train.eval_every_steps=0",
       "--config.optimizer.learning_rate=2e-3"]), str(workdir))
   return workdir
 

@@ -7,7 +7,8 @@
   attention  mean over heads, valid queries and keys of (a_s - a_t)^2, per mapped layer (TinyBERT,
              on the attention probabilities that the model returns)
   pkd        || W c_s / ||W c_s|| - c_t / ||c_t|| ||^2 of each mapped layer's [CLS] vector (BERT-PKD)
-Shapes: logits [B, C] (or [B, P, V] with weights [B, P]); hidden [L, B, T, H]; attentions [L, B, N, T, T]; mask [B, T] (1 = token).
+Shapes: logits [B, C] (or [B, P, V] with weights [B, P]); hidden [L, B, T, H]; attentions
+[L, B, N, T, T]; mask [B, T] (1 = token).
 """
 from __future__ import annotations
 
