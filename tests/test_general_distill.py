@@ -125,25 +125,26 @@ def _distil(teacher, workdir, soft_weight):
       f"--config.distill.teacher={teacher}", "--config.distill.student_layers=",
       "--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
       "--config.model.intermediate_size=64", "--config.model.vocab_size=8192", "--config.model.scan_unroll=1",
-      "--config.train.num_steps=40", "--config.optimizer.warmup_steps=10", "--config.train.eval_every_steps=40",
+      "--config.train.num_steps=40", "--config.optimizer.warmup_steps=10", "--config.train.eval_every_steps=0",
       "--config.optimizer.learning_rate=5e-3",
       f"--config.distill.soft_weight={soft_weight}"])
   return general.distill(config, str(workdir))
 
 
-def _soft_losses(workdir):
-  return [r["soft_loss"] for r in map(json.loads, open(workdir / "metrics.jsonl")) if "soft_loss" in r]
+def _logged(workdir, key):
+  return [r[key] for r in map(json.loads, open(workdir / "metrics.jsonl")) if key in r]
 
 
-def test_the_teacher_pulls_the_student_to_its_soft_targets(corpus_teacher, tmp_path, capsys):
+def test_the_teacher_lowers_the_students_mlm_loss(corpus_teacher, tmp_path, capsys):
   """The same fresh student, seed and batches with and without the soft-target loss (soft_weight=0 still
-  logs the KL to the teacher). 40 steps are too few for the teacher to lower the student's own MLM loss
-  measurably (both learn the unigram distribution first), so that is only checked not to get worse."""
-  taught = _distil(corpus_teacher, tmp_path / "taught", 1.0)
-  alone = _distil(corpus_teacher, tmp_path / "alone", 0.0)
-  kl_taught, kl_alone = _soft_losses(tmp_path / "taught"), _soft_losses(tmp_path / "alone")
+  logs the KL to the teacher). The logged MLM loss of steps 31-40 is each step's batch scored before its
+  update, text the student has not trained on (seen here: 6.50 taught vs 6.76 alone)."""
+  _distil(corpus_teacher, tmp_path / "taught", 1.0)
+  _distil(corpus_teacher, tmp_path / "alone", 0.0)
+  kl_taught, kl_alone = _logged(tmp_path / "taught", "soft_loss"), _logged(tmp_path / "alone", "soft_loss")
   assert kl_taught[-1] < 0.6 * kl_alone[-1] and kl_taught[-1] < kl_taught[0] / 5, (kl_taught, kl_alone)
-  assert taught["eval"]["mlm_loss"] < alone["eval"]["mlm_loss"] + 0.1, (taught["eval"], alone["eval"])
+  mlm_taught, mlm_alone = _logged(tmp_path / "taught", "mlm_loss"), _logged(tmp_path / "alone", "mlm_loss")
+  assert mlm_taught[-1] < mlm_alone[-1] - 0.1, (mlm_taught, mlm_alone)
   # The student's workdir is a pretraining workdir; the same command resumes it.
   saved = json.load(open(tmp_path / "taught" / "config.json"))
   assert saved["objective"] == "distill_mlm" and saved["model"]["num_layers"] == 1
