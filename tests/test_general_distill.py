@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli, params_checkpoint
-from bert_jax.compress import general
+from bert_jax.compress import general, losses
 from bert_jax.config_utils import load_config
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import ModelConfig
@@ -60,6 +60,14 @@ def small_teacher(tmp_path_factory):
   """A params checkpoint of a random 3-layer model, with its vocabulary: (location, params)."""
   directory = tmp_path_factory.mktemp("small") / "teacher"
   return directory, _write_teacher(directory)
+
+
+def test_cosine_loss_counts_real_tokens_only():
+  rng = np.random.default_rng(0)
+  hs, ht, mask = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4)), np.array([[1, 1, 0], [1, 0, 0]])
+  cos = np.sum(hs * ht, -1) / (np.linalg.norm(hs, axis=-1) * np.linalg.norm(ht, axis=-1))
+  np.testing.assert_allclose(float(losses.cosine_sum(jnp.asarray(hs), jnp.asarray(ht), jnp.asarray(mask))),
+                             np.sum((1 - cos) * mask), rtol=1e-5)
 
 
 def _write_teacher(directory):
