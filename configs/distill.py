@@ -1,19 +1,46 @@
-"""Distillation configs: a fine-tuning config (configs/glue.py) plus the `distill` section.
+"""Distillation configs. Task distillation: a fine-tuning config (configs/glue.py) plus the `distill`
+section; general distillation (`general-<size>`): a pretraining config (configs/bert.py) of objective
+`distill_mlm` plus its `distill` section.
 
   bert-jax distill --config configs/distill.py:embedded --config.distill.teacher=runs/demo-ft \
       --config.distill.student_layers=every_other --workdir runs/demo-distilled
   bert-jax distill --config configs/distill.py:sst2 --config.distill.teacher=runs/sst2 \
       --config.model.num_layers=4 --config.model.hidden_size=312 --config.distill.hidden_weight=1 ...
+  bert-jax distill --config configs/distill.py:general-tiny --config.distill.teacher=runs/demo \
+      --workdir runs/demo-general                # the demo model -> 1 layer, on the embedded corpus
 
-The student is `distill.student_layers` of the teacher ("every_other": DistilBERT's init) or, with it
-empty, the architecture of config.model (or of init_from). Loss weights of 0 switch a loss off.
+Task distillation: the student is `distill.student_layers` of the teacher ("every_other": DistilBERT's
+init) or, with it empty, the architecture of config.model (or of init_from). Loss weights of 0 switch a
+loss off. General distillation: the teacher is a pretraining workdir or converted checkpoint, the
+student takes its tokenizer and, with student_layers, its architecture and those layers; the student's
+workdir is a pretraining workdir (bert_jax/compress/general.py).
 """
 import ml_collections
 
-from bert_jax.configs import glue
+from bert_jax.configs import bert, glue
+
+
+def _general(size: str) -> ml_collections.ConfigDict:
+  """DistilBERT's recipe on the pretraining corpus: KL to the teacher's masked-LM soft targets + MLM."""
+  c = bert.get_config("demo" if size == "tiny" else size)
+  c.objective = "distill_mlm"
+  c.distill = ml_collections.ConfigDict()
+  c.distill.teacher = ""  # a pretraining workdir or a converted checkpoint with an MLM head
+  c.distill.student_layers = "every_other"  # "" (config.model) | "every_other" | teacher layer indices "0,2"
+  c.distill.temperature = 2.0  # soft targets: softmax(logits / T) at the masked positions, KL x T^2
+  c.distill.soft_weight = 1.0  # KL to the teacher's soft targets
+  c.distill.hard_weight = 1.0  # the student's own MLM (and sentence-head) loss
+  c.distill.cosine_weight = 0.0  # 1 - cos of the last hidden states (DistilBERT; same width)
+  if size == "tiny":  # a few hundred steps of the embedded corpus: a minute or two on a CPU
+    c.optimizer.update(learning_rate=1e-3, warmup_steps=30)
+    c.train.update(num_steps=300, log_every_steps=50, eval_every_steps=100)
+    c.checkpoint.every_steps = 100
+  return c
 
 
 def get_config(arg: str = "embedded"):
+  if arg.startswith("general-"):
+    return _general(arg[len("general-"):])
   c = glue.get_config(arg)
   c.distill = ml_collections.ConfigDict()
   c.distill.teacher = ""  # a fine-tuning workdir of the same task

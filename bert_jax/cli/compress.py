@@ -5,9 +5,12 @@ import json
 
 
 def _distill(args):
-  from bert_jax.compress import distill  # pylint: disable=import-outside-toplevel
+  from bert_jax.compress import distill, general  # pylint: disable=import-outside-toplevel
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-  results = distill.distill(load_config(args.config, args.config_overrides), args.workdir)
+  config = load_config(args.config, args.config_overrides)
+  # A pretraining config (objective distill_mlm) distils on the corpus; a fine-tuning one on its task.
+  run = general.distill if config.get("objective") == "distill_mlm" else distill.distill
+  results = run(config, args.workdir)
   print(json.dumps(results, indent=1, sort_keys=True))
 
 
@@ -18,9 +21,11 @@ def _quantize(args):
 
 
 def register(subparsers) -> None:
-  p = subparsers.add_parser("distill", help="distill a fine-tuned teacher into a smaller student")
-  p.add_argument("--config", required=True, help="e.g. configs/distill.py:embedded, configs/distill.py:sst2")
-  p.add_argument("--workdir", required=True, help="the student's fine-tuning workdir")
+  p = subparsers.add_parser("distill", help="distill a teacher into a smaller student: on a task "
+                                    "(a fine-tuned teacher) or on the pretraining corpus (general-*)")
+  p.add_argument("--config", required=True, help="e.g. configs/distill.py:embedded, configs/distill.py:sst2, "
+                                                  "configs/distill.py:general-tiny")
+  p.add_argument("--workdir", required=True, help="the student's workdir (fine-tuning; pretraining for general-*)")
   p.set_defaults(handler=_distill)
   q = subparsers.add_parser(
       "quantize", help="post-training int8: per-channel int8 weights (about 4x smaller), dev set measured",

@@ -8,7 +8,7 @@ attention-map MSE (TinyBERT) and PKD's normalised [CLS] loss, over a layer mappi
 projection (params["distill"]) maps the student's width to the teacher's.
 
 It is a fine-tuning run (finetune/trainer.py:Run) whose step is the shared one
-(training/step.py:train_step) with the frozen teacher's params as an extra, non-trained, sharded
+(training/step.py:teacher_step) with the frozen teacher's params as an extra, non-trained, sharded
 input; the teacher's forward runs inside the same jitted step. The workdir it writes is a normal
 fine-tuning workdir (config.json, params/ without the projection, tokenizer): predict, convert and
 finetune take it. Pausing and resuming work as in fine-tuning.
@@ -36,7 +36,7 @@ from bert_jax.finetune.objective import predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.models.config import ModelConfig
 from bert_jax.training import checkpoint, finite, partitioning
-from bert_jax.training.step import sharded_setup, train_step
+from bert_jax.training.step import sharded_setup, teacher_step
 
 LOSSES = ("hard", "soft", "hidden", "attention", "pkd")
 
@@ -139,11 +139,6 @@ class DistillObjective:
     bound.__dict__.update(self.__dict__)
     bound.sums = functools.partial(self.sums, teacher_params=teacher_params)
     return bound
-
-
-def distill_step(state, batch, rng, teacher_params, *, objective: DistillObjective, **step_args):
-  """The shared train step, its loss reading the frozen teacher's params (an extra jit input)."""
-  return train_step(state, batch, rng, objective=objective.with_teacher(teacher_params), **step_args)
 
 
 def chosen_layers(spec: str, teacher_layers: int) -> tuple[int, ...] | None:
@@ -291,7 +286,7 @@ class DistillRun(trainer.Run):
                                    ["params"])
     teacher_shardings = partitioning.logical_shardings(teacher_boxed, mesh, rules)
     setup = sharded_setup(config, objective, functools.partial(objective.init, batch=init_batch), make_tx,
-                          num_steps, mesh=mesh, step_fn=distill_step, eval_fn=predict_step,
+                          num_steps, mesh=mesh, step_fn=teacher_step, eval_fn=predict_step,
                           eval_out_sharding=partitioning.batch_sharding, extra_shardings=(teacher_shardings,))
     abstract_teacher = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                     nn.meta.unbox(teacher_boxed), teacher_shardings)

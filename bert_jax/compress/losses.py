@@ -1,11 +1,14 @@
 """Knowledge-distillation losses as sums over rows (divided by the row count in the objective).
 
-  soft       T^2 KL(softmax(t / T) || softmax(s / T))            (Hinton et al.; DistilBERT)
+  soft       T^2 KL(softmax(t / T) || softmax(s / T))            (Hinton et al.; DistilBERT), per row or,
+             with weights, per weighted masked-LM prediction (general distillation)
+  cosine     1 - cos(h_s, h_t) of the last hidden states, per valid token (DistilBERT)
   hidden     mean over valid tokens and width of (W h_s - h_t)^2, per mapped layer (TinyBERT)
   attention  mean over heads, valid queries and keys of (a_s - a_t)^2, per mapped layer (TinyBERT,
              on the attention probabilities that the model returns)
   pkd        || W c_s / ||W c_s|| - c_t / ||c_t|| ||^2 of each mapped layer's [CLS] vector (BERT-PKD)
-Shapes: logits [B, C]; hidden [L, B, T, H]; attentions [L, B, N, T, T]; mask [B, T] (1 = token).
+Shapes: logits [B, C] (or [B, P, V] with weights [B, P]); hidden [L, B, T, H]; attentions
+[L, B, N, T, T]; mask [B, T] (1 = token).
 """
 from __future__ import annotations
 
@@ -15,10 +18,22 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def soft_target_sum(student_logits: Array, teacher_logits: Array, temperature: float) -> Array:
-  t = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
-  s = jax.nn.log_softmax(student_logits / temperature, axis=-1)
-  return temperature ** 2 * jnp.sum(jnp.exp(t) * (t - s))
+def soft_target_sum(student_logits: Array, teacher_logits: Array, temperature: float,
+                    weights: Array | None = None) -> Array:
+  """The KL over the last (class or vocab) axis, summed over the others, each term times its weight."""
+  t = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
+  s = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  kl = jnp.sum(jnp.exp(t) * (t - s), axis=-1)
+  if weights is not None:
+    kl = kl * weights.astype(jnp.float32)
+  return temperature ** 2 * jnp.sum(kl)
+
+
+def cosine_sum(student: Array, teacher: Array, mask: Array) -> Array:
+  """[B, T, H] each (the same width), mask [B, T]: the sum over valid tokens of 1 - cos."""
+  s, t = student.astype(jnp.float32), teacher.astype(jnp.float32)
+  cos = jnp.sum(s * t, axis=-1) / jnp.maximum(jnp.linalg.norm(s, axis=-1) * jnp.linalg.norm(t, axis=-1), 1e-12)
+  return jnp.sum((1.0 - cos) * mask.astype(jnp.float32))
 
 
 def hidden_mse_sum(student: Array, teacher: Array, mask: Array) -> Array:

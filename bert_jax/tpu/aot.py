@@ -155,7 +155,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str) -> dict[
   state = setup.abstract_state  # shapes with their shardings on the slice's mesh
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
-  train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng)
+  train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng,
+                   *setup.frozen)
   eval_batch = config.train.eval_batch_size or config.train.batch_size
   evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh))
   per_chip = tpu.chip.devices_per_chip

@@ -4,7 +4,9 @@
 state -> shardings from the logical axis names -> `jax.jit` of init, train step (state donated) and
 eval step, traced inside the mesh and its rules. Pretraining (`build_train_setup` below) and
 fine-tuning (finetune/trainer.py) call it with their objective; a job with another step (a frozen
-teacher's params passed alongside) passes its own `step_fn` and the shardings of its extra arguments.
+teacher's params passed alongside: `teacher_step`) passes its own `step_fn` and the shardings of its
+extra arguments; a pretraining objective with a teacher (objectives.TeacherObjective: general
+distillation) gets that from `build_train_setup`.
 Two options of the shared step serve fine-tuning's tricks: `trainable`, a mask of the parameters that
 get gradients (adapters, feature-based training: the others are stop_gradient'ed, so the backward
 pass skips them), and `teacher_momentum`, a moving average of the parameters kept in the state and
@@ -59,6 +61,9 @@ class TrainSetup:
   init_state: Callable[[jax.Array], TrainState]  # rng -> train state
   train_step: Callable  # (state, batch, rng, *extra) -> (state, metrics); the state is donated
   eval_step: Callable  # (params, batch) -> eval_fn's outputs
+  # Pretraining's extra train-step inputs (a frozen teacher's params): abstract, and how to read them.
+  frozen: tuple = ()
+  load_frozen: Callable[[], tuple] = tuple
 
 
 def _split_micro_batches(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
@@ -115,6 +120,13 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
     teacher = optax.incremental_update(params, state.teacher, 1.0 - teacher_momentum(state.step))
     return TrainState(state.step + 1, params, opt_state, teacher), metrics
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def teacher_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, teacher_params: Any, *,
+                 objective, **step_args) -> tuple[TrainState, dict[str, jax.Array]]:
+  """train_step, its loss reading a frozen teacher's params (an extra, non-trained jit input):
+  distillation's step. `objective.with_teacher(params)` is the objective that sees them."""
+  return train_step(state, batch, rng, objective=objective.with_teacher(teacher_params), **step_args)
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[str, jax.Array]:
@@ -204,8 +216,24 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
     stacked = partitioning.stacked_layers_tree(abstract_boxed_params)
     return optim.make_optimizer(config.optimizer, config.train.num_steps, stacked)
 
-  return sharded_setup(config, objective, functools.partial(objective.init, batch=init_batch), make_tx,
-                       config.train.num_steps, mesh=mesh)
+  init_params = functools.partial(objective.init, batch=init_batch)
+  if not isinstance(objective, objectives.TeacherObjective):
+    return sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh)
+  return _with_teacher(config, objective, init_params, make_tx, mesh)
+
+
+def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.TeacherObjective,
+                  init_params: Callable, make_tx: Callable, mesh: Mesh | None) -> TrainSetup:
+  """A setup whose train step also takes the frozen teacher's params (`frozen`), sharded by their logical
+  axes; the run reads them with `load_frozen()`, so building a setup still allocates nothing."""
+  mesh = mesh or partitioning.make_mesh(config.mesh)
+  boxed = objective.teacher_init(config.data.max_seq_length, config.data.max_predictions_per_seq)
+  shardings = partitioning.logical_shardings(boxed, mesh, partitioning.rules(config.mesh))
+  setup = sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh,
+                        step_fn=teacher_step, extra_shardings=(shardings,))
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          nn.meta.unbox(boxed), shardings)
+  return dataclasses.replace(setup, frozen=(abstract,), load_frozen=lambda: (objective.load_teacher(abstract),))
 
 
 def summarize_eval(objective, totals: dict[str, jax.Array]) -> dict[str, float]:

@@ -132,6 +132,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
   inputs = make_inputs(config, "train", train_cfg.batch_size)
   _write_run_files(config, run_dir, inputs.tokenizer.path)
   state, start = restore_or_init(setup, ckpt, inputs)
+  frozen = setup.load_frozen()  # a distillation teacher's params; else ()
   eval_inputs = None
   if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
     eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
@@ -155,7 +156,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
       _check_eval_split(eval_inputs, config.data)
     for step in range(start + 1, train_cfg.num_steps + 1):
       batch = partitioning.global_batch(next(inputs), setup.mesh)
-      state, metrics = setup.train_step(state, batch, rng)
+      state, metrics = setup.train_step(state, batch, rng, *frozen)
       pending.append((step, guard.record(step, metrics)))
       if step % train_cfg.log_every_steps == 0 or step == train_cfg.num_steps:
         guard.check(last_saved)
@@ -184,6 +185,12 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
 
 def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDict:
   config = config_utils.load_config(spec, overrides)
+  check_run_config(config)
+  return config
+
+
+def check_run_config(config: ml_collections.ConfigDict) -> None:
+  """The training-loop settings a pretraining run config must have (the model's are checked where built)."""
   if config.train.num_steps < 1:
     raise UserError(f"train.num_steps must be >= 1, got {config.train.num_steps}")
   for key in ("log_every_steps",):
@@ -192,4 +199,3 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
   if config.checkpoint.every_steps < 1:
     raise UserError(f"checkpoint.every_steps must be >= 1, got {config.checkpoint.every_steps}")
   finite.check_skip_budget(config.train.skip_nonfinite_steps)
-  return config

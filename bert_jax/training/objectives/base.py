@@ -8,7 +8,7 @@ with the full batch's counts gives exactly the full batch's gradient.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,21 @@ class PretrainingObjective(Objective, Protocol):
 
   def backbone(self, params: Any) -> Any:
     """The parameters the papers count as the model's size."""
+
+
+@runtime_checkable
+class TeacherObjective(PretrainingObjective, Protocol):
+  """A pretraining objective with a frozen teacher (general distillation): the jitted step gets the
+  teacher's params as an extra, sharded input (training/step.py:build_train_setup)."""
+
+  def teacher_init(self, seq_len: int, max_predictions: int) -> Any:
+    """The teacher's boxed abstract params (nothing allocated)."""
+
+  def load_teacher(self, abstract: Any) -> Any:
+    """The teacher's params, restored into the shapes and shardings of `abstract`."""
+
+  def with_teacher(self, teacher_params: Any) -> PretrainingObjective:
+    """This objective, its train sums reading `teacher_params`."""
 
 
 def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:

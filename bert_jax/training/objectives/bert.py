@@ -43,7 +43,10 @@ class BertPretraining:
 
   def sums(self, params: Any, batch: Batch, rng: jax.Array | None, deterministic: bool
            ) -> dict[str, jax.Array]:
-    out = self.apply(params, batch, rng, deterministic)
+    return self.output_sums(self.apply(params, batch, rng, deterministic), batch)
+
+  def output_sums(self, out: ModelOutput, batch: Batch) -> dict[str, jax.Array]:
+    """sums() of the model's outputs."""
     sums = mlm_sums(out.mlm_logits, batch)
     if self.sentence != "none":
       logits = out.nsp_logits if self.sentence == "nsp" else out.sop_logits

@@ -1,0 +1,75 @@
+"""General distillation (`bert-jax distill` with configs/distill.py:general-*): a pretraining run of
+objective `distill_mlm` (training/objectives/distill_mlm.py) on the pretraining corpus, with a frozen
+teacher (a pretraining workdir or a converted checkpoint).
+
+This module only resolves the student's run config from the teacher, then pretrains: the tokenizer is
+the teacher's; with distill.student_layers the student is the teacher's architecture with those layers,
+initialised from them (DistilBERT's every-other-layer init, written once to WORKDIR/student_init and
+named by init_from), else config.model (fresh, or from init_from). Checkpoints, resume and the output
+workdir are pretraining's: `bert-jax finetune --config.init_from=WORKDIR` and `convert --to hf` take it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+
+from bert_jax import params_checkpoint, workdir as workdir_lib
+from bert_jax.compress.distill import chosen_layers, take_layers
+from bert_jax.errors import UserError
+from bert_jax.models.config import ModelConfig
+from bert_jax.training import trainer
+from bert_jax.training.objectives.distill_mlm import read_teacher
+
+STUDENT_INIT = "student_init"
+
+
+def _take_tokenizer(config: ml_collections.ConfigDict, teacher: str, saved: dict) -> None:
+  vocab = workdir_lib.vocab_file(teacher, saved)
+  if vocab is None:
+    raise UserError(f"distill.teacher={teacher}: its {workdir_lib.CONFIG} names no vocabulary (data.vocab)")
+  if config.data.vocab and workdir_lib.path(config.data.vocab).read_bytes() != vocab.read_bytes():
+    raise UserError(f"data.vocab={config.data.vocab} is not the teacher's vocabulary; leave it empty to "
+                    "use the teacher's")
+  data = saved.get("data", {})
+  config.data.update(vocab=str(vocab), tokenizer=data.get("tokenizer", config.data.tokenizer),
+                     lower_case=data.get("lower_case", config.data.lower_case))
+
+
+def _write_student_init(directory, teacher: str, teacher_model: ModelConfig, layers: tuple[int, ...],
+                        config: ml_collections.ConfigDict) -> None:
+  params, _ = params_checkpoint.load_params(teacher)
+  student = take_layers(jax.device_get(params), teacher_model, layers)
+  params_checkpoint.save_params(directory, student, {"objective": "bert", "model": config.model.to_dict(),
+                                                     "data": config.data.to_dict(), "teacher": teacher,
+                                                     "teacher_layers": list(layers)})
+
+
+def student_config(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+  """The run config of the student: the teacher's tokenizer, and its layers when asked for."""
+  teacher = config.distill.teacher
+  saved = read_teacher(teacher)
+  teacher_model = ModelConfig.from_dict(saved["model"])
+  layers = chosen_layers(config.distill.student_layers, teacher_model.num_layers)
+  config = ml_collections.ConfigDict(config.to_dict())  # a copy; locked again below
+  _take_tokenizer(config, teacher, saved)
+  if layers is not None:
+    if config.init_from:
+      raise UserError("set either distill.student_layers (init from the teacher) or init_from, not both")
+    if teacher_model.share_layers != "none" or teacher_model.pruned_heads:
+      raise UserError("distill.student_layers needs a teacher with unshared, unpruned layers")
+    config.model.update({k: v for k, v in saved["model"].items() if k in config.model and k != "pruned_heads"})
+    config.model.update(num_layers=len(layers), scan_unroll=min(config.model.scan_unroll, len(layers)))
+    init = workdir_lib.path(workdir) / STUDENT_INIT
+    if not (init / workdir_lib.CONFIG).exists():
+      _write_student_init(init, teacher, teacher_model, layers, config)
+    config.init_from = str(init)
+  config.lock()
+  return config
+
+
+def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Distils (or resumes distilling) into `workdir`; returns pretraining's last train and eval metrics."""
+  trainer.check_run_config(config)
+  return trainer.pretrain(student_config(config, workdir), workdir)
