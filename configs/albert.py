@@ -33,9 +33,8 @@ def get_config(arg: str = "base"):
   c.optimizer.update(name="lamb", learning_rate=0.00176, warmup_steps=3125, weight_decay=0.01)
   c.train.update(batch_size=4096, num_steps=125_000)
   if arg == "tiny":
-    c.model.update(vocab_size=8192, embedding_size=64)
+    common.on_embedded_corpus(c).model.embedding_size = 64
     c.data.update(tokenizer="wordpiece", max_seq_length=128)
     c.optimizer.update(learning_rate=2e-3, warmup_steps=100)
-    c.train.update(batch_size=32, num_steps=1500, log_every_steps=50, eval_every_steps=500, eval_steps=4)
-    c.checkpoint.every_steps = 500
+    c.train.update(batch_size=32, num_steps=1500)
   return c

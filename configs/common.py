@@ -135,3 +135,12 @@ def sized_config(sizes: dict, size: str, other_presets: tuple = ()) -> ml_collec
   # Up to 8 layers, unroll the scanned loop: faster steps (BENCHMARKS.md) for a compile that stays short.
   c.model.scan_unroll = layers if layers <= 8 else 1
   return c
+
+
+def on_embedded_corpus(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """What every family's `tiny` preset shares: the embedded vocabulary (at most 8,192 entries), a progress
+  line every 50 steps, a 4-batch evaluation and a checkpoint every 500."""
+  c.model.vocab_size = 8192
+  c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
+  c.checkpoint.every_steps = 500
+  return c

@@ -48,7 +48,5 @@ def get_config(arg: str = "base"):
   c.optimizer.update(name="adamw", learning_rate=lr, warmup_steps=warmup, weight_decay=0.01)
   c.train.update(batch_size=batch, num_steps=steps)
   if arg == "tiny":
-    c.model.vocab_size = 8192
-    c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
-    c.checkpoint.every_steps = 500
+    common.on_embedded_corpus(c)
   return c

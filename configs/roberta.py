@@ -44,8 +44,6 @@ def get_config(arg: str = "base"):
                      weight_decay=0.01)
   c.train.update(batch_size=batch, num_steps=steps)
   if arg == "tiny":
-    c.model.vocab_size = 8192
+    common.on_embedded_corpus(c)
     c.data.update(max_seq_length=128, max_predictions_per_seq=20)
-    c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
-    c.checkpoint.every_steps = 500
   return c

@@ -30,9 +30,8 @@ def get_config(arg: str = "base"):
   c.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=10_000, weight_decay=0.01)
   c.train.update(batch_size=256, num_steps=2_400_000)
   if arg == "tiny":
-    c.model.vocab_size = 8192
+    common.on_embedded_corpus(c)
     c.data.update(lower_case=True, max_seq_length=128, max_predictions_per_seq=20)
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
-    c.train.update(batch_size=32, num_steps=1500, log_every_steps=50, eval_every_steps=500, eval_steps=4)
-    c.checkpoint.every_steps = 500
+    c.train.update(batch_size=32, num_steps=1500)
   return c

@@ -14,14 +14,9 @@ over the first 10% of steps then linear decay, batch 1024, sequences of 512 toke
 English Wikipedia and BookCorpus; 250k steps of 1024 rows are BERT's 40 epochs (1M steps of 256 rows).
 `tiny` runs on the embedded corpus.
 """
-from bert_jax.configs import common
+from bert_jax.configs import bert, common
 
-# name: (layers, hidden, heads, intermediate)
-SIZES = {
-    "tiny": (2, 128, 2, 512),
-    "base": (12, 768, 12, 3072),
-    "large": (24, 1024, 16, 4096),
-}
+SIZES = {k: bert.SIZES[k] for k in ("tiny", "base", "large")}  # BERT's encoder
 
 
 def get_config(arg: str = "base"):
@@ -33,9 +28,8 @@ def get_config(arg: str = "base"):
   c.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=25_000, weight_decay=0.01)
   c.train.update(batch_size=1024, num_steps=250_000)
   if arg == "tiny":
-    c.model.vocab_size = 8192
+    common.on_embedded_corpus(c)
     c.data.update(max_seq_length=128, max_predictions_per_seq=20)
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
-    c.train.update(batch_size=32, num_steps=1500, log_every_steps=50, eval_every_steps=500, eval_steps=4)
-    c.checkpoint.every_steps = 500
+    c.train.update(batch_size=32, num_steps=1500)
   return c
