@@ -38,3 +38,20 @@ def write_corpus(directory, num_docs=60, sentences_per_doc=6, num_files=4, offse
   for f in files:
     f.close()
   return os.path.join(directory, "*.txt")
+
+
+def write_first_word_sst2(directory, n_train=256, n_dev=48, random_train_labels=False):
+  """sst2-format train.tsv/dev.tsv of real sentences whose label is written in their first word ("true ..." /
+  "false ..."); the dev labels are always right, the training labels optionally coin flips."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  sentences = real_sentences(n_train + n_dev)
+  rng = np.random.default_rng(0)
+  for split, chunk in (("train", sentences[:n_train]), ("dev", sentences[n_train:])):
+    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
+      f.write("sentence\tlabel\n")
+      for sentence in chunk:
+        y = int(rng.integers(2))
+        label = int(rng.integers(2)) if random_train_labels and split == "train" else y
+        f.write(f"{('false', 'true')[y]} {sentence}\t{label}\n")
+  return str(directory)

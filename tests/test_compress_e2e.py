@@ -20,22 +20,6 @@ TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--co
 STUDENT = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
 
 
-def _sst2_dir(directory, random_train_labels: bool, n_train=256, n_dev=64):
-  """Real sentences whose label is their first word ("true ..." / "false ..."); the dev labels are
-  always right, the training labels optionally coin flips (data without labels to learn from)."""
-  os.makedirs(directory, exist_ok=True)
-  sentences = data_fixtures.real_sentences(n_train + n_dev)
-  rng = np.random.default_rng(0)
-  for split, chunk in (("train", sentences[:n_train]), ("dev", sentences[n_train:])):
-    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
-      f.write("sentence\tlabel\n")
-      for sentence in chunk:
-        y = int(rng.integers(2))
-        label = int(rng.integers(2)) if random_train_labels and split == "train" else y
-        f.write(f"{('false', 'true')[y]} {sentence}\t{label}\n")
-  return str(directory)
-
-
 def _results(workdir):
   with open(os.path.join(workdir, "eval_results.json")) as f:
     return json.load(f)
@@ -43,7 +27,7 @@ def _results(workdir):
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-  data = _sst2_dir(tmp_path_factory.mktemp("sst2"), random_train_labels=False)
+  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_dev=64)
   workdir = str(tmp_path_factory.mktemp("teacher"))
   assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *MODEL, *TEACHER,
                    f"--config.data.data_dir={data}", "--config.train.epochs=4"]) == 0
@@ -55,7 +39,7 @@ def test_distilled_student_beats_the_student_without_teacher(teacher, tmp_path):
   """The distillation set's labels are coin flips: without the teacher the student stays near chance;
   with the teacher's soft targets (temperature 1, no hard loss) it learns the teacher's rule."""
   _, teacher_dir = teacher
-  noisy = _sst2_dir(tmp_path / "noisy", random_train_labels=True)
+  noisy = data_fixtures.write_first_word_sst2(tmp_path / "noisy", n_dev=64, random_train_labels=True)
   common = [*MODEL, *STUDENT, f"--config.data.data_dir={noisy}", "--config.train.epochs=4",
             "--config.train.seed=1"]
   student, alone = str(tmp_path / "student"), str(tmp_path / "alone")

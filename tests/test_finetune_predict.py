@@ -50,26 +50,12 @@ def _hf_bert(directory):
   return str(directory)
 
 
-def _sst2_dir(directory, n_train=256, n_dev=48):
-  """sst2-format TSVs of real sentences whose label is written in their first word."""
-  os.makedirs(directory, exist_ok=True)
-  sentences = data_fixtures.real_sentences(n_train + n_dev)
-  rng = np.random.default_rng(0)
-  for split, chunk in (("train", sentences[:n_train]), ("dev", sentences[n_train:])):
-    with open(os.path.join(directory, f"{split}.tsv"), "w", encoding="utf-8") as f:
-      f.write("sentence\tlabel\n")
-      for sentence in chunk:
-        y = int(rng.integers(2))
-        f.write(f"{('false', 'true')[y]} {sentence}\t{y}\n")
-  return str(directory)
-
-
 @pytest.fixture(scope="module")
 def sst2_run(tmp_path_factory):
   root = tmp_path_factory.mktemp("sst2")
   hf_dir = _hf_bert(root / "hf_bert")
   assert cli.main(["convert", "--from", "hf", hf_dir, str(root / "ckpt")]) == 0
-  data, workdir = _sst2_dir(root / "data"), str(root / "run")
+  data, workdir = data_fixtures.write_first_word_sst2(root / "data"), str(root / "run")
   assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *TINY,
                    f"--config.init_from={root / 'ckpt'}", f"--config.data.data_dir={data}",
                    "--config.optimizer.learning_rate=1e-2", "--config.train.epochs=3"]) == 0
