@@ -9,7 +9,7 @@ import ml_collections
 
 from bert_jax.models.bert import BertModel, ModelOutput
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import (HEAD_NAMES, Batch, mlm_sums, model_inputs, refuse_structbert_inputs,
+from bert_jax.training.objectives.base import (HEAD_NAMES, Batch, mlm_sums, model_inputs,
                                                token_nll_and_correct)
 from bert_jax.training.objectives.registry import register
 
@@ -71,5 +71,4 @@ class BertPretraining:
 
 @register("bert")
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> BertPretraining:
-  refuse_structbert_inputs(config)
   return BertPretraining(model_config)

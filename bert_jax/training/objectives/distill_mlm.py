@@ -23,7 +23,7 @@ from bert_jax.compress import losses
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import Batch, example_batch, model_inputs, refuse_structbert_inputs
+from bert_jax.training.objectives.base import Batch, example_batch, model_inputs
 from bert_jax.training.objectives.bert import BertPretraining
 from bert_jax.training.objectives.registry import register
 
@@ -128,7 +128,6 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
   if "distill" not in config:
     raise UserError("objective='distill_mlm' needs the config section `distill` (teacher, temperature, "
                     "*_weight); start from configs/distill.py:general-tiny")
-  refuse_structbert_inputs(config)
   saved = read_teacher(config.distill.teacher)
   teacher = ModelConfig.from_dict(saved["model"])
   check_student(model_config, teacher, config.distill)

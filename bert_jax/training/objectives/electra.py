@@ -11,7 +11,7 @@ import optax
 from bert_jax.errors import UserError
 from bert_jax.models import electra
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import HEAD_NAMES, Batch, mlm_sums, model_inputs, refuse_structbert_inputs
+from bert_jax.training.objectives.base import HEAD_NAMES, Batch, mlm_sums, model_inputs
 from bert_jax.training.objectives.registry import register
 
 
@@ -79,7 +79,6 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
   if "electra" not in config:
     raise UserError("objective='electra' needs the config section `electra` (generator_hidden_fraction, "
                     "generator_layer_fraction, disc_weight); start from configs/electra.py")
-  refuse_structbert_inputs(config)
   e = config.electra
   return ElectraPretraining(model_config, e.generator_hidden_fraction, e.generator_layer_fraction,
                             e.disc_weight)

@@ -1,7 +1,9 @@
 """The objectives by name (a run config's `objective`): each objective's module registers a factory.
 
 A new objective is one module in this package: its class, and a factory decorated with
-`@register("name")` that checks the config keys it needs; the package's __init__ imports it.
+`@register("name")` that checks the config keys it needs; the package's __init__ imports it. Only an
+objective registered with `structural_inputs=True` (StructBERT's) may read shuffled trigrams or the 'sso'
+builder's 3-way labels: `make_objective` refuses them for every other one.
 """
 from __future__ import annotations
 
@@ -11,18 +13,21 @@ import ml_collections
 
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import PretrainingObjective
+from bert_jax.training.objectives.base import PretrainingObjective, refuse_structbert_inputs
 
 Factory = Callable[[ml_collections.ConfigDict, ModelConfig], PretrainingObjective]
 _FACTORIES: dict[str, Factory] = {}
+_STRUCTURAL: set[str] = set()
 
 
-def register(name: str) -> Callable[[Factory], Factory]:
+def register(name: str, structural_inputs: bool = False) -> Callable[[Factory], Factory]:
   """Decorator: `factory(config, model_config)` builds the objective `name`."""
   def add(factory: Factory) -> Factory:
     if name in _FACTORIES:
       raise ValueError(f"objective {name!r} is registered twice")
     _FACTORIES[name] = factory
+    if structural_inputs:
+      _STRUCTURAL.add(name)
     return factory
   return add
 
@@ -32,4 +37,6 @@ def make_objective(config: ml_collections.ConfigDict) -> PretrainingObjective:
   model_config = ModelConfig.from_dict(config.model.to_dict())
   if config.objective not in _FACTORIES:
     raise UserError(f"objective={config.objective!r} is not one of {tuple(_FACTORIES)}")
+  if config.objective not in _STRUCTURAL:
+    refuse_structbert_inputs(config)
   return _FACTORIES[config.objective](config, model_config)

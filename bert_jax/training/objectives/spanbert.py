@@ -11,7 +11,7 @@ import ml_collections
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.spanbert import SpanBoundaryHead
-from bert_jax.training.objectives.base import Batch, mlm_sums, refuse_structbert_inputs, token_nll_and_correct
+from bert_jax.training.objectives.base import Batch, mlm_sums, token_nll_and_correct
 from bert_jax.training.objectives.bert import BertPretraining
 from bert_jax.training.objectives.registry import register
 
@@ -76,5 +76,4 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
   if model_config.sentence_head != "none" or not model_config.mlm_head:
     raise UserError("objective='spanbert' needs model.mlm_head=True and model.sentence_head='none', got "
                     f"{model_config.mlm_head} and {model_config.sentence_head!r}")
-  refuse_structbert_inputs(config)
   return SpanBertPretraining(model_config)
