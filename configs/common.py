@@ -72,6 +72,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   # Processes building examples (Python, ~1 core each); 0 builds them in the training process. Same
   # batches for any value; at most this host's shard count are used.
   c.num_workers = 0
+  # A tf.data service dispatcher ("grpc://host:port") whose workers build the input (data.format=bert_tfrecord);
+  # "": build it in this process.
+  c.service_address = ""
   c.seed = 0
   c.update(overrides)
   return c

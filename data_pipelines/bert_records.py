@@ -15,6 +15,10 @@ drawn from (seeds, shard, epoch) (the records are shuffled when written). A shar
 """
 from __future__ import annotations
 
+import collections
+import socket
+import uuid
+
 import numpy as np
 
 from bert_jax.data_pipelines import corpora
@@ -63,11 +67,12 @@ def check_files(files: list[str], max_seq_length: int, max_predictions: int, voc
 class RecordInput:
   """This host's rows of each global batch from bert_tfrecord files; the PretrainInput interface."""
 
-  def __init__(self, files, ctx, shards: range, rows_per_shard: int, process_index: int):
-    self._files, self._ctx, self.tokenizer = files, ctx, ctx.tokenizer
+  def __init__(self, files, ctx, shards: range, rows_per_shard: int, process_index: int, service: str = ""):
+    self._files, self._ctx, self.tokenizer, self._service = files, ctx, ctx.tokenizer, service
     self._shards, self._rows_per_shard, self._process_index = shards, rows_per_shard, process_index
     self._states = {s: [0, 0] for s in shards}  # (epoch, records taken in the epoch)
-    self._iterator = None
+    self._iterator = self._pending = None
+    self._file_order_seeds = [int(k) for k in row_keys(ctx.seeds, list(shards), [0] * len(shards)).numpy()]
 
   @property
   def spec(self) -> dict:
@@ -77,45 +82,54 @@ class RecordInput:
   def stats(self) -> dict:
     return {}
 
-  def _shard_dataset(self, shard: int, epoch: int, taken: int):
-    t, ctx = tf(), self._ctx
+  def _shard_dataset(self, i):
+    """Host shard number `i` (a tensor: the service's workers pick shards by it) from its saved position:
+    its masked batches of rows_per_shard rows, each tagged with `i` and the rows' (epoch, index)."""
+    t, ctx, shards = tf(), self._ctx, list(self._shards)
     by_file = len(self._files) >= ctx.num_shards
-    files = t.constant(self._files[shard::ctx.num_shards] if by_file else self._files)
-    seed = int(row_keys(ctx.seeds, [shard], [0]).numpy()[0])
+    files = t.ragged.constant([self._files[s::ctx.num_shards] if by_file else self._files for s in shards])[i]
+    seed = t.constant(self._file_order_seeds, t.int64)[i]
+    shard = t.constant(shards, t.int64)[i]
+    epoch, taken = (t.constant([self._states[s][k] for s in shards], t.int64)[i] for k in (0, 1))
 
     def epoch_records(e):
-      order = t.random.experimental.stateless_shuffle(files, seed=t.stack([t.constant(seed, t.int64), e]))
+      order = t.random.experimental.stateless_shuffle(files, seed=t.stack([seed, e]))
       records = t.data.Dataset.from_tensor_slices(order).flat_map(
           lambda f: t.data.TFRecordDataset(f).map(lambda r: (f, r)))
       if not by_file:
         records = records.shard(ctx.num_shards, shard)
-      return records.enumerate().map(lambda i, fr: (e, i, fr[0], fr[1]))
+      return records.enumerate().map(lambda j, fr: (e, j, fr[0], fr[1]))
 
-    return t.data.Dataset.range(epoch, 2 ** 62).flat_map(epoch_records).skip(taken)
+    rows = t.data.Dataset.range(epoch, 2 ** 62).flat_map(epoch_records).skip(taken)
+    rows = rows.batch(self._rows_per_shard, drop_remainder=True).map(self._rows, num_parallel_calls=t.data.AUTOTUNE)
+    return rows.map(lambda r: {**self._features(r, t.fill([self._rows_per_shard], shard)), "shard_pos": i},
+                    num_parallel_calls=t.data.AUTOTUNE)
 
   def _rows(self, epoch, index, path, payload):
-    """One record -> padded row fields; asserts name the file."""
+    """A batch of records -> padded row fields (parsed together: one op per batch, not per record); asserts
+    name the files."""
     t, ctx = tf(), self._ctx
     width, slots = ctx.max_seq_length, ctx.masking.max_predictions
-    parsed = {k: t.sparse.to_dense(v) for k, v in t.io.parse_single_example(payload, _parse_spec()).items()}
-    length = t.size(parsed["input_ids"])
-    checks = [t.debugging.Assert(ok, [path, message]) for ok, message in (
-        (length <= width, "a record is longer than data.max_seq_length"),
-        (t.size(parsed["masked_lm_ids"]) <= slots, "a record has more predictions than data.max_predictions_per_seq"),
-        (t.reduce_max(parsed["input_ids"]) < ctx.tokenizer.vocab_size, "a token id is outside the vocabulary"))]
+    parsed = t.io.parse_example(payload, _parse_spec())
+    n = t.shape(payload, out_type=t.int64)[0]
+    checks = [t.debugging.Assert(ok, [path, message], summarize=4) for ok, message in (
+        (parsed["input_ids"].dense_shape[1] <= width, "a record is longer than data.max_seq_length"),
+        (parsed["masked_lm_ids"].dense_shape[1] <= slots,
+         "a record has more predictions than data.max_predictions_per_seq"),
+        (t.reduce_max(parsed["input_ids"].values) < ctx.tokenizer.vocab_size, "a token id is outside the vocabulary"))]
     with t.control_dependencies(checks):
-      pad = lambda v, n: t.ensure_shape(t.pad(t.cast(v, t.int32), [[0, n - t.size(v)]]), [n])  # noqa: E731
-      return {"input_ids": pad(parsed["input_ids"], width), "length": t.cast(t.reduce_sum(parsed["input_mask"]), t.int32),
-              "segment_ids": pad(parsed["segment_ids"], width),
-              "label": t.cast(parsed["next_sentence_labels"][0], t.int32),
-              "masked_lm_positions": pad(parsed["masked_lm_positions"], slots),
-              "masked_lm_ids": pad(parsed["masked_lm_ids"], slots),
-              "masked_lm_weights": t.ensure_shape(t.pad(parsed["masked_lm_weights"],
-                                                         [[0, slots - t.size(parsed["masked_lm_weights"])]]), [slots]),
-              "epoch": epoch, "index": index}
+      size = lambda k: slots if k.startswith("masked_lm") else width  # noqa: E731
+      dense = {k: t.ensure_shape(t.sparse.to_dense(t.sparse.reset_shape(v, [n, size(k)])), [None, size(k)])
+               for k, v in parsed.items() if k != "next_sentence_labels"}
+      ints = lambda k: t.cast(dense[k], t.int32)  # noqa: E731
+      return {"input_ids": ints("input_ids"), "length": t.reduce_sum(ints("input_mask"), 1),
+              "segment_ids": ints("segment_ids"),
+              "label": t.cast(t.sparse.to_dense(parsed["next_sentence_labels"])[:, 0], t.int32),
+              "masked_lm_positions": ints("masked_lm_positions"), "masked_lm_ids": ints("masked_lm_ids"),
+              "masked_lm_weights": dense["masked_lm_weights"], "epoch": epoch, "index": index}
 
   def _features(self, rows, shard_of_row):
-    """A host batch of record rows -> the contract's features (static: the records' masks)."""
+    """A batch of record rows -> the contract's features (static: the records' masks), and the rows' positions."""
     t, ctx = tf(), self._ctx
     width = ctx.max_seq_length
     real = t.range(width)[None] < rows["length"][:, None]
@@ -130,18 +144,30 @@ class RecordInput:
       original = t.tensor_scatter_nd_update(rows["input_ids"], where, rows["masked_lm_ids"][weights])
       counter = t.bitwise.left_shift(rows["epoch"], COUNTER_EPOCH_SHIFT) + rows["index"]
       out.update(mask_batch(original, rows["length"], row_keys(ctx.seeds, shard_of_row, counter), ctx.masking))
-    state = {"epoch": rows["epoch"], "index": rows["index"]}
-    return {name: out[name] for name in ctx.spec}, state
+    return {**{name: out[name] for name in ctx.spec}, "epoch": rows["epoch"], "index": rows["index"]}
 
   def _dataset(self):
-    t = tf()
-    per_shard = [self._shard_dataset(s, *self._states[s]).map(self._rows, num_parallel_calls=t.data.AUTOTUNE)
-                 .batch(self._rows_per_shard) for s in self._shards]
-    shard_of_row = t.constant(np.repeat(np.array(self._shards), self._rows_per_shard), t.int64)
-    joined = t.data.Dataset.zip(tuple(per_shard)).map(
-        lambda *parts: {k: t.concat([p[k] for p in parts], 0) for k in parts[0]})
-    return joined.map(lambda rows: self._features(rows, shard_of_row),
-                      num_parallel_calls=t.data.AUTOTUNE).prefetch(2)
+    """In-process: the host's shards interleaved in order, one batch of each per host batch. With
+    data.service_address the same per-shard batches come from the service's workers (each owns shards
+    i::num_workers) and `__next__` puts them back in shard order."""
+    t, k = tf(), len(self._shards)
+    shards = t.data.Dataset.range(k)
+    if self._service:
+      shards = shards.shard(t.data.experimental.SHARD_HINT, t.data.experimental.SHARD_HINT)
+    batches = shards.interleave(self._shard_dataset, cycle_length=k, block_length=1,
+                                num_parallel_calls=t.data.AUTOTUNE, deterministic=True)
+    if self._service:
+      return batches.apply(t.data.experimental.service.distribute(
+          processing_mode=t.data.experimental.service.ShardingPolicy.HINT, service=self._service,
+          job_name=f"bert_jax-{uuid.uuid4().hex}"))
+    return batches.prefetch(2 * k)
+
+  def _next_shard_batches(self) -> list[dict]:
+    """One batch of every host shard, in shard order (numpy)."""
+    while not all(self._pending):
+      part = {name: value.numpy() for name, value in next(self._iterator).items()}
+      self._pending[int(part.pop("shard_pos"))].append(part)
+    return [queue.popleft() for queue in self._pending]
 
   def __iter__(self):
     return self
@@ -149,19 +175,20 @@ class RecordInput:
   def __next__(self) -> dict:
     t = tf()
     if self._iterator is None:
+      if self._service:
+        check_service(self._service)
       self._iterator = iter(self._dataset())
+      self._pending = [collections.deque() for _ in self._shards]
     try:
-      batch, state = next(self._iterator)
+      parts = self._next_shard_batches()
     except (t.errors.InvalidArgumentError, t.errors.DataLossError) as e:
       raise DataError(f"data.corpus ({self._ctx.source}): {e.message.splitlines()[0]}") from None
-    epochs, indices = state["epoch"].numpy(), state["index"].numpy()
-    for i, s in enumerate(self._shards):
-      last = (i + 1) * self._rows_per_shard - 1
-      self._states[s] = [int(epochs[last]), int(indices[last]) + 1]
-    return {k: v.numpy() for k, v in batch.items()}
+    for s, part in zip(self._shards, parts):
+      self._states[s] = [int(part["epoch"][-1]), int(part["index"][-1]) + 1]
+    return {name: np.concatenate([p[name] for p in parts]) for name in self._ctx.spec}
 
   def close(self) -> None:
-    self._iterator = None
+    self._iterator = self._pending = None
 
   def save(self, directory: str) -> None:
     write_state(directory, self._process_index,
@@ -190,3 +217,14 @@ def list_record_files(data_cfg, split: str) -> list[str]:
                       "records, or train.eval_every_steps=0")
     return corpora.list_files(data_cfg.eval_corpus, "data.eval_corpus")
   return corpora.list_files(data_cfg.corpus, "data.corpus")
+
+
+def check_service(address: str) -> None:
+  """One line when no dispatcher answers at `address` (the service's client would retry for minutes)."""
+  host, _, port = address.split("://", 1)[-1].rpartition(":")
+  try:
+    socket.create_connection((host or "localhost", int(port)), timeout=10).close()
+  except (OSError, ValueError) as e:
+    raise DataError(f"data.service_address={address!r}: no tf.data service dispatcher answers there ({e}); "
+                    "start one with launch/tfdata_service.sh, or set data.service_address='' to build the "
+                    "input in this process") from None

@@ -179,6 +179,10 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   if data_cfg.format == "bert_tfrecord":
     return _record_input(data_cfg, split, shards, global_batch_size // num_shards, process_index,
                          max_position_embeddings, model_vocab_size)
+  if data_cfg.service_address:
+    raise DataError("data.service_address sends a tf.data graph to the service, and data.format=text builds rows "
+                    "in Python: write the rows with `bert-jax data prepare --format bert_tfrecord --config C` and "
+                    "train with data.format=bert_tfrecord")
   if data_cfg.format != "text":
     raise DataError(f"data.format={data_cfg.format!r}; use 'text' (data.corpus, prepared or tfds_name) or "
                     "'bert_tfrecord' (create_pretraining_data.py records in data.corpus)")
@@ -208,7 +212,7 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
   ctx = Context(data_cfg.eval_corpus if split == "eval" else data_cfg.corpus, True, tokenizer, None, masking,
                 feature_spec(data_cfg), seeds(data_cfg, split), data_cfg.num_shards, None, 0,
                 data_cfg.max_seq_length, corpora.Stats(), data_cfg.dupe_factor if static else None)
-  return bert_records.RecordInput(files, ctx, shards, rows_per_shard, process_index)
+  return bert_records.RecordInput(files, ctx, shards, rows_per_shard, process_index, data_cfg.service_address)
 
 
 def for_config(config, split: str, batch_size: int, process_index: int = 0, process_count: int = 1):

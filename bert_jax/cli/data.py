@@ -1,9 +1,11 @@
-"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview|throughput`: thin wrappers over data_pipelines."""
+"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview|throughput|service`: thin wrappers over data_pipelines."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from bert_jax.errors import UserError
 
 
 def _vocab(args):
@@ -21,6 +23,17 @@ def _tokenize(args):
 
 
 def _prepare(args):
+  if args.format == "bert_tfrecord":
+    from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
+    if not args.config:
+      raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
+    metadata = prepare_rows.prepare_rows(load_config(args.config, args.config_overrides), args.output,
+                                         args.epochs, args.split, args.workers)
+    print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
+    return
+  if args.config:
+    raise UserError("--config goes with --format bert_tfrecord; tokenized documents take --corpus and --vocab")
   from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
   print(json.dumps(prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case,
                                    args.corpus_format, args.workers), indent=1))
@@ -41,6 +54,20 @@ def _throughput(args):
   else:
     print(f"{result['examples_per_sec']:,.0f} examples/s, {result['real_tokens_per_sec']:,.0f} real tokens/s "
           f"({result['real_tokens_per_cpu_sec']:,.0f} per CPU second) on {result['cores']} cores")
+
+
+def _service(args):
+  from bert_jax.data_pipelines import service  # pylint: disable=import-outside-toplevel
+  if args.role == "dispatcher":
+    if not args.workers:
+      raise UserError("a dispatcher serves a fixed list of workers: add --workers HOST:PORT,HOST:PORT")
+    server = service.dispatcher(args.port, args.workers.split(","), args.work_dir)
+  else:
+    if not (args.dispatcher and args.address):
+      raise UserError("a worker needs --dispatcher HOST:PORT and --address HOST:PORT (as the dispatcher lists it)")
+    server = service.worker(args.dispatcher, args.port, args.address)
+  print(f"tf.data service {args.role} serving on port {args.port}", flush=True)
+  server.join()
 
 
 def _add_text_args(parser):
@@ -67,7 +94,13 @@ def register(subparsers) -> None:
 
   data = subparsers.add_parser("data", help="offline preparation and preview of pretraining input")
   sub = data.add_subparsers(dest="data_command", required=True)
-  p = sub.add_parser("prepare", help="tokenize text into sharded document records")
+  p = sub.add_parser("prepare", help="tokenize text into sharded document records, or (--format bert_tfrecord "
+                     "--config C) build C's rows as create_pretraining_data.py records")
+  p.add_argument("--format", default="documents", choices=("documents", "bert_tfrecord"),
+                 help="documents: tokenized documents (data.prepared); bert_tfrecord: rows (data.format=bert_tfrecord)")
+  p.add_argument("--config", default="", help="--format bert_tfrecord: the config whose data section builds the rows")
+  p.add_argument("--epochs", type=int, default=1, help="--format bert_tfrecord: epochs of rows to write")
+  p.add_argument("--split", default="train", choices=("train", "eval"), help="--format bert_tfrecord: which split")
   p.add_argument("--corpus", default="", help="glob(s) of text files; default: the embedded corpus")
   p.add_argument("--vocab", default="", help="vocab.txt or *.model; default: the embedded vocabulary")
   p.add_argument("--output", required=True)
@@ -84,3 +117,11 @@ def register(subparsers) -> None:
   p.add_argument("--batches", type=int, default=50)
   p.add_argument("--json", action="store_true", help="one JSON line: examples_per_sec, real_tokens_per_sec, ...")
   p.set_defaults(handler=_throughput)
+  p = sub.add_parser("service", help="run a tf.data service dispatcher or worker (data.service_address)")
+  p.add_argument("--role", required=True, choices=("dispatcher", "worker"))
+  p.add_argument("--port", type=int, required=True)
+  p.add_argument("--workers", default="", help="dispatcher: every worker's HOST:PORT, comma separated")
+  p.add_argument("--work-dir", default="", help="dispatcher: journal its state here (local or gs://) to survive restarts")
+  p.add_argument("--dispatcher", default="", help="worker: the dispatcher's HOST:PORT")
+  p.add_argument("--address", default="", help="worker: its own HOST:PORT as listed in the dispatcher's --workers")
+  p.set_defaults(handler=_service)
