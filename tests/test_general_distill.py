@@ -98,6 +98,21 @@ def test_student_init_is_the_teachers_chosen_layers(small_teacher, tmp_path):
   np.testing.assert_array_equal(student["mlm_head"]["transform"]["kernel"], teacher["mlm_head"]["transform"]["kernel"])
 
 
+def test_info_sizes_the_student_and_writes_nothing(small_teacher, capsys):
+  location, teacher = small_teacher
+  before = sorted(p.name for p in location.parent.iterdir())
+
+  def params_with(layers):
+    assert cli.main(["info", "--json", "--config", "configs/distill.py:general-tiny",
+                     f"--config.distill.teacher={location}", f"--config.distill.student_layers={layers}",
+                     "--config.data.max_seq_length=32"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_params"]
+
+  per_layer = sum(np.asarray(x).size for x in jax.tree.leaves(teacher["encoder"]["layers"])) // 3
+  assert params_with("0,1,2") - params_with("0,2") == per_layer
+  assert sorted(p.name for p in location.parent.iterdir()) == before
+
+
 @pytest.mark.parametrize("teacher, extra, message", [
     ("missing", [], "no config.json found"),
     ("finetuned", [], "is a fine-tuning workdir"),

@@ -23,7 +23,8 @@ def _compile(args) -> int:
     jax.config.update("jax_platforms", "cpu")
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.tpu import aot  # pylint: disable=import-outside-toplevel
-  config = load_config(args.config, args.config_overrides)
+  from bert_jax.compress import general  # pylint: disable=import-outside-toplevel
+  config = general.run_config(load_config(args.config, args.config_overrides))
   report = aot.compile_for_slice(config, args.topology)
   print(json.dumps(report) if args.json else aot.format_report(report), flush=True)
   if not report["fits"]:

@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import json
 
+from bert_jax.cli.pretrain import add_distributed_args
+
 
 def _distill(args):
   from bert_jax.compress import distill, general  # pylint: disable=import-outside-toplevel
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   config = load_config(args.config, args.config_overrides)
   # A pretraining config (objective distill_mlm) distils on the corpus; a fine-tuning one on its task.
-  run = general.distill if config.get("objective") == "distill_mlm" else distill.distill
-  results = run(config, args.workdir)
+  if config.get("objective") == "distill_mlm":  # a pretraining run: multi-host like `pretrain`
+    import jax  # pylint: disable=import-outside-toplevel
+    from bert_jax.training import distributed  # pylint: disable=import-outside-toplevel
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    results = general.distill(config, args.workdir)
+    if jax.process_index() != 0:
+      return
+  else:
+    results = distill.distill(config, args.workdir)
   print(json.dumps(results, indent=1, sort_keys=True))
 
 
@@ -26,6 +35,7 @@ def register(subparsers) -> None:
   p.add_argument("--config", required=True, help="e.g. configs/distill.py:embedded, configs/distill.py:sst2, "
                                                   "configs/distill.py:general-tiny")
   p.add_argument("--workdir", required=True, help="the student's workdir (fine-tuning; pretraining for general-*)")
+  add_distributed_args(p)
   p.set_defaults(handler=_distill)
   q = subparsers.add_parser(
       "quantize", help="post-training int8: per-channel int8 weights (about 4x smaller), dev set measured",

@@ -12,13 +12,17 @@ def _add_config(parser, default=None):
                            "--config.train.batch_size=64")
 
 
+def add_distributed_args(parser) -> None:
+  parser.add_argument("--coordinator-address", help="host:port of process 0 (GPU/CPU clusters)")
+  parser.add_argument("--num-processes", type=int)
+  parser.add_argument("--process-id", type=int)
+
+
 def register(subparsers) -> None:
   p = subparsers.add_parser("pretrain", help="pretrain (or resume) a model in a workdir")
   _add_config(p)
   p.add_argument("--workdir", required=True, help="checkpoints, metrics.jsonl, config.json")
-  p.add_argument("--coordinator-address", help="host:port of process 0 (GPU/CPU clusters)")
-  p.add_argument("--num-processes", type=int)
-  p.add_argument("--process-id", type=int)
+  add_distributed_args(p)
   p.set_defaults(handler=_pretrain)
 
   p = subparsers.add_parser("info", help="parameter count and per-device memory, nothing allocated")
@@ -64,7 +68,8 @@ def _summary(config, workdir: str, result: dict) -> str:
 def _info(args) -> int:
   from bert_jax.config_utils import load_config
   from bert_jax.training import info
-  result = info.model_info(load_config(args.config, args.config_overrides))
+  from bert_jax.compress import general
+  result = info.model_info(general.run_config(load_config(args.config, args.config_overrides)))
   print(json.dumps(result) if args.json else info.format_info(result))
   return 0
 

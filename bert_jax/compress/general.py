@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import ml_collections
+from jax.experimental import multihost_utils
 
 from bert_jax import params_checkpoint, workdir as workdir_lib
 from bert_jax.compress.distill import chosen_layers, take_layers
@@ -46,8 +47,10 @@ def _write_student_init(directory, teacher: str, teacher_model: ModelConfig, lay
                                                      "teacher_layers": list(layers)})
 
 
-def student_config(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
-  """The run config of the student: the teacher's tokenizer, and its layers when asked for."""
+def student_config(config: ml_collections.ConfigDict, workdir: str | None) -> ml_collections.ConfigDict:
+  """The run config of the student: the teacher's tokenizer, and its layers when asked for. With a workdir,
+  the student's initial params are written there (by process 0; every process waits for them); without
+  one (`compile`, `info`), only the student's shape is resolved."""
   teacher = config.distill.teacher
   saved = read_teacher(teacher)
   teacher_model = ModelConfig.from_dict(saved["model"])
@@ -61,10 +64,13 @@ def student_config(config: ml_collections.ConfigDict, workdir: str) -> ml_collec
       raise UserError("distill.student_layers needs a teacher with unshared, unpruned layers")
     config.model.update({k: v for k, v in saved["model"].items() if k in config.model and k != "pruned_heads"})
     config.model.update(num_layers=len(layers), scan_unroll=min(config.model.scan_unroll, len(layers)))
-    init = workdir_lib.path(workdir) / STUDENT_INIT
-    if not (init / workdir_lib.CONFIG).exists():
-      _write_student_init(init, teacher, teacher_model, layers, config)
-    config.init_from = str(init)
+    if workdir is not None:
+      init = workdir_lib.path(workdir) / STUDENT_INIT
+      if jax.process_index() == 0 and not (init / workdir_lib.CONFIG).exists():
+        _write_student_init(init, teacher, teacher_model, layers, config)
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bert_jax student_init written")
+      config.init_from = str(init)
   config.lock()
   return config
 
@@ -73,3 +79,10 @@ def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Distils (or resumes distilling) into `workdir`; returns pretraining's last train and eval metrics."""
   trainer.check_run_config(config)
   return trainer.pretrain(student_config(config, workdir), workdir)
+
+
+def run_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config a job builds its step from: for general distillation, the student's (resolved from the teacher)."""
+  if config.get("objective") == "distill_mlm":
+    return student_config(config, None)
+  return config
