@@ -15,7 +15,10 @@
 #
 # Corpus and vocabulary default to $BUCKET/corpus/*.txt and $BUCKET/vocab.txt (CORPUS, VOCAB override),
 # the workdir to $BUCKET/runs/bert-SIZE (WORKDIR). Extra arguments are config overrides for both
-# compile and pretrain.
+# compile and pretrain. With ROWS (a glob of records from `bert-jax data prepare --format bert_tfrecord`,
+# or of create_pretraining_data.py / MLPerf records) the input is the tf.data record pipeline, which
+# uses the host's cores itself (BENCHMARKS.md: under one core per v4 host for BERT-base), so no input
+# worker processes are started; with a text corpus, the compile report's input workers per host are.
 #
 # Preemption and spot capacity. A spot or preemptible slice gets SIGTERM before it goes away; the run
 # then saves a checkpoint at the next step (and one every checkpoint.every_steps anyway). Re-running
@@ -45,7 +48,12 @@ topology="$(gcloud compute tpus tpu-vm describe "$TPU" --zone "$ZONE" --format='
 echo "== $TPU is a $topology slice"
 
 # Every argument quoted for the remote shell, so globs and spaces reach bert-jax unexpanded.
-config_args=(--config "configs/bert.py:$size" --config.model.dtype=bfloat16 --config.data.corpus="$corpus"
+if [ -n "${ROWS:-}" ]; then
+  data_args=(--config.data.format=bert_tfrecord --config.data.corpus="$ROWS")
+else
+  data_args=(--config.data.corpus="$corpus")
+fi
+config_args=(--config "configs/bert.py:$size" --config.model.dtype=bfloat16 "${data_args[@]}"
              --config.data.vocab="$vocab" "$@")
 quoted_config="$(printf '%q ' "${config_args[@]}")"
 
@@ -66,8 +74,11 @@ if ! report="$(on_workers 0 "export PATH=\$HOME/.local/bin:\$PATH; cd bert_jax &
 fi
 echo "$report"
 # Input worker processes per host from the compile report (at least the estimate's step rate).
-workers="$(python3 -c 'import json, sys; print(json.loads(sys.stdin.read().splitlines()[-1])["input_workers_per_host"] or 4)' \
-  <<<"$report")"
+workers=0
+if [ -z "${ROWS:-}" ]; then
+  workers="$(python3 -c 'import json, sys; print(json.loads(sys.stdin.read().splitlines()[-1])["input_workers_per_host"] or 4)' \
+    <<<"$report")"
+fi
 
 echo "== pretraining on all workers of $TPU into $workdir ($workers input workers per host)"
 on_workers all "export PATH=\$HOME/.local/bin:\$PATH; cd bert_jax &&

@@ -35,7 +35,7 @@ elif any("bert-jax compile" in a for a in sys.argv):
 """
 
 
-def _run_tpu_script(tmp_path, compile_status):
+def _run_tpu_script(tmp_path, compile_status, **extra_env):
   fake = tmp_path / "bin" / "gcloud"
   fake.parent.mkdir()
   fake.write_text(_FAKE_GCLOUD)
@@ -44,7 +44,8 @@ def _run_tpu_script(tmp_path, compile_status):
   report = {"fits": compile_status == 0, "input_workers_per_host": 3}
   env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "FAKE_LOG": str(log),
          "FAKE_REPORT": json.dumps(report), "FAKE_COMPILE_STATUS": str(compile_status),
-         "TPU": "my-tpu", "ZONE": "us-central2-b", "BUCKET": "gs://b", "REPO": "https://example.invalid/bert_jax"}
+         "TPU": "my-tpu", "ZONE": "us-central2-b", "BUCKET": "gs://b", "REPO": "https://example.invalid/bert_jax",
+         **extra_env}
   result = subprocess.run(["bash", os.path.join(ROOT, "launch", "tpu_vm_pretrain.sh"), "large",
                            "--config.train.num_steps=5"], env=env, capture_output=True, text=True)
   calls = [json.loads(line) for line in log.read_text().splitlines()]
@@ -68,6 +69,15 @@ def test_tpu_script_compiles_on_one_worker_then_pretrains_on_all(tmp_path):
   assert r"--config.data.corpus=gs://b/corpus/\*.txt" in command
   assert "--config.train.num_steps=5" in command and command.endswith("--config.data.num_workers=3")
   assert "--config.train.num_steps=5" in _ssh_command(compile_)
+
+
+def test_tpu_script_trains_on_prepared_rows_without_input_workers(tmp_path):
+  result, calls = _run_tpu_script(tmp_path, compile_status=0, ROWS="gs://b/rows/*.tfrecord")
+  assert result.returncode == 0, result.stderr
+  compile_, pretrain = (_ssh_command(c) for c in calls[2:])
+  for command in (compile_, pretrain):
+    assert r"--config.data.format=bert_tfrecord --config.data.corpus=gs://b/rows/\*.tfrecord" in command
+  assert pretrain.endswith("--config.data.num_workers=0")
 
 
 def test_tpu_script_stops_before_training_when_the_step_does_not_fit(tmp_path):
