@@ -64,6 +64,18 @@ def check_files(files: list[str], max_seq_length: int, max_predictions: int, voc
                       "set data.vocab to the vocab.txt the records were made with")
 
 
+def check_shards(files: list[str], num_shards: int, shards: range) -> None:
+  """Fewer files than shards: records are dealt to the shards one by one, so a shard is empty when there
+  are no more records than its number (counted up to num_shards, cheap at any corpus size)."""
+  if len(files) >= num_shards:
+    return  # a shard per file at least, and check_files found a record in every file
+  count = int(tf().data.TFRecordDataset(files).take(num_shards).reduce(0, lambda n, _: n + 1))
+  if count <= shards[-1]:
+    raise DataError(f"{files[0]}{' and others' if len(files) > 1 else ''}: {count} records for "
+                    f"data.num_shards={num_shards}, so this host's shards {shards[0]}..{shards[-1]} get "
+                    f"{'none' if count <= shards[0] else 'not all'}; lower data.num_shards to at most {count}")
+
+
 class RecordInput:
   """This host's rows of each global batch from bert_tfrecord files; the PretrainInput interface."""
 

@@ -209,6 +209,7 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
                     "use data.format=text for data.trigram_shuffle_rate > 0 (StructBERT)")
   files = bert_records.list_record_files(data_cfg, split)
   bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size)
+  bert_records.check_shards(files, data_cfg.num_shards, shards)
   ctx = Context(data_cfg.eval_corpus if split == "eval" else data_cfg.corpus, True, tokenizer, None, masking,
                 feature_spec(data_cfg), seeds(data_cfg, split), data_cfg.num_shards, None, 0,
                 data_cfg.max_seq_length, corpora.Stats(), data_cfg.dupe_factor if static else None)

@@ -147,6 +147,13 @@ def test_bad_records_are_one_line_errors(tmp_path):
   (corrupt / "x.tfrecord").write_bytes(b"this is not a tfrecord file at all" * 4)
   with pytest.raises(DataError, match="x.tfrecord: not a readable TFRecord"):
     _input(_cfg(str(corrupt / "*.tfrecord"), num_shards=1))
+  few = tmp_path / "few"
+  few.mkdir()
+  glob, _ = _write(few, num_files=1, per_file=3)
+  with pytest.raises(DataError, match="3 records for data.num_shards=4, so this host's shards 0..3 get not all"):
+    _input(_cfg(glob, num_shards=4))
+  with pytest.raises(DataError, match="shards 6..7 get none; lower data.num_shards to at most 3"):
+    make_pretrain_input(_cfg(glob, num_shards=8), global_batch_size=16, process_index=3, process_count=4)
 
 
 def test_a_short_pretraining_run_reads_them(records, tmp_path):
