@@ -23,6 +23,7 @@ import numpy as np
 
 from bert_jax.data_pipelines import corpora
 from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.features import position_ids
 from bert_jax.data_pipelines.masking import mask_batch, row_keys
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, read_states, write_state
 from bert_jax.data_pipelines.tftools import tf
@@ -31,14 +32,15 @@ RECORD_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_position
                    "masked_lm_weights", "next_sentence_labels")
 
 
-def _parse_spec():
+def _parse_spec(packed: bool):
   t = tf()
-  spec = {name: t.io.VarLenFeature(t.int64) for name in RECORD_FEATURES}
+  spec = {name: t.io.VarLenFeature(t.int64) for name in RECORD_FEATURES + (("document_ids",) if packed else ())}
   spec["masked_lm_weights"] = t.io.VarLenFeature(t.float32)
   return spec
 
 
-def check_files(files: list[str], max_seq_length: int, max_predictions: int, vocab_size: int) -> None:
+def check_files(files: list[str], max_seq_length: int, max_predictions: int, vocab_size: int,
+                packed: bool = False) -> None:
   """The first record of every file: all features there, lengths within the config, ids within the vocab."""
   t = tf()
   for path in files:
@@ -50,6 +52,9 @@ def check_files(files: list[str], max_seq_length: int, max_predictions: int, voc
       raise DataError(f"{path}: no records; remove it from data.corpus")
     features = t.train.Example.FromString(payload.numpy()).features.feature
     missing = [name for name in RECORD_FEATURES if name not in features]
+    if packed and not missing and "document_ids" not in features:
+      raise DataError(f"{path}: records lack document_ids, which data.packing needs; write packed rows with "
+                      "`bert-jax data prepare --format bert_tfrecord --config C --config.data.packing=True`")
     if missing:
       raise DataError(f"{path}: records lack {', '.join(missing)}; data.format=bert_tfrecord reads the "
                       "records of create_pretraining_data.py")
@@ -122,7 +127,7 @@ class RecordInput:
     name the files."""
     t, ctx = tf(), self._ctx
     width, slots = ctx.max_seq_length, ctx.masking.max_predictions
-    parsed = t.io.parse_example(payload, _parse_spec())
+    parsed = t.io.parse_example(payload, _parse_spec("document_ids" in ctx.spec))
     n = t.shape(payload, out_type=t.int64)[0]
     checks = [t.debugging.Assert(ok, [path, message], summarize=4) for ok, message in (
         (parsed["input_ids"].dense_shape[1] <= width, "a record is longer than data.max_seq_length"),
@@ -138,7 +143,8 @@ class RecordInput:
               "segment_ids": ints("segment_ids"),
               "label": t.cast(t.sparse.to_dense(parsed["next_sentence_labels"])[:, 0], t.int32),
               "masked_lm_positions": ints("masked_lm_positions"), "masked_lm_ids": ints("masked_lm_ids"),
-              "masked_lm_weights": dense["masked_lm_weights"], "epoch": epoch, "index": index}
+              "masked_lm_weights": dense["masked_lm_weights"], "epoch": epoch, "index": index,
+              **({"document_ids": ints("document_ids")} if "document_ids" in dense else {})}
 
   def _features(self, rows, shard_of_row):
     """A batch of record rows -> the contract's features (static: the records' masks), and the rows' positions."""
@@ -147,6 +153,8 @@ class RecordInput:
     real = t.range(width)[None] < rows["length"][:, None]
     out = {"input_mask": t.cast(real, t.int32), "segment_ids": rows["segment_ids"],
            "next_sentence_labels": rows["label"]}
+    if "document_ids" in rows:
+      out.update(document_ids=rows["document_ids"], position_ids=position_ids(rows["document_ids"]))
     if ctx.dupe_factor:
       out.update({k: rows[k] for k in ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights")})
     else:

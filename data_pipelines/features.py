@@ -64,6 +64,15 @@ def feature_shapes(data_cfg, batch_size: int) -> dict:
   return {name: (dtype, tuple(sizes[d] for d in dims)) for name, (dtype, dims, _) in feature_spec(data_cfg).items()}
 
 
+def position_ids(document_ids):
+  """Each token's position inside its own packed document (PACKING_FEATURES), from document_ids int32[B, T]."""
+  t = tf()
+  pos = t.range(t.shape(document_ids)[1])[None]
+  starts = t.pad(document_ids[:, 1:] != document_ids[:, :-1], [[0, 0], [1, 0]]) | (pos == 0)
+  start_of = t.transpose(t.scan(t.maximum, t.transpose(t.where(starts, pos, 0))))
+  return t.where(document_ids > 0, pos - start_of, 0)
+
+
 class Featurizer:
   """Unmasked row batches (numpy, ROW_FIELDS) -> the contract's features (numpy), masked in TensorFlow."""
 
@@ -80,10 +89,7 @@ class Featurizer:
       out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
              "next_sentence_labels": label, "document_ids": document_ids}
       if "position_ids" in spec:
-        pos = t.range(width)[None]
-        starts = t.pad(document_ids[:, 1:] != document_ids[:, :-1], [[0, 0], [1, 0]]) | (pos == 0)
-        start_of = t.transpose(t.scan(t.maximum, t.transpose(t.where(starts, pos, 0))))
-        out["position_ids"] = t.where(document_ids > 0, pos - start_of, 0)
+        out["position_ids"] = position_ids(document_ids)
       return {name: out[name] for name in spec}
 
     rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),

@@ -208,7 +208,8 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
     raise DataError("data.format=bert_tfrecord reads the records' features, without shuffled trigrams; "
                     "use data.format=text for data.trigram_shuffle_rate > 0 (StructBERT)")
   files = bert_records.list_record_files(data_cfg, split)
-  bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size)
+  bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size,
+                           data_cfg.packing)
   bert_records.check_shards(files, data_cfg.num_shards, shards)
   ctx = Context(data_cfg.eval_corpus if split == "eval" else data_cfg.corpus, True, tokenizer, None, masking,
                 feature_spec(data_cfg), seeds(data_cfg, split), data_cfg.num_shards, None, 0,

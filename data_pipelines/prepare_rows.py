@@ -7,7 +7,8 @@ one). Training on them with `data.format=bert_tfrecord` and dynamic masking puts
 back and masks afresh every epoch (bert_records.py); the rows themselves repeat every `--epochs`
 epochs, as RoBERTa's dynamic masking over fixed rows. One file per virtual shard
 (`part-SSSSS-of-NNNNN.tfrecord`); each is written beside as `.tmp` and renamed when complete, and
-`metadata.json` (rows per file, the vocabulary's hash) is written last.
+`metadata.json` (rows per file, the vocabulary's hash) is written last. With data.packing the records
+carry one more feature, `document_ids` (int64[L]), that the original format lacks.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ml_collections import ConfigDict
 
 from bert_jax.data_pipelines import embedded, prepare
 from bert_jax.data_pipelines.errors import DataError
-from bert_jax.data_pipelines.features import FEATURES, Featurizer
+from bert_jax.data_pipelines.features import FEATURES, PACKING_FEATURES, Featurizer
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, ShardStream, _stack, make_context
 from bert_jax.data_pipelines.tftools import tf
 
@@ -29,7 +30,7 @@ _CHUNK = 256  # rows masked per TensorFlow call
 def _example(t, row: dict) -> bytes:
   ints = lambda v: t.train.Feature(int64_list=t.train.Int64List(value=[int(x) for x in v]))  # noqa: E731
   feature = {name: ints(row[name]) for name in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
-                                                "masked_lm_ids")}
+                                                "masked_lm_ids", "document_ids") if name in row}
   feature["masked_lm_weights"] = t.train.Feature(float_list=t.train.FloatList(value=row["masked_lm_weights"]))
   feature["next_sentence_labels"] = ints([row["next_sentence_labels"]])
   return t.train.Example(features=t.train.Features(feature=feature)).SerializeToString()
@@ -40,14 +41,15 @@ def _write_shard(job) -> int:
   data_cfg, split, shard, epochs, out_path = job
   t, data_cfg = tf(), ConfigDict(data_cfg)
   ctx = make_context(data_cfg, split, None, None)
-  featurize = Featurizer(ctx.masking, ctx.seeds, FEATURES, ctx.max_seq_length)
+  spec = {**FEATURES, **(PACKING_FEATURES if data_cfg.packing else {})}
+  featurize = Featurizer(ctx.masking, ctx.seeds, spec, ctx.max_seq_length)
   count, pending = 0, []
   with t.io.TFRecordWriter(out_path + ".tmp") as writer:
     def flush():
       rows, counters = zip(*pending)
       batch = featurize(_stack(rows, counters, [shard] * len(rows), ctx.max_seq_length))
       for i in range(len(rows)):
-        writer.write(_example(t, {name: batch[name][i] for name in FEATURES}))
+        writer.write(_example(t, {name: batch[name][i] for name in spec}))
       pending.clear()
 
     for row, counter in ShardStream(ctx, shard):
@@ -70,9 +72,9 @@ def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train",
   if data_cfg.format != "text":
     raise DataError(f"data.format={data_cfg.format!r}: rows are prepared from text (data.corpus, prepared or "
                     "tfds_name), with data.format=text")
-  if data_cfg.packing or data_cfg.trigram_shuffle_rate > 0:
-    raise DataError("create_pretraining_data.py records have no document ids or shuffled trigrams; prepare "
-                    "rows without data.packing and data.trigram_shuffle_rate")
+  if data_cfg.trigram_shuffle_rate > 0:
+    raise DataError("the records have no place for StructBERT's shuffled trigrams (they are drawn at train time "
+                    "from the rows of data.format=text); prepare rows without data.trigram_shuffle_rate")
   if data_cfg.masking_mode != "dynamic":
     raise DataError("prepare rows with data.masking_mode=dynamic: each epoch's rows get their own mask, as "
                     "create_pretraining_data.py's dupe_factor copies do; train with static or dynamic masking")
