@@ -20,7 +20,10 @@ import sys
 import tempfile
 
 _MAX_PREDICTIONS = {128: 20, 512: 76}
-_SNIPPET = r"""
+# An editable install maps bert_jax's symlinked subpackages (data_pipelines, configs) to its own checkout
+# whatever PYTHONPATH says; dropping its finder makes every import come from the tree measured.
+_ISOLATE = "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+_SNIPPET = _ISOLATE + r"""
 import inspect, json, sys, time
 from bert_jax.configs import common
 from bert_jax.data_pipelines import embedded
@@ -70,8 +73,9 @@ def main():
   with tempfile.TemporaryDirectory() as records:
     last = os.path.abspath(list(trees.values())[-1])
     env = dict(os.environ, PYTHONPATH=last, TF_CPP_MIN_LOG_LEVEL="3")
-    cli = [sys.executable, "-m", "bert_jax.cli", "data", "prepare", "--workers", "1"]
-    subprocess.run(cli + ["--output", f"{records}/docs"], env=env, check=True, capture_output=True)
+    cli = [sys.executable, "-c", _ISOLATE + "from bert_jax.cli import main; sys.exit(main(sys.argv[1:]))",
+           "data", "prepare", "--workers", "1"]
+    subprocess.run(cli + ["--output", f"{records}/docs"], env=env, check=True, capture_output=True, cwd=last)
     if "rows" in args.sources:
       for seq in map(int, args.seq.split(",")):
         subprocess.run(cli + ["--format", "bert_tfrecord", "--config", "configs/bert.py:demo", "--output",
