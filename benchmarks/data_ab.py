@@ -21,7 +21,8 @@ import tempfile
 
 _MAX_PREDICTIONS = {128: 20, 512: 76}
 # An editable install maps bert_jax's symlinked subpackages (data_pipelines, configs) to its own checkout
-# whatever PYTHONPATH says; dropping its finder makes every import come from the tree measured.
+# whatever PYTHONPATH says; dropping its finder (and running in the tree: `-c` puts the working directory
+# first on sys.path) makes every import come from the tree measured.
 _ISOLATE = "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
 _SNIPPET = _ISOLATE + r"""
 import inspect, json, sys, time
@@ -50,7 +51,7 @@ print(json.dumps({"tokens_per_sec": tokens / wall, "tokens_per_cpu_sec": tokens 
 def _run(tree, cpus, args):
   env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="3")
   command = (["taskset", "-c", cpus] if cpus else []) + [sys.executable, "-c", _SNIPPET, *args]
-  out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+  out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=os.path.abspath(tree))
   if out.returncode and args[0] == "rows":
     return None  # a tree without data.format=bert_tfrecord
   if out.returncode:
