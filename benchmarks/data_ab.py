@@ -34,6 +34,7 @@ corpus, vocab = embedded.ensure_embedded()
 cfg = common.data_config(corpus=corpus if source == "raw" else "", vocab=vocab, max_seq_length=int(seq),
                          max_predictions_per_seq=int(predictions), masking=masking,
                          prepared=records + "/docs/*.tfrecord" if source == "prepared" else "")
+records = records.rsplit("/", 1)[0]  # rows are shared, written by the last tree
 if source == "rows":
   cfg.update(format="bert_tfrecord", corpus=f"{records}/rows{seq}/*.tfrecord")
 kw = {"seed": 0} if "seed" in inspect.signature(make_pretrain_input).parameters else {}
@@ -76,7 +77,10 @@ def main():
     env = dict(os.environ, PYTHONPATH=last, TF_CPP_MIN_LOG_LEVEL="3")
     cli = [sys.executable, "-c", _ISOLATE + "from bert_jax.cli import main; sys.exit(main(sys.argv[1:]))",
            "data", "prepare", "--workers", "1"]
-    subprocess.run(cli + ["--output", f"{records}/docs"], env=env, check=True, capture_output=True, cwd=last)
+    for name, tree in trees.items():  # each tree's own documents: its embedded vocabulary may differ
+      tree = os.path.abspath(tree)
+      subprocess.run(cli + ["--output", f"{records}/{name}/docs"], env=dict(env, PYTHONPATH=tree), check=True,
+                     capture_output=True, cwd=tree)
     if "rows" in args.sources:
       for seq in map(int, args.seq.split(",")):
         subprocess.run(cli + ["--format", "bert_tfrecord", "--config", "configs/bert.py:demo", "--output",
@@ -90,7 +94,7 @@ def main():
       runs = {(name, cpus): [] for name in trees for cpus in (args.cpus or [""])}
       for _ in range(args.rounds):
         for name, cpus in runs:
-          runs[(name, cpus)].append(_run(trees[name], cpus, [source, str(seq), masking, records,
+          runs[(name, cpus)].append(_run(trees[name], cpus, [source, str(seq), masking, f"{records}/{name}",
                                                              str(args.batches), str(_MAX_PREDICTIONS[seq]),
                                                              str(args.batch_size)]))
       for (name, cpus), results in runs.items():
