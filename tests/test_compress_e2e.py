@@ -74,3 +74,32 @@ def test_int8_teacher_keeps_accuracy_and_predict_serves_it(teacher, tmp_path, ca
   assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(results["int8"]["accuracy"])
   assert cli.main(["quantize", "--model", out, "--output", str(tmp_path / "again")]) == 2
   assert "already quantized" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"), reason="a ~90 s chain; set BERT_JAX_SLOW_TESTS=1")
+def test_a_converted_hf_encoder_teaches_a_3_layer_student_that_quantizes(tmp_path):
+  """The released-checkpoint recipe (README) on a MiniLM-shaped HF encoder without an MLM head (as
+  sentence-transformers ships MiniLM): convert, fine-tune the teacher, distil 3 of its 4 layers, quantize."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  vocab = data_fixtures.embedded_paths()[1]
+  torch.manual_seed(0)
+  config = transformers.BertConfig(vocab_size=sum(1 for _ in open(vocab)), hidden_size=32, num_hidden_layers=4,
+                                   num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+  transformers.BertModel(config).save_pretrained(tmp_path / "hf")
+  (tmp_path / "hf" / "vocab.txt").write_bytes(open(vocab, "rb").read())
+  data = data_fixtures.write_first_word_sst2(tmp_path / "sst2", n_dev=64)
+  run = ["--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
+         "--config.optimizer.learning_rate=3e-3", "--config.train.tensorboard=false", f"--config.data.data_dir={data}",
+         "--config.train.epochs=4"]
+  d = {name: str(tmp_path / name) for name in ("ckpt", "teacher", "student", "int8")}
+  assert cli.main(["convert", "--from", "hf", str(tmp_path / "hf"), d["ckpt"]]) == 0
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", d["teacher"],
+                   f"--config.init_from={d['ckpt']}", *run]) == 0
+  assert cli.main(["distill", "--config", "configs/distill.py:sst2", "--workdir", d["student"], *run,
+                   f"--config.distill.teacher={d['teacher']}", "--config.distill.student_layers=0,2,3"]) == 0
+  assert cli.main(["quantize", "--model", d["student"], "--output", d["int8"]]) == 0
+  teacher, student, int8 = (_results(d[k]) for k in ("teacher", "student", "int8"))
+  assert json.load(open(os.path.join(d["student"], "config.json")))["model"]["num_layers"] == 3
+  assert student["accuracy"] >= 0.9 * teacher["accuracy"] and teacher["accuracy"] >= 0.9, (teacher, student)
+  assert int8["int8"]["accuracy"] >= 0.99 * int8["float"]["accuracy"] and int8["bytes"]["ratio"] <= 0.3, int8
