@@ -163,6 +163,14 @@ def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
   assert 0 < report["estimated_mfu"] < 1
   # libtpu's settings were for the compile only: left set, later runs in this process and its children
   # would take themselves for a TPU VM and call jax.distributed.initialize.
+  assert not {"TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "CLOUD_TPU_TASK_ID"} & set(os.environ)
+
+
+def test_a_cpu_only_process_is_not_a_tpu_vm_whatever_it_inherited(monkeypatch):
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "WARNING: could not determine TPU worker hostnames")
+  monkeypatch.setenv("JAX_PLATFORMS", "")
+  assert distributed.on_tpu_vm()  # a TPU VM's worker, as far as the environment says
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   assert not distributed.on_tpu_vm()
 
 

@@ -7,6 +7,11 @@ import jax
 
 
 def on_tpu_vm() -> bool:
+  """A Cloud TPU VM worker: its environment names the slice. A process told to run on the CPU only
+  (JAX_PLATFORMS=cpu) is not one, whatever TPU variables it inherited: libtpu, when it loads on a
+  machine without a TPU, can leave them behind (e.g. TPU_WORKER_HOSTNAMES set to a warning)."""
+  if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+    return False
   return bool(os.environ.get("TPU_WORKER_HOSTNAMES") or os.environ.get("TPU_ACCELERATOR_TYPE")
               or os.environ.get("CLOUD_TPU_TASK_ID"))
 
