@@ -30,6 +30,20 @@ def _install_requires() -> set[str]:
   return {re.sub(r"[-_.]+", "-", n).lower() for n in names}
 
 
+def _parse(path):
+  """ast.parse, retried: CPython 3.11's AST constructor keeps its recursion depth in state that another
+  thread compiling at the same moment can disturb ("AST constructor recursion depth mismatch",
+  cpython#106905); background threads of earlier tests in this worker (gcsfs retries, TF) do compile."""
+  source = open(path, encoding="utf-8").read()
+  for attempt in range(3):
+    try:
+      return ast.parse(source)
+    except SystemError:
+      if attempt == 2:
+        raise
+  raise AssertionError("unreachable")
+
+
 def _imported_modules():
   for directory in RUNTIME_DIRS:
     for dirpath, _, names in os.walk(os.path.join(ROOT, directory)):
@@ -39,7 +53,7 @@ def _imported_modules():
         path = os.path.join(dirpath, name)
         if os.path.relpath(path, ROOT) in SHIPPED_NOT_IMPORTED:
           continue
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        for node in ast.walk(_parse(path)):
           if isinstance(node, ast.Import):
             for alias in node.names:
               yield path, alias.name
