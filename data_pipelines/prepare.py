@@ -51,30 +51,36 @@ def _prepare_file(job) -> tuple[int, dict]:
   return count, dict(stats)
 
 
+def run_jobs(fn, jobs: list, num_workers: int, unit: str, desc: str):
+  """fn(job) for every job, in order, in `num_workers` processes (0: one per CPU), with a progress bar."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  workers = min(num_workers or os.cpu_count() or 1, len(jobs))
+  with tqdm(total=len(jobs), unit=unit, desc=desc) as bar:
+    if workers == 1:
+      for job in jobs:
+        yield fn(job)
+        bar.update()
+      return
+    # spawn: forking a process that already runs TensorFlow threads can deadlock
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+      for result in pool.imap(fn, jobs):
+        yield result
+        bar.update()
+
+
 def prepare(corpus: str, output_dir: str, vocab: str = "", lower_case: bool = True,
             corpus_format: str = corpora.SENTENCE_PER_LINE, num_workers: int = 0) -> dict:
   """Tokenizes every file of `corpus` (globs) in parallel; returns the metadata it writes."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   files = corpora.list_files(corpus, "--corpus") if corpus else [embedded.ensure_embedded()[0]]
   vocab = vocab or embedded.ensure_embedded()[1]
   load_tokenizer(vocab, lower_case)  # fail on a bad vocabulary before starting workers
   tf().io.gfile.makedirs(output_dir)
   jobs = [(path, os.path.join(output_dir, f"part-{i:05d}-of-{len(files):05d}.tfrecord"), vocab,
            lower_case, corpus_format) for i, path in enumerate(files)]
-  workers = min(num_workers or os.cpu_count() or 1, len(jobs))
   total, stats = 0, corpora.Stats()
-  with tqdm(total=len(jobs), unit="file", desc="prepare") as bar:
-    if workers == 1:
-      results = map(_prepare_file, jobs)
-    else:  # spawn: forking a process that already runs TensorFlow threads can deadlock
-      pool = multiprocessing.get_context("spawn").Pool(workers)
-      results = pool.imap_unordered(_prepare_file, jobs)
-    for count, file_stats in results:
-      total += count
-      stats.update(file_stats)
-      bar.update()
-    if workers > 1:
-      pool.close()
+  for count, file_stats in run_jobs(_prepare_file, jobs, num_workers, "file", "prepare"):
+    total += count
+    stats.update(file_stats)
   if not total:
     raise DataError(f"--corpus {corpus!r}: no documents found (skips: {dict(stats)}); "
                     "check the files are UTF-8 text")

@@ -13,7 +13,6 @@ carry one more feature, `document_ids` (int64[L]), that the original format lack
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 
 from ml_collections import ConfigDict
@@ -67,7 +66,6 @@ def _write_shard(job) -> int:
 
 def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train", num_workers: int = 0) -> dict:
   """Writes the config's rows of `epochs` epochs as create_pretraining_data.py records; returns the metadata."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data_cfg = config.data
   if data_cfg.format != "text":
     raise DataError(f"data.format={data_cfg.format!r}: rows are prepared from text (data.corpus, prepared or "
@@ -85,19 +83,8 @@ def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train",
   shards = data_cfg.num_shards
   jobs = [(data_cfg.to_dict(), split, s, epochs, os.path.join(output_dir, f"part-{s:05d}-of-{shards:05d}.tfrecord"))
           for s in range(shards)]
-  workers = min(num_workers or os.cpu_count() or 1, len(jobs))
-  counts = {}
-  with tqdm(total=len(jobs), unit="shard", desc="prepare rows") as bar:
-    if workers == 1:
-      results = map(_write_shard, jobs)
-    else:  # spawn: forking a process that already runs TensorFlow threads can deadlock
-      pool = multiprocessing.get_context("spawn").Pool(workers)
-      results = pool.imap(_write_shard, jobs)
-    for job, count in zip(jobs, results):
-      counts[os.path.basename(job[-1])] = count
-      bar.update()
-    if workers > 1:
-      pool.close()
+  results = prepare.run_jobs(_write_shard, jobs, num_workers, "shard", "prepare rows")
+  counts = {os.path.basename(job[-1]): count for job, count in zip(jobs, results)}
   vocab_path = data_cfg.vocab or embedded.ensure_embedded()[1]
   metadata = {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
               "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
