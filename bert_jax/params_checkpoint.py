@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -34,10 +35,11 @@ def save_params(directory: epath.PathLike, params: Any, config: dict,
   """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}.
   A delta's config carries BASE: the location of the checkpoint with the other parameters."""
   directory = workdir.create(directory)
-  with ocp.StandardCheckpointer() as ckptr:
+  with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
     ckptr.save(directory / workdir.PARAMS, params, force=True)
-  workdir.write_json(directory / workdir.CONFIG, config)
-  workdir.write_tokenizer(directory, tokenizer_files)
+  if jax.process_index() == 0:
+    workdir.write_json(directory / workdir.CONFIG, config)
+    workdir.write_tokenizer(directory, tokenizer_files)
 
 
 def _latest_step_dir(managed: epath.Path) -> epath.Path:
@@ -90,13 +92,25 @@ def _overlay(base: dict, delta: dict) -> dict:
   return out
 
 
+def _restore_on_host(tree_path: epath.Path, keys: tuple[str, ...]) -> Any:
+  """The subtree at `keys` (the params of a train state; nothing else is read) as NumPy arrays, whatever
+  devices and shardings saved it: a pod's checkpoint loads on a laptop and on a slice of another shape."""
+  with ocp.PyTreeCheckpointer() as ckptr:
+    wanted = _subtree(ckptr.metadata(tree_path).item_metadata.tree, keys)
+    item = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), wanted)
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
+    for key in reversed(keys):
+      item, restore_args = {key: item}, {key: restore_args}
+    restored = ckptr.restore(tree_path, args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args,
+                                                                     partial_restore=True))
+  return _subtree(restored, keys)
+
+
 def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   """(params, config) from a params checkpoint, a workdir (latest step) or a step directory; int8
   weights (an int8 checkpoint) come back as float32 on their int8 grid."""
   config = workdir.read_config(location)
-  tree_path, keys = params_location(location)
-  with ocp.StandardCheckpointer() as ckptr:
-    params = _subtree(ckptr.restore(tree_path), keys)
+  params = _restore_on_host(*params_location(location))
   finite.check_params_finite(params, str(location))
   if config.get("quantization"):  # `bert-jax quantize`'s int8 weights, back on their grid in float32
     params = int8.dequantize_params(params)

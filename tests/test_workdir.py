@@ -3,6 +3,7 @@ memory stands in for GCS), and params checkpoints restore straight into the targ
 import io
 import json
 import os
+import subprocess
 import sys
 
 import jax
@@ -111,6 +112,24 @@ def test_load_params_into_restores_into_shardings(tmp_path, capsys):
   wrong = {"encoder": {"kernel": jax.ShapeDtypeStruct((8, 3), jnp.float32)}}
   with pytest.raises(UserError, match=r"checkpoint \(8, 2\) vs model \(8, 3\)"):
     params_checkpoint.load_params_into(tmp_path / "ckpt", wrong)
+
+
+def test_load_params_reads_a_checkpoint_of_other_devices(tmp_path):
+  """A train state saved sharded over this process's 8 devices (a pod's checkpoint, in small) loads with
+  load_params, params only, as NumPy, in a process with one device."""
+  split = NamedSharding(jax.make_mesh((8,), ("data",)), PartitionSpec("data"))
+  state = {"params": jax.device_put(_tree(3.0), split), "opt_state": jax.device_put(np.ones(8, np.float32), split)}
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(tmp_path / "run" / "checkpoints" / "5" / "state", state)
+  workdir.write_json(tmp_path / "run" / "config.json", {"model": {}})
+  code = ("import sys, numpy as np; from bert_jax import params_checkpoint; import jax; assert jax.device_count() == 1;"
+          "p, _ = params_checkpoint.load_params(sys.argv[1]); print(sorted(p), type(p['head']['bias']).__name__,"
+          "float(p['encoder']['kernel'].sum()))")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                        env=env, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.split("\n")[-2] == f"['encoder', 'head'] ndarray {3.0 * sum(range(16))}"
 
 
 def test_url_files_read_by_line_through_tf_gfile(tmp_path):
