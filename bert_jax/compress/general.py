@@ -49,7 +49,7 @@ def _write_student_init(directory, teacher: str, teacher_model: ModelConfig, lay
 
 def student_config(config: ml_collections.ConfigDict, workdir: str | None) -> ml_collections.ConfigDict:
   """The run config of the student: the teacher's tokenizer, and its layers when asked for. With a workdir,
-  the student's initial params are written there (by process 0; every process waits for them); without
+  the student's initial params are written there (by every process together, as orbax saves); without
   one (`compile`, `info`), only the student's shape is resolved."""
   teacher = config.distill.teacher
   saved = read_teacher(teacher)
@@ -66,7 +66,7 @@ def student_config(config: ml_collections.ConfigDict, workdir: str | None) -> ml
     config.model.update(num_layers=len(layers), scan_unroll=min(config.model.scan_unroll, len(layers)))
     if workdir is not None:
       init = workdir_lib.path(workdir) / STUDENT_INIT
-      if jax.process_index() == 0 and not (init / workdir_lib.CONFIG).exists():
+      if not (init / workdir_lib.CONFIG).exists():  # every process: orbax saves collectively
         _write_student_init(init, teacher, teacher_model, layers, config)
       if jax.process_count() > 1:
         multihost_utils.sync_global_devices("bert_jax student_init written")
