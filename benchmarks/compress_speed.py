@@ -39,9 +39,14 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--batch-size", type=int, default=0, help="0: the run's eval batch")
   args = parser.parse_args()
-  runners = [_predictor(m, args.batch_size) for m in args.models]
+  print(json.dumps(measure(args.models, args.rounds, args.batch_size), indent=1))
+
+
+def measure(models: list[str], rounds: int = 7, batch_size: int = 0) -> dict:
+  """{model: {"seconds": median seconds per dev pass, "speedup": against the first model}}."""
+  runners = [_predictor(m, batch_size) for m in models]
   seconds: list[list[float]] = [[] for _ in runners]
-  for r in range(args.rounds):
+  for r in range(rounds):
     order = range(len(runners)) if r % 2 == 0 else reversed(range(len(runners)))
     for i in order:
       runner, features = runners[i]
@@ -49,8 +54,7 @@ def main() -> None:
       runner.run(features)
       seconds[i].append(time.perf_counter() - start)
   medians = [statistics.median(s) for s in seconds]
-  print(json.dumps({m: {"seconds": round(t, 4), "speedup": round(medians[0] / t, 2)}
-                    for m, t in zip(args.models, medians)}, indent=1))
+  return {m: {"seconds": round(t, 4), "speedup": round(medians[0] / t, 2)} for m, t in zip(models, medians)}
 
 
 if __name__ == "__main__":
