@@ -280,3 +280,22 @@ def test_pruned_heads_shrink_the_compiled_step_and_its_flop_count(capsys):
   dropped = full["train_step"]["argument_bytes"] - pruned["train_step"]["argument_bytes"]
   assert 0.97 * removed <= dropped <= 1.03 * removed
   assert pruned["estimated_step_seconds"] < full["estimated_step_seconds"]
+
+
+@needs_libtpu
+def test_the_int8_model_compiles_to_int8_matmuls_on_v5e():
+  """`quantize`'s int8 model (qwix, int8 weights and activations) as libtpu compiles it for a v5e chip:
+  every matmul is s8 x s8 -> s32, which the int8 MXU runs; the float model's take bf16 operands."""
+  pytest.importorskip("qwix")
+  from bert_jax.models.config import ModelConfig
+  from bert_jax.tpu import aot
+  config = ModelConfig(vocab_size=128, hidden_size=32, num_heads=4, intermediate_size=64, num_layers=2,
+                       max_position_embeddings=32)  # float32, as fine-tuning writes it
+  int8 = aot.compile_forward(config, "classification", 3, "v5litepod-1", 8, 16, int8=True)
+  assert int8["device_kind"] == "TPU v5 lite"
+  assert set(int8["matmuls"]) == {"s32 <- s8 x s8"} and sum(int8["matmuls"].values()) >= 6, int8["matmuls"]
+  plain = aot.compile_forward(config, "classification", 3, "v5litepod-1", 8, 16)
+  assert not any("s8" in k for k in plain["matmuls"]) and any("bf16 x bf16" in k for k in plain["matmuls"])
+  # By hand, per token and layer: q, k, v, out 4 x 2 x 32 x 32; FFN 2 x 2 x 32 x 64; scores and sum
+  # 2 x 2 x 16 x 32; 128 tokens x 2 layers; then the pooler (2 x 32 x 32) and classifier (2 x 32 x 3) per row.
+  assert plain["flops"] == 128 * 2 * (8192 + 8192 + 2048) + 8 * (2048 + 192) == int8["flops"]

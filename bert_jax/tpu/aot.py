@@ -224,3 +224,35 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"input             {r['input_workers_per_host']} input worker process(es) per host keep up with "
                  f"that step rate (--config.data.num_workers)")
   return "\n".join(lines)
+
+
+
+def compile_forward(model_config, kind: str, num_labels: int, topology: str, batch: int, seq: int,
+                    int8: bool = False) -> dict[str, Any]:
+  """The fine-tuned model's forward (what `predict` runs; with int8, `quantize`'s int8 model) compiled
+  for one chip of `topology`.
+
+  Returns the compile seconds, the element types of every matmul in the compiled program
+  (hlo.matmul_types: "s32 <- s8 x s8" is an int8 one) and the forward's FLOPs per call, counted
+  analytically (`training/benchmark.py`; the compiler's cost analysis counts a scanned layer once)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune import features as finetune_features, heads  # pylint: disable=import-outside-toplevel
+  tpu = slices.parse(topology)
+  device = slices.compile_only_devices(tpu)[0]
+  one = jax.sharding.SingleDeviceSharding(device)
+  model = heads.FinetuneModel(model_config, kind, num_labels, "pooled", 0.0)
+  if int8:
+    from bert_jax.compress import int8 as int8_lib  # pylint: disable=import-outside-toplevel
+    model = int8_lib.int8_model(model)
+  dummy = jnp.zeros((1, seq), jnp.int32)
+  params = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"]))
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), params)
+  inputs = [jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=one)] * len(finetune_features.MODEL_INPUTS)
+  start = time.perf_counter()
+  compiled = jax.jit(lambda p, *x: model.apply({"params": p}, *x)).lower(params, *inputs).compile()
+  seconds = time.perf_counter() - start
+  encoder = model_config.replace(mlm_head=False, sentence_head="none")
+  return {"topology": tpu.name, "device_kind": device.device_kind, "compile_seconds": seconds,
+          "flops": benchmark.train_flops_per_step(encoder, batch, seq, 0) / 3 + batch * 2 * model_config.hidden_size
+          * num_labels, "matmuls": dict(hlo.matmul_types(compiled.as_text()))}

@@ -106,3 +106,21 @@ def collectives(hlo_text: str, num_devices: int) -> list[dict]:
   visit(entry, 1)
   return [{"kind": kind, "count": count, "bytes": int(sent)}
           for kind, (count, sent) in sorted(totals.items(), key=lambda kv: KINDS.index(kv[0]))]
+
+
+_NAMED = re.compile(r"^\s+(?:ROOT )?%(\S+) = \(?([a-z][a-z0-9]*)\[")
+
+
+def matmul_types(hlo_text: str) -> collections.Counter:
+  """The element types of every dot and convolution instruction in the module, as "out <- lhs x rhs"
+  ("s32 <- s8 x s8": an int8 matmul), each instruction counted once (a loop body's once, not per
+  iteration). Operand types come from the instructions that define them, in any computation."""
+  types = {m.group(1): m.group(2) for m in map(_NAMED.match, hlo_text.splitlines()) if m}
+  found = collections.Counter()
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if match and match.group(2) in ("dot", "convolution"):
+      out = _ARRAY.search(match.group(1)).group(1)
+      lhs, rhs = re.findall(r"%([^\s,)]+)", match.group(3))[:2]
+      found[f"{out} <- {types.get(lhs, '?')} x {types.get(rhs, '?')}"] += 1
+  return found
