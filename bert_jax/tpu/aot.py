@@ -226,7 +226,6 @@ def format_report(r: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-
 def compile_forward(model_config, kind: str, num_labels: int, topology: str, batch: int, seq: int,
                     int8: bool = False) -> dict[str, Any]:
   """The fine-tuned model's forward (what `predict` runs; with int8, `quantize`'s int8 model) compiled
