@@ -12,7 +12,7 @@ carry one more feature, `document_ids` (int64[L]), that the original format lack
 """
 from __future__ import annotations
 
-import json
+import itertools
 import os
 
 from ml_collections import ConfigDict
@@ -35,38 +35,30 @@ def _example(t, row: dict) -> bytes:
   return t.train.Example(features=t.train.Features(feature=feature)).SerializeToString()
 
 
+def _shard_records(ctx, shard: int, epochs: int):
+  """Shard `shard`'s rows of epochs 0..epochs-1, masked _CHUNK at a time, as serialized records."""
+  spec = {**FEATURES, **(PACKING_FEATURES if "document_ids" in ctx.spec else {})}
+  featurize, t = Featurizer(ctx.masking, ctx.seeds, spec, ctx.max_seq_length), tf()
+  stream = itertools.takewhile(lambda row: row[1] >> COUNTER_EPOCH_SHIFT < epochs, ShardStream(ctx, shard))
+  while pending := list(itertools.islice(stream, _CHUNK)):
+    rows, counters = zip(*pending)
+    batch = featurize(_stack(rows, counters, [shard] * len(rows), ctx.max_seq_length))
+    for i in range(len(rows)):
+      yield _example(t, {name: batch[name][i] for name in spec})
+
+
+def write_shard(ctx, shard: int, epochs: int, out_path: str) -> int:
+  """Writes shard `shard`'s rows of epochs 0..epochs-1 (through `out_path`.tmp); returns how many."""
+  return prepare.write_records(out_path, _shard_records(ctx, shard, epochs))
+
+
 def _write_shard(job) -> int:
-  """Writes shard `shard`'s rows of epochs 0..epochs-1; returns how many."""
   data_cfg, split, shard, epochs, out_path = job
-  t, data_cfg = tf(), ConfigDict(data_cfg)
-  ctx = make_context(data_cfg, split, None, None)
-  spec = {**FEATURES, **(PACKING_FEATURES if data_cfg.packing else {})}
-  featurize = Featurizer(ctx.masking, ctx.seeds, spec, ctx.max_seq_length)
-  count, pending = 0, []
-  with t.io.TFRecordWriter(out_path + ".tmp") as writer:
-    def flush():
-      rows, counters = zip(*pending)
-      batch = featurize(_stack(rows, counters, [shard] * len(rows), ctx.max_seq_length))
-      for i in range(len(rows)):
-        writer.write(_example(t, {name: batch[name][i] for name in spec}))
-      pending.clear()
-
-    for row, counter in ShardStream(ctx, shard):
-      if counter >> COUNTER_EPOCH_SHIFT >= epochs:
-        break
-      pending.append((row, counter))
-      count += 1
-      if len(pending) == _CHUNK:
-        flush()
-    if pending:
-      flush()
-  t.io.gfile.rename(out_path + ".tmp", out_path, overwrite=True)
-  return count
+  return write_shard(make_context(ConfigDict(data_cfg), split, None, None), shard, epochs, out_path)
 
 
-def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train", num_workers: int = 0) -> dict:
-  """Writes the config's rows of `epochs` epochs as create_pretraining_data.py records; returns the metadata."""
-  data_cfg = config.data
+def check_request(data_cfg, epochs: int) -> None:
+  """What the records cannot hold, or a config that does not build rows from text, as one line."""
   if data_cfg.format != "text":
     raise DataError(f"data.format={data_cfg.format!r}: rows are prepared from text (data.corpus, prepared or "
                     "tfds_name), with data.format=text")
@@ -78,20 +70,31 @@ def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train",
                     "create_pretraining_data.py's dupe_factor copies do; train with static or dynamic masking")
   if epochs < 1:
     raise DataError(f"--epochs={epochs}; write at least one epoch of rows")
-  make_context(data_cfg, split, None, None)  # bad vocabulary, corpus or builder: fail before the workers
-  tf().io.gfile.makedirs(output_dir)
-  shards = data_cfg.num_shards
-  jobs = [(data_cfg.to_dict(), split, s, epochs, os.path.join(output_dir, f"part-{s:05d}-of-{shards:05d}.tfrecord"))
-          for s in range(shards)]
-  results = prepare.run_jobs(_write_shard, jobs, num_workers, "shard", "prepare rows")
-  counts = {os.path.basename(job[-1]): count for job, count in zip(jobs, results)}
+
+
+def rows_metadata(data_cfg, split: str, epochs: int, counts: dict) -> dict:
+  """metadata.json of the rows format; `counts`: rows per file name."""
   vocab_path = data_cfg.vocab or embedded.ensure_embedded()[1]
-  metadata = {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
-              "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
-              "max_seq_length": data_cfg.max_seq_length,
-              "max_predictions_per_seq": data_cfg.max_predictions_per_seq,
-              "example_builder": data_cfg.example_builder, "masking": data_cfg.masking, "seed": data_cfg.seed,
-              "rows_per_file": counts}
-  with tf().io.gfile.GFile(os.path.join(output_dir, prepare.METADATA), "w") as f:
-    f.write(json.dumps(metadata, indent=1))
+  return {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
+          "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
+          "max_seq_length": data_cfg.max_seq_length, "max_predictions_per_seq": data_cfg.max_predictions_per_seq,
+          "example_builder": data_cfg.example_builder, "masking": data_cfg.masking, "seed": data_cfg.seed,
+          "rows_per_file": dict(sorted(counts.items()))}
+
+
+def prepare_rows(config, output_dir: str, epochs: int = 1, split: str = "train", num_workers: int = 0,
+                 overwrite: bool = False) -> dict:
+  """Writes the config's rows of `epochs` epochs as create_pretraining_data.py records; returns the metadata."""
+  data_cfg = config.data
+  check_request(data_cfg, epochs)
+  make_context(data_cfg, split, None, None)  # bad vocabulary, corpus or builder: fail before the workers
+  prepare.claim_output(output_dir, overwrite)
+  shards = data_cfg.num_shards
+  jobs = [(data_cfg.to_dict(), split, s, epochs, os.path.join(output_dir, prepare.shard_name(s, shards)))
+          for s in range(shards)]
+  with prepare.discarding_on_failure(output_dir):
+    results = prepare.run_jobs(_write_shard, jobs, num_workers, "shard", "prepare rows")
+    counts = {os.path.basename(job[-1]): count for job, count in zip(jobs, results)}
+  metadata = rows_metadata(data_cfg, split, epochs, counts)
+  prepare.write_metadata(output_dir, metadata)
   return metadata
