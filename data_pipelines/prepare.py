@@ -41,10 +41,11 @@ def document_record(tf_module, sentences: list[list[int]]) -> bytes:
   """A document's token ids (non-empty sentences) as the serialized tf.train.Example of this format."""
   feature = tf_module.train.Feature
   int64s = lambda v: feature(int64_list=tf_module.train.Int64List(value=v))  # noqa: E731
+  # deterministic: the feature map in key order, the same bytes in every process (the default order is not)
   return tf_module.train.Example(features=tf_module.train.Features(feature={
       "ids": int64s([t for s in sentences for t in s]),
       "lengths": int64s([len(s) for s in sentences]),
-  })).SerializeToString()
+  })).SerializeToString(deterministic=True)
 
 
 def document_ids(tokenized: list[list[int]]) -> list[list[int]]:

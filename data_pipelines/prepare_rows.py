@@ -32,7 +32,8 @@ def _example(t, row: dict) -> bytes:
                                                 "masked_lm_ids", "document_ids") if name in row}
   feature["masked_lm_weights"] = t.train.Feature(float_list=t.train.FloatList(value=row["masked_lm_weights"]))
   feature["next_sentence_labels"] = ints([row["next_sentence_labels"]])
-  return t.train.Example(features=t.train.Features(feature=feature)).SerializeToString()
+  # deterministic: the feature map in key order, the same bytes in every process (the default order is not)
+  return t.train.Example(features=t.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 def _shard_records(ctx, shard: int, epochs: int):

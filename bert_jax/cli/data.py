@@ -22,21 +22,43 @@ def _tokenize(args):
     print(json.dumps([cls, *tokenizer.encode(line.rstrip("\n")), sep]))
 
 
+def _beam_args(args) -> list[str] | None:
+  """Beam's flags for `--runner` (and its options), or None for the in-process path."""
+  if not args.runner:
+    if args.beam_option or args.beam_flags:
+      raise UserError("--beam-option and flags after -- go to a Beam runner: add --runner, e.g. --runner DirectRunner")
+    return None
+  from bert_jax.data_pipelines import beam_runner  # pylint: disable=import-outside-toplevel
+  return beam_runner.pipeline_args(args.runner, args.workers, tuple(args.beam_option), tuple(args.beam_flags))
+
+
 def _prepare(args):
+  beam_args = _beam_args(args)
   if args.format == "bert_tfrecord":
     from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
     if not args.config:
       raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
-    metadata = prepare_rows.prepare_rows(load_config(args.config, args.config_overrides), args.output,
-                                         args.epochs, args.split, args.workers)
+    config = load_config(args.config, args.config_overrides)
+    if beam_args is None:
+      from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
+      metadata = prepare_rows.prepare_rows(config, args.output, args.epochs, args.split, args.workers, args.overwrite)
+    else:
+      from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
+      metadata = beam_prepare.prepare_rows_on_beam(config, args.output, beam_args, args.epochs, args.split,
+                                                   args.overwrite)
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
     raise UserError("--config goes with --format bert_tfrecord; tokenized documents take --corpus and --vocab")
-  from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
-  print(json.dumps(prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case,
-                                   args.corpus_format, args.workers), indent=1))
+  if beam_args is None:
+    from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
+    metadata = prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case, args.corpus_format,
+                               args.workers, args.overwrite)
+  else:
+    from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
+    metadata = beam_prepare.prepare_documents(args.corpus, args.output, beam_args, args.vocab, args.lower_case,
+                                              args.corpus_format, args.overwrite)
+  print(json.dumps(metadata, indent=1))
 
 
 def _preview(args):
@@ -77,6 +99,14 @@ def _add_text_args(parser):
                       choices=("sentence_per_line", "document_per_line"))
 
 
+def _add_beam_args(parser):
+  parser.add_argument("--runner", default="", help="run as an Apache Beam pipeline on this runner (DirectRunner, "
+                      "PrismRunner, DataflowRunner, FlinkRunner, SparkRunner); default: processes on this machine")
+  parser.add_argument("--beam-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="a pipeline option for the runner, e.g. project=my-project (repeat); or Beam's flags after --")
+  parser.add_argument("beam_flags", nargs="*", help=argparse.SUPPRESS)
+
+
 def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
   p.add_argument("--corpus", required=True, help="glob(s) of text files, comma separated")
@@ -104,7 +134,10 @@ def register(subparsers) -> None:
   p.add_argument("--corpus", default="", help="glob(s) of text files; default: the embedded corpus")
   p.add_argument("--vocab", default="", help="vocab.txt or *.model; default: the embedded vocabulary")
   p.add_argument("--output", required=True)
-  p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU)")
+  p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU); with --runner DirectRunner, "
+                 "its worker processes")
+  p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous run in --output")
+  _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_prepare)
   p = sub.add_parser("preview", help="write batches as the model gets them to .npz; print one")

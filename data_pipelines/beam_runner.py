@@ -1,0 +1,109 @@
+"""Running bert_jax's Beam pipelines: the runner and its options from the command line, and a failed job as
+one line.
+
+`--runner` names the runner. DirectRunner takes `--workers` (1: in this process; N > 1: N worker
+processes, Beam's multi_processing mode; 0: one per CPU). Every runner's own options pass through
+unchanged, as `--beam-option KEY=VALUE` or as Beam's flags after `--`; they come after the defaults
+set here, so the user's value wins. apache-beam is optional (`pip install 'bert_jax[beam]'`; Dataflow
+needs `bert_jax[dataflow]`): this module imports it only when a pipeline is built.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import re
+
+from bert_jax.data_pipelines.errors import DataError
+
+RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
+_DATA_ERROR = re.compile(r"DataError: (.+?)(?: \[while running '[^']*'\])*$", re.MULTILINE)
+_ANY_ERROR = re.compile(r"^(\w[\w.]*(?:Error|Exception)): (.+?)(?: \[while running '([^']*)'\])*$", re.MULTILINE)
+
+
+def import_beam():
+  """apache_beam, or one line naming the extra that installs it."""
+  root = logging.getLogger()
+  level = root.level
+  root.setLevel(logging.ERROR)  # its import warns about Google Cloud clients that only Dataflow needs
+  try:
+    return importlib.import_module("apache_beam")
+  except ImportError as e:
+    raise DataError(f"--runner needs the optional package 'apache_beam' ({e}); install it with "
+                    "python3 -m pip install 'bert_jax[beam]' (Dataflow: 'bert_jax[dataflow]')") from None
+  finally:
+    root.setLevel(level)
+
+
+def pipeline_args(runner: str, workers: int = 0, options: tuple[str, ...] = (),
+                  flags: tuple[str, ...] = ()) -> list[str]:
+  """Beam's command-line flags for `runner`: our defaults, then `--beam-option KEY=VALUE`s, then raw flags."""
+  if runner not in RUNNERS:
+    raise DataError(f"--runner={runner!r}; choose one of {', '.join(RUNNERS)}")
+  args = [f"--runner={runner}"]
+  if runner == "DirectRunner":
+    count = workers or os.cpu_count() or 1
+    mode = "in_memory" if count == 1 else "multi_processing"
+    args += [f"--direct_num_workers={count}", f"--direct_running_mode={mode}"]
+  if runner in LOCAL_RUNNERS:
+    args.append("--default_sdk_harness_log_level=WARNING")  # worker processes: no INFO line per bundle
+  for option in options:
+    key, sep, value = option.partition("=")
+    if not sep or not key.strip("-"):
+      raise DataError(f"--beam-option {option!r}: write KEY=VALUE, e.g. --beam-option project=my-project")
+    args.append(f"--{key.lstrip('-')}={value}")
+  return args + list(flags)
+
+
+def pipeline_options(args: list[str]):
+  return import_beam().options.pipeline_options.PipelineOptions(args)
+
+
+def failure_line(error: BaseException, what: str) -> str:
+  """A failed job's exception (whose text holds the workers' tracebacks) -> one line: the DataError a worker
+  raised, else the last error a worker raised and the step it ran."""
+  text = str(error)
+  found = _DATA_ERROR.findall(text)
+  if found:
+    return found[-1]
+  errors = _ANY_ERROR.findall(text)
+  if errors:
+    kind, message, step = errors[-1]
+    where = f" in step {step!r}" if step else ""
+    return f"{what}: the Beam job failed{where}: {kind.rsplit('.', 1)[-1]}: {message}"
+  last = next((line for line in reversed(text.splitlines()) if line.strip()), type(error).__name__)
+  return f"{what}: the Beam job failed: {last.strip()}; see the runner's log"
+
+
+@contextlib.contextmanager
+def _quiet_local_runner(runner: str):
+  """A local runner logs every worker failure with its traceback; the one line we raise says it."""
+  if runner not in LOCAL_RUNNERS:
+    yield
+    return
+  logger = logging.getLogger("apache_beam")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def run(build, args: list[str], what: str) -> None:
+  """Builds a pipeline with `build(pipeline)` under the options `args` and runs it to the end; a failure
+  anywhere (a worker's DataError, any other worker error, a runner that cannot start) is one DataError."""
+  beam = import_beam()
+  options = pipeline_options(args)
+  runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
+  with _quiet_local_runner(runner):
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline)
+    try:
+      state = pipeline.run().wait_until_finish()
+    except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
+      raise DataError(failure_line(e, what)) from None
+  if state != beam.runners.runner.PipelineState.DONE:
+    raise DataError(f"{what}: the Beam job ended {state}; see the runner's log")
