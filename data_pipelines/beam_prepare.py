@@ -73,7 +73,7 @@ class _ReadUnit(beam.DoFn):
 
   def process(self, position: int):
     unit = self._source.units[position]
-    for sentences, offset, index in prepare.read_unit(self._source, unit):
+    for sentences, offset, index in corpora.read_unit(self._source, unit):
       content = hashlib.blake2b(repr(sentences).encode(), digest_size=8).hexdigest()
       yield (content, position, index), (position, index, offset, corpora.document_hash(unit, index - 1), sentences)
     yield beam.pvalue.TaggedOutput("stats", dict(self._source.stats))

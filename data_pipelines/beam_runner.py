@@ -14,6 +14,8 @@ import importlib
 import logging
 import os
 import re
+import sys
+import tempfile
 
 from bert_jax.data_pipelines.errors import DataError
 
@@ -61,35 +63,41 @@ def pipeline_options(args: list[str]):
   return import_beam().options.pipeline_options.PipelineOptions(args)
 
 
-def failure_line(error: BaseException, what: str) -> str:
-  """A failed job's exception (whose text holds the workers' tracebacks) -> one line: the DataError a worker
-  raised, else the last error a worker raised and the step it ran."""
+def failure_line(error: BaseException, what: str, log: str = "") -> tuple[str, bool]:
+  """A failed job's exception (whose text holds the workers' tracebacks) -> (one line, whether it points to
+  `log`): the DataError a worker raised, else the last error a worker raised and the step it ran."""
   text = str(error)
   found = _DATA_ERROR.findall(text)
   if found:
-    return found[-1]
+    return found[-1], False
   errors = _ANY_ERROR.findall(text)
   if errors:
     kind, message, step = errors[-1]
     where = f" in step {step!r}" if step else ""
-    return f"{what}: the Beam job failed{where}: {kind.rsplit('.', 1)[-1]}: {message}"
+    return f"{what}: the Beam job failed{where}: {kind.rsplit('.', 1)[-1]}: {message}; see {log or 'its log'}", True
   last = next((line for line in reversed(text.splitlines()) if line.strip()), type(error).__name__)
-  return f"{what}: the Beam job failed: {last.strip()}; see the runner's log"
+  return f"{what}: the Beam job failed: {last.strip()}; see {log or 'its log'}", True
 
 
 @contextlib.contextmanager
-def _quiet_local_runner(runner: str):
-  """A local runner logs every worker failure with its traceback; the one line we raise says it."""
+def _stderr_to_log(runner: str):
+  """A local runner's workers (processes that inherit file descriptor 2) and the runner itself log every
+  failure with its traceback: that goes to a log file instead. Yields its path ('' for remote runners,
+  which keep their own logs); `run` removes it unless the job failed without a DataError's one line."""
   if runner not in LOCAL_RUNNERS:
-    yield
+    yield ""
     return
-  logger = logging.getLogger("apache_beam")
-  level = logger.level
-  logger.setLevel(logging.CRITICAL)
+  fd, path = tempfile.mkstemp(prefix="bert_jax-beam-", suffix=".log")
+  sys.stderr.flush()
+  saved = os.dup(2)
+  os.dup2(fd, 2)
   try:
-    yield
+    yield path
   finally:
-    logger.setLevel(level)
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(fd)
 
 
 def run(build, args: list[str], what: str) -> None:
@@ -98,12 +106,17 @@ def run(build, args: list[str], what: str) -> None:
   beam = import_beam()
   options = pipeline_options(args)
   runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
-  with _quiet_local_runner(runner):
+  line, keep_log = "", False
+  with _stderr_to_log(runner) as log:
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
     try:
       state = pipeline.run().wait_until_finish()
     except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
-      raise DataError(failure_line(e, what)) from None
+      line, keep_log = failure_line(e, what, log)
+  if log and not keep_log:
+    os.remove(log)
+  if line:
+    raise DataError(line)
   if state != beam.runners.runner.PipelineState.DONE:
     raise DataError(f"{what}: the Beam job ended {state}; see the runner's log")

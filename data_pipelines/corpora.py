@@ -143,6 +143,17 @@ class TextSource:
       yield sentences, next_offset, index + 1
 
 
+def read_unit(source, unit):
+  """Every document of `unit` from its start, with an unreadable file as one DataError naming it."""
+  try:
+    yield from source.read(unit, 0, 0)
+  except OSError as e:
+    raise DataError(f"{unit}: cannot be read ({e.strerror or e}); check the file exists and is readable, "
+                    "or leave it out of the corpus") from None
+  except tf().errors.OpError as e:
+    raise DataError(f"{unit}: cannot be read ({e.message.splitlines()[0]}); leave it out of the corpus") from None
+
+
 def _tfrecords(path: str, offset: int) -> Iterator[tuple[bytes, int]]:
   """(payload, offset after it) from a TFRecord file, seekable (format: u64 len, u32 crc, data, u32 crc)."""
   with open_binary(path) as f:

@@ -64,17 +64,6 @@ def write_records(path: str, records) -> int:
   return count
 
 
-def read_unit(source, unit):
-  """source.read(unit) from its start, with an unreadable file as one DataError naming it."""
-  try:
-    yield from source.read(unit, 0, 0)
-  except OSError as e:
-    raise DataError(f"{unit}: cannot be read ({e.strerror or e}); check the file exists and is readable, "
-                    "or leave it out of --corpus") from None
-  except tf().errors.OpError as e:
-    raise DataError(f"{unit}: cannot be read ({e.message.splitlines()[0]}); leave it out of --corpus") from None
-
-
 def claim_output(output_dir: str, overwrite: bool) -> None:
   """Makes `output_dir` ready for a new run: refuses a non-empty folder unless `overwrite`, which removes the
   previous run's metadata.json (first: the folder stops looking complete) and shards."""
@@ -136,7 +125,7 @@ def _prepare_file(job) -> tuple[int, dict]:
   tokenizer = load_tokenizer(vocab, lower_case)
   source = corpora.TextSource([in_path], corpus_format, stats)
   documents = (document_ids([tokenizer.encode(s) for s in sentences])
-               for sentences, _, _ in read_unit(source, in_path))
+               for sentences, _, _ in corpora.read_unit(source, in_path))
   count = write_records(out_path, (document_record(tf_module, ids) for ids in documents if ids))
   return count, dict(stats)
 

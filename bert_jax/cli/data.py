@@ -8,20 +8,6 @@ import sys
 from bert_jax.errors import UserError
 
 
-def _vocab(args):
-  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
-  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
-                          args.corpus_format, args.model_type))
-
-
-def _tokenize(args):
-  from bert_jax.data_pipelines.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-  tokenizer = load_tokenizer(args.vocab, args.lower_case)
-  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
-  for line in sys.stdin:
-    print(json.dumps([cls, *tokenizer.encode(line.rstrip("\n")), sep]))
-
-
 def _beam_args(args) -> list[str] | None:
   """Beam's flags for `--runner` (and its options), or None for the in-process path."""
   if not args.runner:
@@ -30,6 +16,20 @@ def _beam_args(args) -> list[str] | None:
     return None
   from bert_jax.data_pipelines import beam_runner  # pylint: disable=import-outside-toplevel
   return beam_runner.pipeline_args(args.runner, args.workers, tuple(args.beam_option), tuple(args.beam_flags))
+
+
+def _vocab(args):
+  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
+  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
+                          args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
+
+
+def _tokenize(args):
+  from bert_jax.data_pipelines.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
+  tokenizer = load_tokenizer(args.vocab, args.lower_case)
+  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
+  for line in sys.stdin:
+    print(json.dumps([cls, *tokenizer.encode(line.rstrip("\n")), sep]))
 
 
 def _prepare(args):
@@ -114,6 +114,11 @@ def register(subparsers) -> None:
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
   p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
+  p.add_argument("--sample-sentences", type=int, default=0, metavar="N",
+                 help="learn from N sentences drawn uniformly from the corpus (0: all of them; needed with --runner)")
+  p.add_argument("--seed", type=int, default=0, help="the draw of --sample-sentences")
+  p.add_argument("--workers", type=int, default=0, help="--runner DirectRunner: its worker processes (0: one per CPU)")
+  _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_vocab)
 
