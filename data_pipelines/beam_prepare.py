@@ -133,24 +133,26 @@ def _finish_documents(_, corpus: str, text: TextCorpus, output_dir: str, counts,
       corpus, text.vocab, text.lower_case, sum(counts), len(text.files), total))
 
 
+def documents_graph(pipeline, corpus: str, text: TextCorpus, output_dir: str) -> None:
+  """The documents format's steps on `pipeline`: `text`'s files -> shards and metadata.json in output_dir."""
+  units, documents, stats = read_documents(pipeline, text, len(text.files))
+  by_unit = documents | "key by unit" >> beam.Map(lambda d: (d[0], (d[1], d[4])))
+  counts = _with_every("unit", units, by_unit) | "write" >> beam.ParDo(_WriteDocuments(output_dir, len(text.files)))
+  _ = (pipeline | "finish" >> beam.Create([None])
+       | "metadata" >> beam.Map(_finish_documents, corpus, text, output_dir, counts=beam.pvalue.AsList(counts),
+                                stats=beam.pvalue.AsList(stats)))
+
+
 def prepare_documents(corpus: str, output_dir: str, args: list[str], vocab: str = "", lower_case: bool = True,
                       corpus_format: str = corpora.SENTENCE_PER_LINE, overwrite: bool = False) -> dict:
   """prepare.prepare on Beam (runner and options in `args`: beam_runner.pipeline_args); returns the metadata."""
   files = prepare.corpus_files(corpus)
   text = TextCorpus(tuple(files), corpus_format, vocab or embedded.ensure_embedded()[1], lower_case)
+  beam_runner.check_reachable(args, {"--corpus": files, "--vocab": [text.vocab], "--output": [output_dir]})
   text.open()  # a bad vocabulary or corpus format: one line before any job starts
   prepare.claim_output(output_dir, overwrite)
-
-  def build(pipeline):
-    units, documents, stats = read_documents(pipeline, text, len(files))
-    by_unit = documents | "key by unit" >> beam.Map(lambda d: (d[0], (d[1], d[4])))
-    counts = _with_every("unit", units, by_unit) | "write" >> beam.ParDo(_WriteDocuments(output_dir, len(files)))
-    _ = (pipeline | "finish" >> beam.Create([None])
-         | "metadata" >> beam.Map(_finish_documents, corpus, text, output_dir, counts=beam.pvalue.AsList(counts),
-                                  stats=beam.pvalue.AsList(stats)))
-
   with prepare.discarding_on_failure(output_dir):
-    beam_runner.run(build, args, f"--corpus {corpus or '(embedded)'}")
+    beam_runner.run(args, lambda p: documents_graph(p, corpus, text, output_dir), f"--corpus {corpus or '(embedded)'}")
   return prepare.read_metadata(output_dir)
 
 
@@ -201,25 +203,31 @@ def _finish_rows(_, corpus: ConfigCorpus, epochs: int, output_dir: str, counts) 
   prepare.write_metadata(output_dir, prepare_rows.rows_metadata(data_cfg, corpus.split, epochs, dict(counts)))
 
 
+def rows_graph(pipeline, corpus: ConfigCorpus, num_units: int, epochs: int, output_dir: str) -> None:
+  """The rows format's steps on `pipeline`: the config's corpus (`num_units` units) -> shards and metadata.json."""
+  num_shards = corpus.data_cfg["num_shards"]
+  by_unit = num_units >= num_shards
+  _, documents, _ = read_documents(pipeline, corpus, num_units)
+  by_shard = documents | "key by shard" >> beam.Map(lambda d: (_shard_of(d, num_shards, by_unit), d))
+  shards = pipeline | "shards" >> beam.Create(list(range(num_shards)))
+  counts = _with_every("shard", shards, by_shard) | "write" >> beam.ParDo(_WriteRows(corpus, epochs, output_dir))
+  _ = (pipeline | "finish" >> beam.Create([None])
+       | "metadata" >> beam.Map(_finish_rows, corpus, epochs, output_dir, counts=beam.pvalue.AsList(counts)))
+
+
 def prepare_rows_on_beam(config, output_dir: str, args: list[str], epochs: int = 1, split: str = "train",
                          overwrite: bool = False) -> dict:
   """prepare_rows.prepare_rows on Beam (runner and options in `args`); returns the metadata."""
   data_cfg = config.data
   prepare_rows.check_request(data_cfg, epochs)
   ctx = make_context(data_cfg, split, None, None)  # bad vocabulary, corpus or builder: one line, before the job
+  units = [str(u) for u in ctx.source.units]
+  beam_runner.check_reachable(args, {"data.corpus": units if not data_cfg.tfds_name else [],
+                                     "data.vocab": [data_cfg.vocab or embedded.ensure_embedded()[1]],
+                                     "--output": [output_dir]})
   prepare.claim_output(output_dir, overwrite)
   corpus = ConfigCorpus(data_cfg.to_dict(), split)
-  num_units, num_shards = len(ctx.source.units), data_cfg.num_shards
-  by_unit = num_units >= num_shards
-
-  def build(pipeline):
-    _, documents, _ = read_documents(pipeline, corpus, num_units)
-    by_shard = documents | "key by shard" >> beam.Map(lambda d: (_shard_of(d, num_shards, by_unit), d))
-    shards = pipeline | "shards" >> beam.Create(list(range(num_shards)))
-    counts = _with_every("shard", shards, by_shard) | "write" >> beam.ParDo(_WriteRows(corpus, epochs, output_dir))
-    _ = (pipeline | "finish" >> beam.Create([None])
-         | "metadata" >> beam.Map(_finish_rows, corpus, epochs, output_dir, counts=beam.pvalue.AsList(counts)))
-
   with prepare.discarding_on_failure(output_dir):
-    beam_runner.run(build, args, f"data.corpus ({ctx.source.units[0]}{', ...' if num_units > 1 else ''})")
+    beam_runner.run(args, lambda p: rows_graph(p, corpus, len(units), epochs, output_dir),
+                    f"data.corpus ({units[0]}{', ...' if len(units) > 1 else ''})")
   return prepare.read_metadata(output_dir)

@@ -22,6 +22,7 @@ from bert_jax.data_pipelines.errors import DataError
 RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
 LOCAL_RUNNERS = ("DirectRunner", "PrismRunner")
 _DATA_ERROR = re.compile(r"DataError: (.+?)(?: \[while running '[^']*'\])*$", re.MULTILINE)
+_STEP = re.compile(r" ?\[while running '([^']*)'\]")
 _ANY_ERROR = re.compile(r"^(\w[\w.]*(?:Error|Exception)): (.+?)(?: \[while running '([^']*)'\])*$", re.MULTILINE)
 
 
@@ -67,16 +68,20 @@ def failure_line(error: BaseException, what: str, log: str = "") -> tuple[str, b
   """A failed job's exception (whose text holds the workers' tracebacks) -> (one line, whether it points to
   `log`): the DataError a worker raised, else the last error a worker raised and the step it ran."""
   text = str(error)
+  if isinstance(error, DataError):  # raised in this process (an in-memory runner), its message tagged with the step
+    return _STEP.sub("", text).strip(), False
   found = _DATA_ERROR.findall(text)
   if found:
     return found[-1], False
   errors = _ANY_ERROR.findall(text)
-  if errors:
+  if errors:  # a worker's traceback, as text
     kind, message, step = errors[-1]
-    where = f" in step {step!r}" if step else ""
-    return f"{what}: the Beam job failed{where}: {kind.rsplit('.', 1)[-1]}: {message}; see {log or 'its log'}", True
-  last = next((line for line in reversed(text.splitlines()) if line.strip()), type(error).__name__)
-  return f"{what}: the Beam job failed: {last.strip()}; see {log or 'its log'}", True
+  else:  # the worker's exception itself (an in-memory runner), its message tagged with the step
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+    kind, step = type(error).__name__, "".join(_STEP.findall(last)[-1:])
+    message = _STEP.sub("", last).strip()
+  where = f" in step {step!r}" if step else ""
+  return f"{what}: the Beam job failed{where}: {kind.rsplit('.', 1)[-1]}: {message}; see {log or 'its log'}", True
 
 
 @contextlib.contextmanager
@@ -100,18 +105,38 @@ def _stderr_to_log(runner: str):
     os.close(fd)
 
 
-def run(build, args: list[str], what: str) -> None:
-  """Builds a pipeline with `build(pipeline)` under the options `args` and runs it to the end; a failure
-  anywhere (a worker's DataError, any other worker error, a runner that cannot start) is one DataError."""
+def runner_of(args: list[str]) -> str:
   beam = import_beam()
-  options = pipeline_options(args)
-  runner = options.view_as(beam.options.pipeline_options.StandardOptions).runner
+  return pipeline_options(args).view_as(beam.options.pipeline_options.StandardOptions).runner
+
+
+def check_reachable(args: list[str], paths: dict[str, list[str]]) -> None:
+  """A remote runner's workers read and write through URLs (gs://...), not this machine's files."""
+  runner = runner_of(args)
+  if runner in LOCAL_RUNNERS:
+    return
+  for flag, values in paths.items():
+    local = [v for v in values if "://" not in v]
+    if local:
+      raise DataError(f"{flag} {local[0]} is on this machine, which {runner}'s workers cannot read or write; "
+                      "put it in a bucket and pass its gs:// path")
+
+
+def build(args: list[str], build_fn):
+  """A pipeline under the options `args`, built by build_fn(pipeline) (not run)."""
+  pipeline = import_beam().Pipeline(options=pipeline_options(args))
+  build_fn(pipeline)
+  return pipeline
+
+
+def run(args: list[str], build_fn, what: str) -> None:
+  """Builds the pipeline and runs it to the end; a failure anywhere (a worker's DataError, any other worker
+  error, a runner that cannot start) is one DataError."""
+  beam = import_beam()
   line, keep_log = "", False
-  with _stderr_to_log(runner) as log:
-    pipeline = beam.Pipeline(options=options)
-    build(pipeline)
+  with _stderr_to_log(runner_of(args)) as log:
     try:
-      state = pipeline.run().wait_until_finish()
+      state = build(args, build_fn).run().wait_until_finish()
     except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
       line, keep_log = failure_line(e, what, log)
   if log and not keep_log:

@@ -43,6 +43,7 @@ def sample_sentences(corpus: str, size: int, seed: int, corpus_format: str, outp
   """vocab.sample_sentences on Beam (runner and options in `args`): writes OUTPUT/vocab_sample.txt, returns it."""
   files = tuple(corpora.list_files(corpus, "--corpus"))
   corpora.TextSource(list(files), corpus_format, corpora.Stats())  # a bad --corpus-format: one line, before the job
+  beam_runner.check_reachable(args, {"--corpus": list(files), "--output": [output_dir]})
   path = os.path.join(output_dir, SAMPLE_FILE)
   tf().io.gfile.makedirs(output_dir)
 
@@ -52,6 +53,6 @@ def sample_sentences(corpus: str, size: int, seed: int, corpus_format: str, outp
          | "smallest draws" >> beam.combiners.Top.Smallest(size)
          | "write" >> beam.Map(_write_sample, path))
 
-  beam_runner.run(build, args, f"--corpus {corpus}")
+  beam_runner.run(args, build, f"--corpus {corpus}")
   with tf().io.gfile.GFile(path) as f:
     return f.read().splitlines()
