@@ -81,6 +81,7 @@ class _ReadUnit(beam.DoFn):
 
 
 class _Tokenize(beam.DoFn):
+  """A keyed document -> the document with its sentences as token ids (as they are when the reader gives ids)."""
 
   def __init__(self, corpus):
     self._corpus, self._tokenizer = corpus, None
@@ -89,18 +90,19 @@ class _Tokenize(beam.DoFn):
     _, self._tokenizer = self._corpus.open()
 
   def process(self, keyed):
-    position, index, offset, identity, sentences = keyed[1]
+    _, (position, index, offset, identity, sentences) = keyed
     if self._tokenizer is not None:
       sentences = [self._tokenizer.encode(s) for s in sentences]
     yield position, index, offset, identity, sentences
 
 
 def read_documents(pipeline, corpus, num_units: int):
-  """(units: PCollection of unit positions, documents: tokenized Documents, stats: skip-count dicts)."""
+  """(units: the unit positions, documents: tokenized document tuples, stats: each unit's skip counts)."""
   units = pipeline | "units" >> beam.Create(list(range(num_units)))
   read = (units | "spread units" >> beam.Reshuffle()
           | "read" >> beam.ParDo(_ReadUnit(corpus)).with_outputs("stats", main="documents"))
-  documents = (read.documents | "spread documents" >> beam.Reshuffle()
+  # keyed by (content hash, unit, index): unique, spread evenly by the hash, and a retried read gives the same keys
+  documents = (read.documents | "spread documents" >> beam.transforms.util.ReshufflePerKey()
                | "tokenize" >> beam.ParDo(_Tokenize(corpus)))
   return units, documents, read.stats
 
