@@ -189,6 +189,11 @@ def test_bad_input_is_one_line_and_leaves_no_shards(corpus, tmp_path, capsys, mo
     return err.splitlines()[-1]
 
   beam = ["--runner", "DirectRunner"]
+  out = ["--corpus", corpus, "--output", str(tmp_path / "never")]
+  assert "add --runner" in fails([*out, "--beam-option", "project=p"])
+  assert "choose one of DirectRunner, PrismRunner" in fails([*out, "--runner", "DirectRuner"])
+  assert "write KEY=VALUE" in fails([*out, *beam, "--beam-option", "project"])
+  assert not os.path.exists(tmp_path / "never")
   assert "matches no file" in fails(["--corpus", str(tmp_path / "none*.txt"), "--output", str(tmp_path / "o"), *beam])
   broken = tmp_path / "broken"
   broken.mkdir()
