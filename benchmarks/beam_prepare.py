@@ -4,10 +4,11 @@
 
 The corpus is the embedded one written `--copies` times under different file names (so both paths
 have that many files to spread; the copies share their words, so the tokenizer's word cache makes
-copies after the first cheaper than new text would be). Each case is the whole command in a fresh process (start-up included,
-as a user runs it); wall time, and CPU time (user + system of the command and every process it waited
-for: the in-process path's pool, DirectRunner's workers). Documents and real tokens (the records'
-token ids) are counted once from the output, which is the same bytes in every case (checked).
+copies after the first cheaper than new text would be). Each case is the whole command in a fresh
+process (start-up included, as a user runs it); wall time, and CPU time (user + system of the command
+and every process it waited for: the in-process path's pool, DirectRunner's workers). Documents and
+real tokens (the records' token ids) are counted once from the output, the same bytes in every case
+(checked).
 Prints one JSON line per case with medians over the rounds, then the machine's load average.
 """
 import argparse

@@ -1,9 +1,10 @@
 """Training a vocabulary from a corpus: WordPiece (vocab.txt) or SentencePiece unigram/BPE (spm.model).
 
 Both read the corpus as a stream of sentences (every one, or a uniform sample: `sample_sentences` here,
-beam_vocab.py on a Beam runner, the same sentences); SentencePiece falls back to bytes, so any text round-trips. Special tokens come first, in BERT's order for
-WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK] = ids 0..4) and as [PAD]=0, [UNK]=1, control symbols
-[CLS] [SEP] [MASK] = 2..4 for SentencePiece, so `pad_token_id = 0` holds for both.
+beam_vocab.py on a Beam runner, the same sentences); SentencePiece falls back to bytes, so any text
+round-trips. Special tokens come first, in BERT's order for WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK]
+= ids 0..4) and as [PAD]=0, [UNK]=1, control symbols [CLS] [SEP] [MASK] = 2..4 for SentencePiece, so
+`pad_token_id = 0` holds for both.
 """
 from __future__ import annotations
 

@@ -141,6 +141,17 @@ def test_dataflow_options_from_the_launch_script_build_the_pipeline(tmp_path):
     beam_runner.check_reachable(flags, {"--corpus": ["gs://b/a.txt"], "--vocab": ["/home/me/vocab.txt"]})
 
 
+def test_runner_options_pass_through_and_the_users_win():
+  parser = argparse.ArgumentParser()
+  data_cli.register(parser.add_subparsers(dest="command"))
+  args = parser.parse_args(["data", "prepare", "--output", "o", "--runner", "DirectRunner", "--workers", "4",
+                            "--beam-option", "direct_runner_bundle_repeat=2", "--", "--direct_num_workers=3"])
+  flags = data_cli._beam_args(args)  # pylint: disable=protected-access
+  options = beam_runner.pipeline_options(flags).get_all_options()
+  assert (options["runner"], options["direct_num_workers"], options["direct_running_mode"],
+          options["direct_runner_bundle_repeat"]) == ("DirectRunner", 3, "multi_processing", 2)
+
+
 def test_tfds_builder_examples_are_the_prepared_documents(corpus, tmp_path):
   import apache_beam as beam
   import tensorflow_datasets as tfds

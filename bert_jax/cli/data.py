@@ -103,7 +103,8 @@ def _add_beam_args(parser):
   parser.add_argument("--runner", default="", help="run as an Apache Beam pipeline on this runner (DirectRunner, "
                       "PrismRunner, DataflowRunner, FlinkRunner, SparkRunner); default: processes on this machine")
   parser.add_argument("--beam-option", action="append", default=[], metavar="KEY=VALUE",
-                      help="a pipeline option for the runner, e.g. project=my-project (repeat); or Beam's flags after --")
+                      help="a pipeline option for the runner, e.g. project=my-project (repeat); "
+                      "or Beam's own flags after --")
   parser.add_argument("beam_flags", nargs="*", help=argparse.SUPPRESS)
 
 
