@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 
 from bert_jax.data_pipelines.errors import DataError
 
@@ -139,6 +140,9 @@ def run(args: list[str], build_fn, what: str) -> None:
       state = build(args, build_fn).run().wait_until_finish()
     except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
       line, keep_log = failure_line(e, what, log)
+      if keep_log and log:  # the workers' tracebacks are in the exception's text, whoever logged them
+        with open(log, "a", encoding="utf-8") as f:
+          f.write("".join(traceback.format_exception(e)))
   if log and not keep_log:
     os.remove(log)
   if line:

@@ -218,7 +218,10 @@ def test_bad_input_is_one_line_and_leaves_no_shards(corpus, tmp_path, capsys, mo
     assert os.listdir(out) == []  # the shard of a.txt, written or not, is gone; no metadata.json
   monkeypatch.setattr(beam_prepare, "load_tokenizer", lambda *a: types.SimpleNamespace(encode=lambda s: 1 / 0))
   err = fails(["--corpus", corpus, "--output", str(tmp_path / "failing"), *beam])
-  assert "the Beam job failed in step 'tokenize'" in err and "ZeroDivisionError" in err
+  assert "the Beam job failed in step 'tokenize': ZeroDivisionError: division by zero; see " in err
+  log = err.rsplit("; see ", 1)[1]  # the runner's traceback went there, not to the terminal
+  assert "Traceback" in open(log, encoding="utf-8").read()
+  os.remove(log)
 
 
 def test_a_non_empty_output_is_refused_unless_overwrite(corpus, tmp_path, capsys):
