@@ -96,6 +96,8 @@ def test_launch_scripts_local_twin_writes_the_in_process_documents(corpus, tmp_p
   assert metadata["skipped"] == {"skipped_lines": 2} and metadata["files"] == 3
   result = _run_script({"RUNNER": "DirectRunner", "WORKERS": "1", "CORPUS": corpus, "OUTPUT": str(tmp_path / "b")})
   assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "bert-jax data prepare: warning: skipped 2 lines not UTF-8 text; the rest is prepared")
   assert _shards(tmp_path / "b") == _shards(tmp_path / "in_process")
   again = _run_script({"RUNNER": "DirectRunner", "WORKERS": "1", "CORPUS": corpus, "OUTPUT": str(tmp_path / "b")})
   assert again.returncode == 2 and "--overwrite" in again.stderr.strip().splitlines()[-1]

@@ -7,6 +7,8 @@ import sys
 
 from bert_jax.errors import UserError
 
+_SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
+
 
 def _beam_args(args) -> list[str] | None:
   """Beam's flags for `--runner` (and its options), or None for the in-process path."""
@@ -59,6 +61,9 @@ def _prepare(args):
     metadata = beam_prepare.prepare_documents(args.corpus, args.output, beam_args, args.vocab, args.lower_case,
                                               args.corpus_format, args.overwrite)
   print(json.dumps(metadata, indent=1))
+  if metadata["skipped"]:  # on a runner the workers' own warnings are in their logs: one line here
+    counts = ", ".join(f"{n} {_SKIPS.get(kind, kind)}" for kind, n in metadata["skipped"].items())
+    print(f"bert-jax data prepare: warning: skipped {counts}; the rest is prepared", file=sys.stderr)
 
 
 def _preview(args):
