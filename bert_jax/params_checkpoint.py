@@ -95,8 +95,8 @@ def _overlay(base: dict, delta: dict) -> dict:
 def _restore_on_host(tree_path: epath.Path, keys: tuple[str, ...]) -> Any:
   """The subtree at `keys` (the params of a train state; nothing else is read) as NumPy arrays, whatever
   devices and shardings saved it: a pod's checkpoint loads on a laptop and on a slice of another shape."""
+  wanted = _subtree(_saved_tree(tree_path), keys)
   with ocp.PyTreeCheckpointer() as ckptr:
-    wanted = _subtree(ckptr.metadata(tree_path).item_metadata.tree, keys)
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)  # the structure; no buffers
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
     for key in reversed(keys):
@@ -118,11 +118,19 @@ def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   return (params if base is None else _overlay(load_params(base)[0], params)), config
 
 
+def _saved_tree(tree_path: epath.Path) -> Any:
+  """The saved tree's metadata. Read through the handler: a Checkpointer would also look for the step's
+  _CHECKPOINT_METADATA, which a CheckpointManager keeps one level up, and log a warning for each read."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(epath.Path(tree_path)).tree
+  finally:
+    handler.close()
+
+
 def _own_metadata(location: epath.PathLike) -> Any:
   tree_path, keys = params_location(location)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    tree = ckptr.metadata(tree_path).item_metadata.tree
-  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(tree, keys))
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(_saved_tree(tree_path), keys))
 
 
 def params_metadata(location: epath.PathLike) -> Any:

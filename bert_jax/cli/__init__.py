@@ -12,6 +12,7 @@ import os
 import sys
 
 import bert_jax
+from bert_jax import startup
 from bert_jax.errors import UserError
 from bert_jax.data_pipelines.errors import DataError
 
@@ -72,12 +73,11 @@ def split_config_overrides(argv):
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
-  # TensorFlow (the input pipeline) prints C++ start-up notes that are noise here; yours wins if set.
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
     rest, overrides = split_config_overrides(argv)
     args = build_parser().parse_args(rest)
     args.config_overrides = overrides
+    startup.configure()  # after parsing: `--help` stays instant
     result = args.handler(args)
     return int(result or 0)
   except (UserError, DataError) as e:

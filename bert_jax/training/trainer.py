@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 from bert_jax import config_utils, run_lock, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, finite, partitioning
+from bert_jax.training import checkpoint, finite, memory, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
 
@@ -118,6 +118,8 @@ def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dic
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
   returns the last train and eval metrics."""
+  # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
+  memory.check_fits(build_train_setup(config))
   run_dir = workdir_lib.create(workdir)
   with run_lock.hold(run_dir, jax.process_index()):
     return _pretrain(config, run_dir)
