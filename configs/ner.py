@@ -7,16 +7,16 @@ Cased models should read cased text: --config.data.lower_case=False with a cased
 """
 import ml_collections
 
-from bert_jax.configs import glue
+from bert_jax.configs import common, glue
 
 # Tag names in tfds conll2003's order; the original IOB1 files use the same names.
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 DATASETS = {"conll2003": CONLL2003_LABELS}
+PRESETS = {"conll2003": "CoNLL-2003 English named entities (PER, ORG, LOC, MISC), entity F1"}
 
 
 def get_config(arg: str = "conll2003"):
-  if arg not in DATASETS:
-    raise KeyError(f"choose one of {sorted(DATASETS)}")
+  common.check_preset(arg, PRESETS)
   c = glue.base_config()
   c.task = ml_collections.ConfigDict({"family": "ner", "name": arg, "labels": DATASETS[arg]})
   c.optimizer.learning_rate = 5e-5

@@ -9,15 +9,16 @@ doc stride 128 and questions of at most 64 tokens; n-best 20, answers of at most
 """
 import ml_collections
 
-from bert_jax.configs import glue
+from bert_jax.configs import common, glue
 
 # name: (SQuAD version, learning rate, batch, epochs)
 VERSIONS = {"v1": ("v1.1", 5e-5, 32, 3.0), "v2": ("v2.0", 5e-5, 48, 2.0)}
+PRESETS = {"v1": "SQuAD v1.1: extractive question answering, exact match and F1",
+           "v2": "SQuAD v2.0: v1.1 plus unanswerable questions"}
 
 
 def get_config(arg: str = "v1"):
-  if arg not in VERSIONS:
-    raise KeyError(f"choose one of {sorted(VERSIONS)}")
+  common.check_preset(arg, PRESETS)
   version, lr, batch, epochs = VERSIONS[arg]
   c = glue.base_config()
   c.task = ml_collections.ConfigDict({

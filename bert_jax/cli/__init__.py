@@ -16,8 +16,8 @@ from bert_jax import startup
 from bert_jax.errors import UserError
 from bert_jax.data_pipelines.errors import DataError
 
-_COMMAND_MODULES = ("pretrain", "data", "grow", "prune", "finetune", "predict", "convert", "analyze", "compress", "config",
-                    "compile")
+_COMMAND_MODULES = ("presets", "pretrain", "data", "grow", "prune", "finetune", "predict", "convert", "analyze",
+                    "compress", "config", "compile")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -42,8 +42,19 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
         _show_defaults(sub)
 
 
+_EPILOG = """first steps:
+  bert-jax presets                      every config's presets: sizes, sequence length, what each is for
+  bert-jax pretrain --config configs/bert.py:demo --workdir runs/demo     (a CPU, a few minutes)
+  bert-jax finetune --config configs/glue.py:embedded --config.init_from=runs/demo --workdir runs/demo-ft
+  bert-jax config show --config configs/bert.py:base                      (every field of a preset)
+
+A config is FILE:PRESET; change any field with --config.SECTION.KEY=VALUE (README.md, "Configs").
+`bert-jax COMMAND --help` describes a command."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(prog="bert-jax", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="bert-jax", description=bert_jax.__doc__.strip(), epilog=_EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--version", action="version", version=f"bert-jax {bert_jax.__version__}")
   subparsers = parser.add_subparsers(dest="command", required=True)
   for name in _COMMAND_MODULES:

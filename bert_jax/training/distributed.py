@@ -26,8 +26,8 @@ def _tpu_env(name: str) -> str:
 
 def tpu_allowed() -> bool:
   """JAX may pick the TPU: no platform list, or one that names it (`JAX_PLATFORMS=cpu` does not)."""
-  platforms = jax.config.jax_platforms or os.environ.get("JAX_PLATFORMS", "")
-  return not platforms.strip() or "tpu" in platforms.lower().split(",")
+  platforms = (jax.config.jax_platforms or "").strip().lower()
+  return not platforms or "tpu" in platforms.split(",")
 
 
 def tpu_attached() -> bool:
