@@ -77,7 +77,7 @@ def analyze_change(pretrained: str, fine_tuned: str, text: str, out_dir: str, *,
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "change.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)
-  plots.lines(list(layers), {"attention maps": report["attention_cosine_distance"],
+  plots.lines([i + 1 for i in layers], {"attention maps": report["attention_cosine_distance"],
                              "weights": report["weight_cosine_distance"]},
               os.path.join(out_dir, "change.png"), "layer", "cosine distance", "pretrained -> fine-tuned")
   return report
