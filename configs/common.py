@@ -97,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_steps = 20
   c.train.eval_batch_size = 0  # 0: same as batch_size
   c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
+  c.train.wandb = ""  # a Weights & Biases project to log to as well (pip install 'bert_jax[wandb]'); "": none
   # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
   c.train.skip_nonfinite_steps = 0
 

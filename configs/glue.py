@@ -85,6 +85,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_every_steps = 0  # 0: once per epoch
   c.train.log_every_steps = 50
   c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
+  c.train.wandb = ""  # a Weights & Biases project to log to as well (pip install 'bert_jax[wandb]'); "": none
   # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
   c.train.skip_nonfinite_steps = 0
   c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those

@@ -215,7 +215,7 @@ class Run:
     eval_every = cfg.eval_every_steps or self.steps_per_epoch
     rng = jax.random.key(self.seeds["dropout"])
     tokens_per_step = cfg.batch_size * self.config.data.max_seq_length
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
     step, pending = self.step, []

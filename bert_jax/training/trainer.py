@@ -138,7 +138,8 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
   eval_inputs = None
   if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
     eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
-  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard)
+  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
+                         wandb=train_cfg.wandb)
   logger.write_hparams(config.to_dict())
   guard = finite.DivergenceGuard(train_cfg.skip_nonfinite_steps)
   rng = jax.random.key(train_cfg.seed + 1)
