@@ -123,6 +123,8 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
   saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
                        lower_case=tokenizer.lower_case)
+  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
+    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved
