@@ -6,8 +6,9 @@ the activations the backward pass keeps from one micro-batch's forward pass. Tho
 of the loss's `jax.vjp`, traced abstractly (nothing is allocated or compiled) with the step's mesh and
 rules, less the residuals that are the step's own inputs (parameters, batch): whatever the family,
 remat setting or dtype, what the trace keeps is what the compiled step keeps, plus XLA's workspace.
-Against the compiled step's memory_analysis on the CPU (arguments + temporaries), the sum of these
-parts came to 0.96x (BERT-base, micro-batch 8) and 0.90x (`tiny`, 32 rows), hence the 1.1 margin.
+Against the compiled CPU step's memory_analysis (arguments + temporaries), the sum of these parts came
+to 1.01x (`mini`, 64 rows) and 1.02x (BERT-base, 8 rows), 1.22x at the tests' tiny sizes
+(BENCHMARKS.md); the x1.1 is a margin for workspace and fragmentation, which the trace does not see.
 
 A CPU's devices share the host's memory: there the need is the sum over this process's devices plus
 the process itself (Python, TensorFlow's input pipeline), against the memory the host has available
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from typing import Any
 
 import jax
 from jax.extend import core as jax_core
@@ -28,7 +27,7 @@ from bert_jax.errors import UserError
 from bert_jax.training import info, partitioning
 
 GIB = 2 ** 30
-_WORKSPACE = 1.1  # XLA's temporaries beyond the residuals (module docstring)
+_WORKSPACE = 1.1  # a margin for XLA's workspace beyond the residuals (module docstring)
 _CPU_PROCESS_BYTES = GIB  # the Python process before its first step: jax, TensorFlow, the input pipeline
 _SUGGEST = 0.8  # suggested settings leave a fifth of the capacity free (other processes, the estimate's error)
 
@@ -77,6 +76,7 @@ def residual_bytes(setup, rows: int) -> int:
 
   def backward_of(params, batch, rng, *frozen):
     scored = objective.with_teacher(*frozen) if frozen else objective
+
     def loss(p):
       return scored.loss(scored.sums(p, batch, rng, deterministic=False), scored.counts(batch))
     return jax.vjp(loss, params)[1]
