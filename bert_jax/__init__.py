@@ -20,9 +20,14 @@ def load_tokenizer(path: str):
 
 
 def __getattr__(name: str):
-  """`bert_jax.Predictor` (bert_jax.finetune.predict), imported on first use like load_pretrained."""
+  """`bert_jax.Predictor` (bert_jax.finetune.predict) and `bert_jax.Embedder` (bert_jax.sbert.embed),
+  imported on first use like load_pretrained."""
   if name == "Predictor":
     startup.configure()
     from bert_jax.finetune.predict import Predictor  # pylint: disable=import-outside-toplevel
     return Predictor
+  if name == "Embedder":
+    startup.configure()
+    from bert_jax.sbert.embed import Embedder  # pylint: disable=import-outside-toplevel
+    return Embedder
   raise AttributeError(f"module 'bert_jax' has no attribute {name!r}")

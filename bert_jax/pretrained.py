@@ -1,6 +1,7 @@
 """`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ from etils import epath
 
 from bert_jax import workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
+from bert_jax.conversion import sentence_transformers as st
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
 from bert_jax.training import finite
@@ -23,14 +25,29 @@ def source_kind(path: str) -> str:
   location = epath.Path(path)
   if not location.exists() and tf_checkpoint.find_prefix(path) is None:
     raise UserError(f"{path} does not exist")
-  if (location / "config.json").exists():
-    keys = workdir.read_json(location / "config.json")
+  model_dir = epath.Path(_hf_dir(path))
+  if (model_dir / "config.json").exists():
+    keys = workdir.read_json(model_dir / "config.json")
     if isinstance(keys, dict) and ("model_type" in keys or "architectures" in keys):
       return "hf"
   if tf_checkpoint.find_prefix(path) is not None:
     return "tf"
   raise UserError(f"{path}: not a Hugging Face directory (config.json with model_type), an original TF "
                   "checkpoint (*.ckpt*.index) or a bert_jax checkpoint (params/ or checkpoints/)")
+
+
+def _hf_dir(path: str) -> str:
+  """The HF model directory at `path`: itself, or a sentence-transformers folder's Transformer module."""
+  return st.transformer_dir(path) if st.is_sentence_transformers(path) else path
+
+
+def _read_hf(path: str, scan_layers: bool) -> common.Converted:
+  """A HF directory; a sentence-transformers folder also gives its pooling, normalisation and length."""
+  converted = hf.read(_hf_dir(path), scan_layers)
+  if not st.is_sentence_transformers(path):
+    return converted
+  return dataclasses.replace(converted, pooling=st.read(path, converted.config.max_position_embeddings),
+                             tokenizer=st.check_lower_case(converted.tokenizer, path))
 
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None,
@@ -40,7 +57,7 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
   if kind == "bert_jax":
     return native.read(path, scan_layers)
   scan = True if scan_layers is None else scan_layers
-  converted = hf.read(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
+  converted = _read_hf(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
   finite.check_params_finite(converted.params, path)
   return converted
 
@@ -85,9 +102,11 @@ def _tokenizer_info(path: str) -> common.Tokenizer | None:
   kind = source_kind(path)
   if kind == "bert_jax":
     return native.tokenizer(path)
+  if kind == "hf":
+    found = hf.tokenizer(_hf_dir(path))
+    return st.check_lower_case(found, path) if st.is_sentence_transformers(path) else found
   location = epath.Path(path)
-  directory = os.fspath(location if location.is_dir() else location.parent)
-  return hf.tokenizer(directory) if kind == "hf" else tf_checkpoint.tokenizer(directory)
+  return tf_checkpoint.tokenizer(os.fspath(location if location.is_dir() else location.parent))
 
 
 def build_tokenizer(info: common.Tokenizer):

@@ -141,6 +141,15 @@ def write_text(file: epath.PathLike, text: str) -> None:
   file.write_text(text)
 
 
+def write_bytes_atomic(file: epath.PathLike, data: bytes) -> None:
+  """Writes `data` under a temporary name beside `file`, then renames it: a reader never sees half a file."""
+  file = epath.Path(file)
+  file.parent.mkdir(parents=True, exist_ok=True)
+  partial = file.parent / (file.name + ".tmp")
+  partial.write_bytes(data)
+  partial.replace(file)
+
+
 def read_config(location: epath.PathLike) -> dict:
   """config.json of a workdir, a params checkpoint, or the workdir above a step directory."""
   return read_json(root(location) / CONFIG)

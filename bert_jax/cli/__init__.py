@@ -16,8 +16,8 @@ from bert_jax import startup
 from bert_jax.errors import UserError
 from bert_jax.data_pipelines.errors import DataError
 
-_COMMAND_MODULES = ("presets", "pretrain", "data", "grow", "prune", "finetune", "predict", "convert", "analyze",
-                    "compress", "config", "compile")
+_COMMAND_MODULES = ("presets", "pretrain", "data", "grow", "prune", "finetune", "predict", "embed", "convert",
+                    "analyze", "compress", "config", "compile")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

@@ -10,6 +10,7 @@ from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.layout import HEADS
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.pooling import Pooling
 
 # The heads each family is pretrained with; ELECTRA's generator is the one with an MLM head.
 PRETRAINING_HEADS = {"bert": ("pooler", "mlm", "sentence"), "roberta": ("mlm",),
@@ -46,6 +47,8 @@ class TaskHead:
 
 @dataclasses.dataclass
 class Converted:
+  """pooling: how a sentence embedding model (a sentence-transformers folder, a bi-encoder workdir)
+  pools its token vectors; None for other models."""
   family: str
   config: ModelConfig
   params: dict
@@ -53,6 +56,7 @@ class Converted:
   missing_heads: tuple[str, ...] = ()
   notes: list[str] = dataclasses.field(default_factory=list)
   task_head: TaskHead | None = None
+  pooling: Pooling | None = None
 
 
 def present_heads(config: ModelConfig) -> tuple[str, ...]:

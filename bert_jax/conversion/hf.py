@@ -14,6 +14,7 @@ from etils import epath
 from bert_jax import workdir
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
 from bert_jax.conversion import common, layout
+from bert_jax.conversion import sentence_transformers
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
 from bert_jax.errors import UserError
@@ -300,7 +301,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   if converted.tokenizer:
     # A fine-tuned model's tokenizer truncates (truncation=True) where fine-tuning and predict did.
     max_length = converted.task_head.max_seq_length if converted.task_head else 0
-    _write_tokenizer(out, family, converted.tokenizer, max_length)
+    _write_tokenizer(out, family, converted.tokenizer, converted.pooling.max_seq_length if converted.pooling else max_length)
+  if converted.pooling is not None:
+    sentence_transformers.write(directory, converted.pooling, converted.config.hidden_size)
+    notes.append(f"a sentence-transformers folder too ({'+'.join(converted.pooling.modes)} pooling"
+                 f"{', normalized' if converted.pooling.normalize else ''}): SentenceTransformer(DIR) loads it")
   return notes
 
 

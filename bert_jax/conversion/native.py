@@ -6,6 +6,9 @@ from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.pooling import Pooling
+
+SENTENCE_EMBEDDING = "sentence_embedding"  # config.json's record of a sentence embedding model's pooling
 
 
 def is_native(path: str) -> bool:
@@ -34,8 +37,9 @@ def read(path: str, scan_layers: bool | None = None) -> common.Converted:
   if scan_layers is not None:
     params = params_lib.relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
+  pooling = Pooling.from_dict(saved[SENTENCE_EMBEDDING], path) if SENTENCE_EMBEDDING in saved else None
   return common.Converted(common.infer_family(config), config, params, tokenizer(path),
-                          task_head=_task_head(saved, params, path))
+                          task_head=_task_head(saved, params, path), pooling=pooling)
 
 
 def _task_head(saved: dict, params: dict, path: str) -> common.TaskHead | None:
@@ -58,4 +62,6 @@ def write(directory: str, converted: common.Converted) -> None:
     data["max_chars_per_word"] = tok.max_chars_per_word
   config = {"objective": "bert", "model": converted.config.to_dict(), "data": data,
             "heads": list(common.present_heads(converted.config))}
+  if converted.pooling is not None:
+    config[SENTENCE_EMBEDDING] = converted.pooling.to_dict()
   params_checkpoint.save_params(directory, converted.params, config, tok.files if tok else None)
