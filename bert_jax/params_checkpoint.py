@@ -22,9 +22,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.compress import int8
 from bert_jax.errors import UserError
-from bert_jax.training import finite
+from bert_jax.ops import finite, int8
 
 
 BASE = "base_checkpoint"

@@ -12,7 +12,7 @@ from bert_jax import workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
-from bert_jax.training import finite
+from bert_jax.ops import finite
 
 
 def source_kind(path: str) -> str:

@@ -10,6 +10,8 @@
   WORKDIR/metrics.jsonl           one JSON object per logged step and per evaluation ("eval": true)
   WORKDIR/events.out.tfevents.*   the same scalars for TensorBoard (train.tensorboard)
   WORKDIR/eval_results.json       fine-tuning's final dev metrics
+  WORKDIR/finished.json           where a job that ran to its end stopped (training/loop.py)
+  WORKDIR/previous-<n>/           a finished run's files, set aside by train.restart
   WORKDIR/predictions/            fine-tuning's prediction files
 A checkpoint step directory (WORKDIR/checkpoints/<step>) stands for its workdir: config.json is two
 levels up.
@@ -43,6 +45,8 @@ PAUSED = "state"
 METRICS = "metrics.jsonl"
 EVAL_RESULTS = "eval_results.json"
 PREDICTIONS = "predictions"
+FINISHED = "finished.json"
+PREVIOUS = "previous-"
 BUCKET_PROBE_SECONDS = 30.0
 _ACCESS_FIX = ("sign in with `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
                "to a service-account key) and check the network")

@@ -99,6 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
   # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
   c.train.skip_nonfinite_steps = 0
+  c.train.restart = False  # a finished run in the workdir starts again (its files move to previous-<n>/)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "adamw"  # adamw | lamb

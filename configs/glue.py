@@ -75,6 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
   # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
   c.train.skip_nonfinite_steps = 0
+  c.train.restart = False  # a finished run in the workdir starts again (its files move to previous-<n>/)
   c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those
   c.train.early_stopping_patience = 0  # stop after this many evaluations without improvement (0: never)
   c.train.reinit_layers = 0  # re-initialise the top k encoder layers and the pooler

@@ -47,22 +47,30 @@ def _pretrain(args) -> int:
   config = trainer.load_run_config(args.config, args.config_overrides)
   result = trainer.pretrain(config, args.workdir)
   if jax.process_index() == 0:
-    print(_summary(config, args.workdir, result), flush=True)
-  return 143 if result.get("preempted") else 0
+    print(summary(config, args.workdir.rstrip("/"), result), flush=True)
+  return {"SIGTERM": 143, "Ctrl-C": 130}.get(result["stopped_by"], 0)
 
 
-def _summary(config, workdir: str, result: dict) -> str:
-  """The line a run ends with: where the checkpoint is, the final metrics, the next command."""
+def summary(config, workdir: str, result: dict) -> str:
+  """The lines a pretraining (or general distillation) run ends with: where the checkpoint is, the final
+  metrics and the next command; or where it stopped and how to resume; or that it had finished."""
   step = result["step"]
-  where = f"checkpoint {workdir.rstrip('/')}/checkpoints/{step}"
-  if result.get("preempted"):
-    return f"stopped at step {step}/{config.train.num_steps} | {where} | next: the same command resumes"
+  where = f"checkpoint {workdir}/checkpoints/{step}"
+  if result["stopped_by"]:
+    return (f"stopped at step {step}/{config.train.num_steps} by {result['stopped_by']} | {where} | next: the same "
+            "command resumes")
+  lines = []
+  if result["finished_before"]:
+    lines.append(f"{workdir}: this run finished at step {step} of {result['num_steps']}; nothing to train. To train "
+                 "it again from the start: the same command with --config.train.restart=true (this run's files move "
+                 f"to {workdir}/previous-<n>/)")
   shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
   shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
   embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
   task = "embedded" if embedded else "TASK"
-  return (f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
-          f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir.rstrip('/')}-ft")
+  lines.append(f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
+               f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir}-ft")
+  return "\n".join(lines)
 
 
 def _info(args) -> int:

@@ -42,6 +42,7 @@ from bert_jax.errors import UserError
 from bert_jax.finetune import embedded, glue, heads, ner, squad
 from bert_jax.finetune import features as feats
 from bert_jax.models.config import ModelConfig
+from bert_jax.ops import int8
 from bert_jax.training import partitioning
 
 Decode = Callable[[dict[str, np.ndarray]], list[dict]]
@@ -87,7 +88,6 @@ class Predictor:
     model = heads.FinetuneModel(ModelConfig.from_dict(config["model"]), kind, num_labels,
                                 config["head"]["pooling"], config["head"]["dropout"])
     if (config.get("quantization") or {}).get("activations") == "int8":
-      from bert_jax.compress import int8  # pylint: disable=import-outside-toplevel
       model = int8.int8_model(model)
     dummy = jnp.zeros((1, config["data"]["max_seq_length"]), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"])

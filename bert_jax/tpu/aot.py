@@ -20,11 +20,15 @@ import re
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
+from bert_jax.finetune import features as finetune_features, heads
+from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, partitioning
 from bert_jax.training.step import build_train_setup
 from bert_jax.tpu import hlo, slices
@@ -234,15 +238,11 @@ def compile_forward(model_config, kind: str, num_labels: int, topology: str, bat
   Returns the compile seconds, the element types of every matmul in the compiled program
   (hlo.matmul_types: "s32 <- s8 x s8" is an int8 one) and the forward's FLOPs per call, counted
   analytically (`training/benchmark.py`; the compiler's cost analysis counts a scanned layer once)."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from bert_jax.finetune import features as finetune_features, heads  # pylint: disable=import-outside-toplevel
   tpu = slices.parse(topology)
   device = slices.compile_only_devices(tpu)[0]
   one = jax.sharding.SingleDeviceSharding(device)
   model = heads.FinetuneModel(model_config, kind, num_labels, "pooled", 0.0)
   if int8:
-    from bert_jax.compress import int8 as int8_lib  # pylint: disable=import-outside-toplevel
     model = int8_lib.int8_model(model)
   dummy = jnp.zeros((1, seq), jnp.int32)
   params = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"]))

@@ -30,7 +30,7 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.params_checkpoint import (check_shapes, load_params, load_params_into,  # noqa: F401
                                         save_params)
-from bert_jax.training import finite
+from bert_jax.ops import finite
 
 
 class DataPositionHandler(ocp.CheckpointHandler):
