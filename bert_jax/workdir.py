@@ -11,7 +11,7 @@
   WORKDIR/events.out.tfevents.*   the same scalars for TensorBoard (train.tensorboard)
   WORKDIR/eval_results.json       fine-tuning's final dev metrics
   WORKDIR/finished.json           where a job that ran to its end stopped (training/loop.py)
-  WORKDIR/previous-<n>/           a finished run's files, set aside by train.restart
+  WORKDIR/previous-N/           a finished run's files, set aside by train.restart
   WORKDIR/predictions/            fine-tuning's prediction files
 A checkpoint step directory (WORKDIR/checkpoints/<step>) stands for its workdir: config.json is two
 levels up.

@@ -49,3 +49,30 @@ def test_missing_config_file_lists_each_folder_once(capsys, tmp_path, monkeypatc
   folders = err.split("looked in ")[1].split(")")[0].split(", ")
   assert len(folders) == len(set(folders)) and str(tmp_path) in folders
   assert all(os.path.isdir(f) for f in folders)
+
+
+PRESETS = {"configs/bert.py:demo": ("pretrain", "pretrain"), "configs/electra.py:tiny": ("pretrain", "pretrain"),
+           "configs/glue.py:sst2": ("finetune", "finetune"), "configs/squad.py:v1": ("finetune", "finetune"),
+           "configs/ner.py:conll2003": ("finetune", "finetune"), "configs/distill.py:sst2": ("distill", "distill"),
+           "configs/distill.py:general-tiny": ("general_distill", "distill")}
+
+
+@pytest.mark.parametrize("spec", sorted(PRESETS))
+def test_every_config_names_its_job_and_other_commands_refuse_it(spec, capsys, tmp_path):
+  """The job registry, not the config's other keys, says what runs a config: its own command takes it,
+  every other job command refuses it in one line before touching the workdir; compile and info take
+  only jobs whose step needs no data."""
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  name, command = PRESETS[spec]
+  job = jobs.get(load_config(spec))
+  assert (job.name, job.command) == (name, command)
+  for other in {"pretrain", "finetune", "distill"} - {command}:
+    assert main([other, "--config", spec, "--workdir", str(tmp_path / "w")]) == 2
+    assert capsys.readouterr().err.strip() == (f"bert-jax {other}: error: {spec} is a {name} config: run it with "
+                                               f"`bert-jax {command}`, not `bert-jax {other}`")
+    assert not (tmp_path / "w").exists()
+  if job.step is None:
+    assert main(["info", "--config", spec]) == 2
+    assert f"bert-jax info builds a pretraining step from the config alone: {spec} is a {name} config" in \
+        capsys.readouterr().err

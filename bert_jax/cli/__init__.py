@@ -70,6 +70,24 @@ def split_config_overrides(argv):
   return rest, overrides
 
 
+def run_job(args, command: str) -> int:
+  """`bert-jax <command> --config C --workdir D`: runs the job C names (bert_jax/jobs.py), which must be
+  one that <command> runs, prints the lines it ends with, and returns its exit status (143 after
+  SIGTERM, 130 after Ctrl-C, their checkpoint saved). The same for every training job."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import distributed, loop  # pylint: disable=import-outside-toplevel
+  config = load_config(args.config, args.config_overrides)
+  job = jobs.for_command(config, command, args.config)
+  if job.multihost:
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  result = job.run(config, args.workdir)
+  if jax.process_index() == 0:
+    print(job.summary(config, args.workdir.rstrip("/"), result), flush=True)
+  return loop.exit_code(result["stopped_by"])
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   # TensorFlow (the input pipeline) prints C++ start-up notes that are noise here; yours wins if set.

@@ -41,43 +41,16 @@ def register(subparsers) -> None:
 
 
 def _pretrain(args) -> int:
-  import jax
-  from bert_jax.training import distributed, trainer
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  config = trainer.load_run_config(args.config, args.config_overrides)
-  result = trainer.pretrain(config, args.workdir)
-  if jax.process_index() == 0:
-    print(summary(config, args.workdir.rstrip("/"), result), flush=True)
-  return {"SIGTERM": 143, "Ctrl-C": 130}.get(result["stopped_by"], 0)
-
-
-def summary(config, workdir: str, result: dict) -> str:
-  """The lines a pretraining (or general distillation) run ends with: where the checkpoint is, the final
-  metrics and the next command; or where it stopped and how to resume; or that it had finished."""
-  step = result["step"]
-  where = f"checkpoint {workdir}/checkpoints/{step}"
-  if result["stopped_by"]:
-    return (f"stopped at step {step}/{config.train.num_steps} by {result['stopped_by']} | {where} | next: the same "
-            "command resumes")
-  lines = []
-  if result["finished_before"]:
-    lines.append(f"{workdir}: this run finished at step {step} of {result['num_steps']}; nothing to train. To train "
-                 "it again from the start: the same command with --config.train.restart=true (this run's files move "
-                 f"to {workdir}/previous-<n>/)")
-  shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
-  shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
-  embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
-  task = "embedded" if embedded else "TASK"
-  lines.append(f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
-               f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir}-ft")
-  return "\n".join(lines)
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  return cli.run_job(args, "pretrain")
 
 
 def _info(args) -> int:
-  from bert_jax.config_utils import load_config
-  from bert_jax.training import info
-  from bert_jax.compress import general
-  result = info.model_info(general.run_config(load_config(args.config, args.config_overrides)))
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import info  # pylint: disable=import-outside-toplevel
+  config = load_config(args.config, args.config_overrides)
+  result = info.model_info(*jobs.with_step(config, args.config, "info").step(config, None))
   print(json.dumps(result) if args.json else info.format_info(result))
   return 0
 
@@ -86,8 +59,8 @@ def _benchmark(args) -> int:
   for flag in ("batch_size", "seq_length", "steps", "repeats"):
     if getattr(args, flag) < 1:
       raise UserError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
-  from bert_jax.config_utils import load_config
-  from bert_jax.training import benchmark
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import benchmark  # pylint: disable=import-outside-toplevel
   config = load_config(args.config, args.config_overrides)
   r = benchmark.run_benchmark(config, args.batch_size, args.seq_length, args.steps, repeats=args.repeats)
   if args.json:

@@ -76,10 +76,3 @@ def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   trainer.check_run_config(config)
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
     return trainer.pretrain_in(student_config(config, run_dir), run_dir, signals)
-
-
-def run_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """The config a job builds its step from: for general distillation, the student's (resolved from the teacher)."""
-  if config.get("objective") == "distill_mlm":
-    return student_config(config, None)
-  return config

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import params_checkpoint, workdir as workdir_lib
+from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, modes, optim, smart
 from bert_jax.finetune.features import MODEL_INPUTS
@@ -81,7 +81,7 @@ def build_train_setup(config: ml_collections.ConfigDict, model_config, task: Tas
 def run_length(train: ml_collections.ConfigDict, num_train: int) -> tuple[int, int]:
   """(the run's steps, steps per epoch) over `num_train` training rows (the remainder is dropped)."""
   steps_per_epoch = max(num_train // train.batch_size, 1)
-  return max(int(math.ceil(train.epochs * steps_per_epoch)), 1), steps_per_epoch
+  return config_schema.run_steps(train, steps_per_epoch), steps_per_epoch
 
 
 def seeds(train: ml_collections.ConfigDict) -> dict[str, int]:
@@ -218,7 +218,8 @@ class Run:
     self.state, self.progress = self._start()
 
   def _checkpointer(self) -> checkpoint.Checkpointer:
-    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=1, async_save=False,
+    cfg = self.config.checkpoint
+    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
                                    items=("progress",))
 
   def _start(self):
@@ -255,9 +256,6 @@ class Run:
   def finished(self) -> bool:
     return self.progress.stopped_early or self.step >= self.setup.num_steps
 
-  def eval_every(self) -> int:
-    return self.config.train.eval_every_steps or self.steps_per_epoch
-
   def advance(self, to_step: int | None = None) -> float:
     """Trains up to `to_step` (default: the end), evaluating on the way; returns the best dev score."""
     cfg = self.config.train
@@ -267,16 +265,19 @@ class Run:
     logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
+    ckpt = self._checkpointer()
     steps = loop.Loop(
         step_fn=lambda state, batch: self.setup.train_step(state, batch, rng), mesh=self.setup.mesh,
-        cadence=loop.Cadence(num_steps, cfg.log_every_steps, self.eval_every()), logger=logger,
-        guard=self.guard, signals=self.signals, save=self._save_state, evaluate=self._evaluate_and_keep,
-        tokens_per_step=cfg.batch_size * self.config.data.max_seq_length, save_at_end=False,
-        last_saved=self.last_kept)
+        cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
+                             self.config.checkpoint.every_steps), logger=logger,
+        guard=self.guard, signals=self.signals, save=lambda step, state: self._save_state(ckpt, step, state),
+        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
+        save_at_end=False, last_saved=self.last_kept)
     try:
       outcome = steps.run(self.state, train_batches(self.task.train, cfg.batch_size, self.seeds["data"],
                                                     self.step, end), self.step, end)
     finally:
+      ckpt.close()
       logger.close()
     self.state, self.stopped_by = outcome.state, outcome.stopped_by
     return self.progress.best_score
@@ -316,17 +317,17 @@ class Run:
       params = modes.trainable_subtree(params, self.learner.exported(self.trainable))
     checkpoint.save_params(self.workdir, params, self.saved_config, self.tokenizer.files)
 
-  def _save_state(self, step: int, state: Any) -> None:
-    ckpt = self._checkpointer()
-    try:
-      ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress))
-    finally:
-      ckpt.close()
+  def _save_state(self, ckpt: checkpoint.Checkpointer, step: int, state: Any) -> None:
+    ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress))
 
   def pause(self) -> None:
     """Saves the train state so that a new Run on this workdir continues where this one stopped."""
     self.guard.check_state(self.step, self.state, self.last_kept)
-    self._save_state(self.step, self.state)
+    ckpt = self._checkpointer()
+    try:
+      self._save_state(ckpt, self.step, self.state)
+    finally:
+      ckpt.close()
 
   def final_params(self) -> Any:
     """The kept (best) parameters, with what params/ does not hold (a student's projection) from the state."""
@@ -367,17 +368,12 @@ class Run:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
+  """The shared blocks (bert_jax/config_schema.py), then fine-tuning's own fields."""
+  config_schema.DATASET_JOBS.check(config)
   if config.predict_split not in ("", "dev", "test"):
     raise UserError(f"predict_split={config.predict_split!r} is not one of ('', 'dev', 'test')")
   if config.head.pooling not in heads.POOLINGS:
     raise UserError(f"head.pooling={config.head.pooling!r} is not one of {heads.POOLINGS}")
-  if config.optimizer.learning_rate <= 0 or not 0 <= config.optimizer.warmup_ratio < 1:
-    raise UserError("optimizer.learning_rate must be > 0 and optimizer.warmup_ratio in [0, 1)")
-  if config.train.epochs <= 0:
-    raise UserError(f"train.epochs={config.train.epochs} must be positive")
-  finite.check_skip_budget(config.train.skip_nonfinite_steps)
-  if config.train.eval_batch_size <= 0:
-    raise UserError(f"train.eval_batch_size={config.train.eval_batch_size} must be positive")
   modes.validate(config.train)
   smart.validate(config.smart)
 
@@ -410,3 +406,31 @@ def run_job(config: ml_collections.ConfigDict, workdir: str,
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """The fine-tuning job (`bert-jax finetune`): `run_job` with plain fine-tuning."""
   return run_job(config, workdir)
+
+
+def summary(config, workdir: str, result: dict) -> str:
+  """The lines a fine-tuning (or task distillation) run ends with: its final dev metrics, where its
+  outputs are and the next command; or where it stopped and how to resume; or that it had finished."""
+  if result["stopped_by"]:
+    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
+            f"{workdir}/state | next: the same command resumes")
+  lines = []
+  best = (f"best dev {result['score']} {result['best_score']:.4g} at step {result['best_step']}"
+          if result.get("best_score") is not None else "no evaluation during training")
+  if result["finished_before"]:
+    lines.append(f"{workdir}: this run finished at step {result['step']} of {result['num_steps']} ({best}); "
+                 "nothing to train. To train it again from the start: the same command with "
+                 f"--config.train.restart=true (this run's files move to {workdir}/previous-N/)")
+  shown = [f"dev {k} {v:.4g}" for k, v in result["dev"].items()]
+  if result.get("stopped_early"):
+    shown.insert(0, f"stopped early at step {result['step']} of {result['num_steps']} ({best})")
+  if config.eval_only:
+    if config.predict_split:
+      shown.append(f"predictions in {workdir}/predictions")
+    lines.append(f"done: {' | '.join(shown)} | next: bert-jax predict --model {config.init_from} --input FILE")
+    return "\n".join(lines)
+  shown.append(f"params in {workdir} ({'the best evaluation' if config.train.keep_best else 'the last step'})")
+  if config.predict_split:
+    shown.append(f"predictions in {workdir}/predictions")
+  lines.append(f"done: {' | '.join(shown)} | next: bert-jax predict --model {workdir} --input FILE")
+  return "\n".join(lines)

@@ -1,9 +1,11 @@
-"""`bert-jax compile`: the pretraining train and eval steps, compiled ahead of time for a TPU slice.
+"""`bert-jax compile`: a job's train and eval steps (bert_jax/jobs.py: `Job.step`), compiled ahead of
+time for a TPU slice.
 
 libtpu compiles for a slice it only describes (`jax.experimental.topologies`), so the HBM a step
 needs on each chip and the collectives it runs are known on any machine, before a TPU hour is spent.
-The steps are `build_train_setup`'s, the ones `pretrain` runs, lowered with abstract inputs carrying
-their shardings on the slice's mesh; nothing is allocated.
+The steps are the ones the job runs (pretraining's `build_train_setup`, general distillation's with the
+student resolved from its teacher), lowered with abstract inputs carrying their shardings on the
+slice's mesh; nothing is allocated.
 
 Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer state, batch;
 temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -30,7 +32,7 @@ from bert_jax.errors import UserError
 from bert_jax.finetune import features as finetune_features, heads
 from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, partitioning
-from bert_jax.training.step import build_train_setup
+from bert_jax.training.step import TrainSetup
 from bert_jax.tpu import hlo, slices
 
 # XLA:TPU's out-of-memory messages: "... memory required for HLO temporaries (104.29G) exceeds
@@ -149,13 +151,17 @@ def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity:
           f"{train.grad_accum_steps * factor} (train.batch_size must stay divisible by data x fsdp x that)")
 
 
-def compile_for_slice(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
-  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits."""
+def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
+                      build: Callable[[ml_collections.ConfigDict, jax.sharding.Mesh], tuple[Any, TrainSetup]]
+                      ) -> dict[str, Any]:
+  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits.
+  build(config, mesh) -> (the config the step is built from, its TrainSetup): the job's step
+  (bert_jax/jobs.py: `Job.step`)."""
   tpu = slices.parse(topology)
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
+  config, setup = build(config, mesh)
   _check_hosts(config, tpu)
-  setup = build_train_setup(config, mesh)
   state = setup.abstract_state  # shapes with their shardings on the slice's mesh
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))

@@ -47,11 +47,6 @@ def guard_step(step_fn: Callable, skip: bool) -> Callable:
   return guarded
 
 
-def check_skip_budget(budget: int) -> None:
-  if budget < 0:
-    raise UserError(f"train.skip_nonfinite_steps={budget} must be >= 0 (0: stop at the first non-finite step)")
-
-
 class DivergenceGuard:
   """Host side of the check: reads the steps' finite flags when the metrics are read anyway.
 

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from bert_jax.training.step import build_train_setup
+from bert_jax.training.step import TrainSetup
 
 
 def count(tree: Any) -> int:
@@ -21,9 +21,9 @@ def bytes_per_device(abstract: Any, shardings: Any) -> int:
              for a, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)))
 
 
-def model_info(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """num_params (the backbone as the papers count it), head params, and bytes per device."""
-  setup = build_train_setup(config)
+def model_info(config: ml_collections.ConfigDict, setup: TrainSetup) -> dict[str, Any]:
+  """num_params (the backbone as the papers count it), head params, and bytes per device of `setup`, the
+  step a job builds from `config` (bert_jax/jobs.py: `Job.step`)."""
   state = setup.abstract_state
   params = nn.meta.unbox(state.params)
   backbone = count(setup.objective.backbone(params))

@@ -40,6 +40,11 @@ NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130}  # 128 + the signal's number, as a shell reports it
 
 
+def exit_code(stopped_by: str | None) -> int:
+  """A job's exit status: 143 after SIGTERM, 130 after Ctrl-C (its checkpoint saved), else 0."""
+  return {NAMES[s]: code for s, code in EXIT_CODES.items()}.get(stopped_by, 0)
+
+
 class StopRequests:
   """SIGTERM (preemption, a scheduler) and Ctrl-C as a request that the loop answers after the current
   step by saving a checkpoint and stopping; a second Ctrl-C raises KeyboardInterrupt at once, without
@@ -96,7 +101,7 @@ class StopRequests:
 def hold(workdir: str, restart: bool = False) -> Iterator[tuple[epath.Path, StopRequests]]:
   """What every job does first: creates the workdir, takes its lock (bert_jax/run_lock.py) and answers
   SIGTERM and Ctrl-C until the job ends. With `restart` (train.restart), a finished run's files move
-  to WORKDIR/previous-<n>/ first (an unfinished one resumes as ever). Yields (the workdir as a path,
+  to WORKDIR/previous-N/ first (an unfinished one resumes as ever). Yields (the workdir as a path,
   its StopRequests)."""
   run_dir = workdir_lib.create(workdir)
   with run_lock.hold(run_dir, jax.process_index()), StopRequests() as signals:
@@ -118,7 +123,7 @@ def write_finished(run_dir: epath.Path, record: dict) -> None:
 
 
 def _set_aside(run_dir: epath.Path) -> None:
-  """Moves everything but the lock into the next free WORKDIR/previous-<n>/ (process 0; the others wait)."""
+  """Moves everything but the lock into the next free WORKDIR/previous-N/ (process 0; the others wait)."""
   taken = [int(p.name[len(workdir_lib.PREVIOUS):]) for p in run_dir.glob(workdir_lib.PREVIOUS + "*")
            if p.name[len(workdir_lib.PREVIOUS):].isdigit()]
   target = run_dir / f"{workdir_lib.PREVIOUS}{max(taken, default=0) + 1}"

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax import config_utils, workdir as workdir_lib
+from bert_jax import config_schema, config_utils, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, finite, loop, partitioning
@@ -97,6 +97,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   last train and eval metrics, and the signal that stopped it ("SIGTERM", "Ctrl-C"; None when it ran to
   the end). A workdir whose run finished at train.num_steps is not trained again (finished_before:
   its record), unless train.restart."""
+  check_run_config(config)
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
     return pretrain_in(config, run_dir, signals)
 
@@ -156,6 +157,28 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
           "finished_before": False}
 
 
+def summary(config, workdir: str, result: dict) -> str:
+  """The lines a pretraining (or general distillation) run ends with: where the checkpoint is, the final
+  metrics and the next command; or where it stopped and how to resume; or that it had finished."""
+  step = result["step"]
+  where = f"checkpoint {workdir}/checkpoints/{step}"
+  if result["stopped_by"]:
+    return (f"stopped at step {step}/{config.train.num_steps} by {result['stopped_by']} | {where} | next: the same "
+            "command resumes")
+  lines = []
+  if result["finished_before"]:
+    lines.append(f"{workdir}: this run finished at step {step} of {result['num_steps']}; nothing to train. To train "
+                 "it again from the start: the same command with --config.train.restart=true (this run's files move "
+                 f"to {workdir}/previous-N/)")
+  shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
+  shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
+  embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
+  task = "embedded" if embedded else "TASK"
+  lines.append(f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
+               f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir}-ft")
+  return "\n".join(lines)
+
+
 def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDict:
   config = config_utils.load_config(spec, overrides)
   check_run_config(config)
@@ -163,12 +186,6 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
 
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
-  """The training-loop settings a pretraining run config must have (the model's are checked where built)."""
-  if config.train.num_steps < 1:
-    raise UserError(f"train.num_steps must be >= 1, got {config.train.num_steps}")
-  for key in ("log_every_steps",):
-    if config.train[key] < 1:
-      raise UserError(f"train.{key} must be >= 1, got {config.train[key]}")
-  if config.checkpoint.every_steps < 1:
-    raise UserError(f"checkpoint.every_steps must be >= 1, got {config.checkpoint.every_steps}")
-  finite.check_skip_budget(config.train.skip_nonfinite_steps)
+  """The shared blocks of a corpus job's config (bert_jax/config_schema.py; the model's are checked where
+  built)."""
+  config_schema.CORPUS_JOBS.check(config)
