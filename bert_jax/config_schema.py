@@ -193,7 +193,8 @@ def markdown_table() -> str:
   return "\n".join(rows)
 
 
-START, END = "<!-- config schema: start (python3 -m bert_jax.config_schema README.md) -->", "<!-- config schema: end -->"
+START = "<!-- config schema: start (python3 -m bert_jax.config_schema README.md) -->"
+END = "<!-- config schema: end -->"
 
 
 def with_table(readme: str) -> str:

@@ -74,12 +74,14 @@ def for_command(config: Config, command: str, spec: str) -> Job:
 
 
 def with_step(config: Config, spec: str, command: str) -> Job:
-  """The config's job, which must have a step to build without data (`compile`, `info`)."""
+  """The config's job, which must have a step to build without data (`compile`, `info`); the config's
+  shared blocks are checked against the job's schema, as the job itself would at its start."""
   job = get(config, spec)
   if job.step is None:
     able = ", ".join(name for name, j in _JOBS.items() if j.step is not None)
     raise UserError(f"bert-jax {command} builds a pretraining step from the config alone: {spec} is a {job.name} "
                     f"config, whose step needs its task's data (jobs it takes: {able})")
+  job.schema.check(config)
   return job
 
 

@@ -16,7 +16,8 @@ def compilation_cache(tmp_path_factory):
   directory = str(tmp_path_factory.mktemp("xla_cache"))
   options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.5}
   previous = {k: getattr(jax.config, k) for k in options}
-  saved_env = {k: os.environ.get(k) for k in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
+  names = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  saved_env = {k: os.environ.get(k) for k in names}
   for k, v in options.items():
     jax.config.update(k, v)
   os.environ.update(JAX_COMPILATION_CACHE_DIR=directory, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")

@@ -68,7 +68,7 @@ def test_student_layers_equal_the_teachers_chosen_layers(scan):
                     max_position_embeddings=16, scan_layers=scan)
   ids = jnp.ones((1, 8), jnp.int32)
   teacher = heads.FinetuneModel(heads.encoder_config(cfg, "classification", "pooled"), "classification", 2)
-  params = teacher.init(jax.random.key(1), ids, ids, ids * 0)["params"]
+  params = jax.jit(lambda r: teacher.init(r, ids, ids, ids * 0)["params"])(jax.random.key(1))
   chosen = (0, 2, 4)
   student_params = teacher_lib.take_layers(params, cfg, chosen)
   student = heads.FinetuneModel(heads.encoder_config(cfg.replace(num_layers=3), "classification", "pooled"),
@@ -88,8 +88,8 @@ def test_student_layers_equal_the_teachers_chosen_layers(scan):
 
 TEACHER = ModelConfig(vocab_size=8192, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                       max_position_embeddings=32)
-STUDENT = ["--config.model.vocab_size=8192", "--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
-           "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
+STUDENT = ["--config.model.vocab_size=8192", "--config.model.num_layers=1", "--config.model.hidden_size=32",
+           "--config.model.num_heads=2", "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
            "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
            "--config.train.log_every_steps=1", "--config.train.epochs=1", "--config.train.tensorboard=false",
            "--config.train.keep_best=false", "--config.distill.hidden_weight=1"]

@@ -12,7 +12,6 @@ import pytest
 
 import data_fixtures
 from bert_jax import cli
-from bert_jax.cli import finetune as finetune_cli
 from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
 from bert_jax.finetune import sweep, trainer
@@ -73,11 +72,11 @@ def test_eval_only_reproduces_results(sst2_run, tmp_path, capsys):
   assert os.path.exists(tmp_path / "predictions" / "SST-2.dev.tsv")
   out = capsys.readouterr().out
   assert f"eval_only: evaluating the " in out and f"parameters of {workdir}" in out and "parameters train" not in out
-  line = finetune_cli.summary(config, str(tmp_path), result)
+  line = trainer.summary(config, str(tmp_path), result)
   assert line.startswith("done: dev accuracy ") and f"predictions in {tmp_path}/predictions" in line
   assert line.endswith(f"next: bert-jax predict --model {workdir} --input FILE"), line
-  config = load_config("configs/glue.py:embedded", TINY + ["--config.predict_split=test",
-                                                            "--config.data.train_limit=32", "--config.data.eval_limit=32"])
+  config = load_config("configs/glue.py:embedded", TINY + ["--config.predict_split=test", "--config.data.train_limit=32",
+                                                          "--config.data.eval_limit=32"])
   with pytest.raises(UserError, match="task embedded has no test split to predict: set --config.predict_split=dev"):
     trainer.finetune(config, str(tmp_path / "test"))
 
@@ -109,7 +108,7 @@ def test_early_stopping_keeps_best_and_says_so(sst2_run, tmp_path, capsys):
   best = f"{result['best_score']:.4g}"
   assert (f"early stopping at step 6 of 8: 2 evaluation(s) without a better dev accuracy than {best} (step 2)"
           in capsys.readouterr().out)
-  assert finetune_cli.summary(config, str(tmp_path), result).startswith(
+  assert trainer.summary(config, str(tmp_path), result).startswith(
       f"done: stopped early at step 6 of 8 (best dev accuracy {best} at step 2) | dev accuracy {best}")
 
 

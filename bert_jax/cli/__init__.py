@@ -1,7 +1,8 @@
 """`bert-jax` command line: parse, build the config, call one library function.
 
 Each sub-module registers its sub-commands with `register(subparsers)`; heavy imports happen inside
-the handlers so `bert-jax --help` is instant. Bad input raises UserError/DataError and is printed as
+the handlers so `bert-jax --help` is instant. The training commands (pretrain, finetune, distill) all
+go through `run_job`, which asks the job registry (bert_jax/jobs.py) what the config's job is. Bad input raises UserError/DataError and is printed as
 one line (exit status 2), never as a traceback.
 """
 from __future__ import annotations

@@ -167,7 +167,7 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
   train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng,
                    *setup.frozen)
-  eval_batch = config.train.eval_batch_size or config.train.batch_size
+  eval_batch = config.train.eval_batch_size
   evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh))
   per_chip = tpu.chip.devices_per_chip
   used = max(train["device_bytes"], evaluation["device_bytes"]) * per_chip

@@ -122,7 +122,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
   state, start = restore_or_init(setup, ckpt, inputs)
   frozen = setup.load_frozen()  # a distillation teacher's params; else ()
   evaluating = train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0
-  eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size) if evaluating else None
+  eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size) if evaluating else None
   rng = jax.random.key(train_cfg.seed + 1)
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
