@@ -29,3 +29,25 @@ def compilation_cache(tmp_path_factory):
       os.environ.pop(k, None)
     else:
       os.environ[k] = v
+
+
+# The learnable sst2-format task (tests/data_fixtures.py: the label is written in the first word) at tiny
+# sizes: 2 layers of width 32, length 32, batch 16, 4 epochs of 16 steps, a dev evaluation each epoch.
+SST2_TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.num_heads=2",
+                "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
+                "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+                "--config.train.eval_batch_size=32", "--config.train.log_every_steps=4",
+                "--config.optimizer.learning_rate=3e-3", "--config.train.tensorboard=false", "--config.train.epochs=4"]
+
+
+@pytest.fixture(scope="session")
+def sst2_finetuned(tmp_path_factory):
+  """One fine-tuned model of the first-word sst2 task for the tests that need one (fine-tuning's own,
+  compression's teacher): (data_dir, workdir, the overrides of its run, data_dir included)."""
+  import data_fixtures  # pylint: disable=import-outside-toplevel
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_dev=64)
+  workdir = str(tmp_path_factory.mktemp("sst2-finetuned"))
+  overrides = SST2_TEACHER + [f"--config.data.data_dir={data}"]
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
+  return data, workdir, overrides

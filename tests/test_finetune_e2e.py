@@ -39,14 +39,9 @@ def _glue_dir(directory, name, labels, header, n_train=256, n_dev=64):
 
 
 @pytest.fixture(scope="module")
-def sst2_run(tmp_path_factory):
-  data = _glue_dir(tmp_path_factory.mktemp("sst2"), lambda i, s, y: f"{s}\t{y}", ("0", "1"),
-                   ("sentence", "label"))
-  workdir = str(tmp_path_factory.mktemp("sst2-run"))
-  overrides = TINY + [f"--config.data.data_dir={data}", "--config.optimizer.learning_rate=3e-3",
-                      "--config.train.epochs=6"]
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
-  return data, workdir, overrides
+def sst2_run(sst2_finetuned):
+  """The session's fine-tuned sst2 model (tests/conftest.py: 4 epochs of 16 steps, through the CLI)."""
+  return sst2_finetuned
 
 
 def test_learnable_task_reaches_95_percent(sst2_run):
@@ -55,8 +50,8 @@ def test_learnable_task_reaches_95_percent(sst2_run):
     assert json.load(f)["accuracy"] >= 0.95
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
-  assert [r["step"] for r in records if not r.get("eval")] == list(range(4, 97, 4))  # 6 epochs of 16 steps
-  assert [r["step"] for r in records if r.get("eval") and "accuracy" in r] == [16, 32, 48, 64, 80, 96]
+  assert [r["step"] for r in records if not r.get("eval")] == list(range(4, 65, 4))  # 4 epochs of 16 steps
+  assert [r["step"] for r in records if r.get("eval") and "accuracy" in r] == [16, 32, 48, 64]
   with open(os.path.join(workdir, "predictions", "SST-2.dev.tsv")) as f:
     lines = f.read().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 65 and lines[1].split("\t")[1] in ("0", "1")
@@ -160,9 +155,9 @@ def test_a_finished_run_says_so_and_restarts_only_when_asked(sst2_run, tmp_path,
   command = ["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(run), *overrides]
   assert cli.main(command) == 0
   out = capsys.readouterr().out
-  assert (f"{run}: this run finished at step 96 of 96 (best dev accuracy {finished['best_score']:.4g} at step "
+  assert (f"{run}: this run finished at step 64 of 64 (best dev accuracy {finished['best_score']:.4g} at step "
           f"{finished['best_step']}); nothing to train" in out), out
-  assert "--config.train.restart=true" in out and "step 4/96" not in out
+  assert "--config.train.restart=true" in out and "step 4/64" not in out
   assert (run / "metrics.jsonl").read_bytes() == before
   assert cli.main(command + ["--config.train.restart=true", "--config.train.epochs=1",
                              "--config.data.train_limit=64"]) == 0
@@ -194,17 +189,17 @@ def test_sweep_halves_and_reports(sst2_run, tmp_path):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [
       f"--config.data.data_dir={data}", "--config.sweep.learning_rates=(3e-3, 1e-9)",
-      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(6.0,)", "--config.sweep.seeds=(0, 1)",
+      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(4.0,)", "--config.sweep.seeds=(0, 1)",
       "--config.sweep.min_fraction=0.5", "--config.sweep.eta=2"])
   table = sweep.sweep(config, str(tmp_path))["table"]
   with open(tmp_path / "sweep_results.json") as f:
     results = json.load(f)
   fractions = {r["setting"]: r["fraction"] for r in results["settings"]}
-  assert fractions == {"lr0.003_bs16_ep6": 1.0, "lr1e-09_bs16_ep6": 0.5}  # the useless rate stopped early
+  assert fractions == {"lr0.003_bs16_ep4": 1.0, "lr1e-09_bs16_ep4": 0.5}  # the useless rate stopped early
   assert all(r["dev_loss"] > 0 for r in results["settings"])  # read back from each run's best evaluation
-  assert "lr0.003_bs16_ep6" in table.splitlines()[1] and "significance test" in table
-  assert os.path.exists(tmp_path / "lr0.003_bs16_ep6" / "seed1" / "eval_results.json")
-  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep6" / "seed0" / "state")  # paused, not finished
+  assert "lr0.003_bs16_ep4" in table.splitlines()[1] and "significance test" in table
+  assert os.path.exists(tmp_path / "lr0.003_bs16_ep4" / "seed1" / "eval_results.json")
+  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep4" / "seed0" / "state")  # paused, not finished
 
 
 # The audit's case (issue 16): at the first rung every learning rate sits at the majority class

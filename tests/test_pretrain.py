@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.training import checkpoint, loop, metrics, trainer
+from bert_jax.training import checkpoint, metrics, trainer
 
 FAST = ["--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
         "--config.train.batch_size=16", "--config.train.log_every_steps=1",
@@ -75,27 +75,6 @@ def test_ctrl_c_saves_and_the_same_command_resumes_exactly(tmp_path, monkeypatch
   a, _ = checkpoint.load_params(str(tmp_path / "straight"))
   b, _ = checkpoint.load_params(str(tmp_path / "resumed"))
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
-
-
-def test_a_second_ctrl_c_stops_at_once():
-  with loop.StopRequests() as requests:
-    os.kill(os.getpid(), signal.SIGINT)
-    assert requests.reached(7) and requests.name == "Ctrl-C" and requests.exit_code == 130
-    with pytest.raises(KeyboardInterrupt):
-      os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def test_time_left_after_a_resume_counts_from_the_resume():
-  """Resumed at step 100 of 200: the first row (step 110) comes 30 s later, compile included; then
-  1 step/s. At step 150 the time left is 50 s (counted from step 0 it would be 150 steps in 70 s: 23 s;
-  with the compile in the pace, 40 + 10 steps in 70 s: 70 s)."""
-  now = [0.0]
-  pace = metrics.Pace(200, 100, clock=lambda: now[0])
-  now[0] = 30.0
-  assert pace.update(110) == pytest.approx((10 / 30, 90 * 3.0))
-  now[0] = 70.0
-  assert pace.update(150) == pytest.approx((1.0, 50.0))
 
 
 def test_sigterm_leaves_a_checkpoint(tmp_path):
