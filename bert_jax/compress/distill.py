@@ -174,7 +174,7 @@ def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: Mode
 
 
 class Distillation:
-  """The learner of task distillation (finetune/trainer.py asks it the same four things as plain
+  """The learner of task distillation (finetune/trainer.py asks it the same five things as plain
   fine-tuning's): the student and its start, the teacher's frozen params inside the step."""
 
   def __init__(self, config: ml_collections.ConfigDict):

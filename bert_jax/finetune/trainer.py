@@ -155,7 +155,8 @@ class Progress:
 class FineTuning:
   """The learner of plain fine-tuning: the task's model on the encoder of init_from (or fresh), trained
   as train.mode says. compress/distill.py's Distillation is the other learner; `Run` asks a learner
-  only these four things."""
+  only these five things: its tokenizer, its model, its setup, where its parameters start and what
+  params/ keeps of them."""
 
   def tokenizer(self, config: ml_collections.ConfigDict):
     return init.load_tokenizer(config)
