@@ -14,6 +14,7 @@ it from there, so a delta serves wherever a full checkpoint does (init_from, pre
 """
 from __future__ import annotations
 
+import errno
 from typing import Any, Callable, Iterable
 
 import jax
@@ -21,22 +22,30 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax import workdir
+from bert_jax import orbax_faults, workdir
 from bert_jax.compress import int8
 from bert_jax.errors import UserError
 from bert_jax.training import finite
 
 
 BASE = "base_checkpoint"
+orbax_faults.install()
 
 
 def save_params(directory: epath.PathLike, params: Any, config: dict,
                 tokenizer_files: dict[str, str] | None = None) -> None:
   """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}.
   A delta's config carries BASE: the location of the checkpoint with the other parameters."""
-  directory = workdir.create(directory)
-  with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
-    ckptr.save(directory / workdir.PARAMS, params, force=True)
+  directory = workdir.create(directory, "the output directory")
+  try:
+    with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
+      ckptr.save(directory / workdir.PARAMS, params, force=True)
+  except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
+    if not orbax_faults.no_space(e):
+      raise
+    for partial in directory.glob(f"{workdir.PARAMS}*"):
+      partial.rmtree(missing_ok=True)
+    raise workdir.write_error(directory / workdir.PARAMS, OSError(errno.ENOSPC, "no space")) from None
   if jax.process_index() == 0:
     workdir.write_json(directory / workdir.CONFIG, config)
     workdir.write_tokenizer(directory, tokenizer_files)

@@ -5,9 +5,11 @@ time), instead of both runs replacing each other's checkpoints and interleaving 
 
 Local paths (and NFS, where Linux maps flock to POSIX locks): `fcntl.flock` on WORKDIR/run.lock,
 which holds the holder's host, pid and start time. The kernel releases the lock when the holding
-process ends, however it ends (SIGKILL, OOM kill, a crash): a lock is never stale, and the file left
-behind means nothing by itself. Data worker processes are spawned, not forked, so they never inherit
-the lock.
+process ends, however it ends (SIGKILL, OOM kill, a crash): a lock is never stale, and a file left
+behind by a killed run means nothing by itself. A run that ends (or fails) removes the file while it
+still holds the lock; a run that locked a file just removed that way finds it gone from the path and
+locks the new one instead. Data worker processes are spawned, not forked, so they never inherit the
+lock.
 
 Object stores (gs://...): object storage has no locks, so WORKDIR/run.lock is a lease, held by
 compare-and-swap on the object's generation (google-cloud-storage preconditions; the `gcs` extra).
@@ -34,6 +36,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from bert_jax import workdir as workdir_lib
 from bert_jax.errors import UserError, require
 
 LOCK_FILE = "run.lock"
@@ -65,18 +68,39 @@ class LocalLock:
     self.workdir = workdir
     self._fd: int | None = None
 
+  @property
+  def path(self) -> str:
+    return os.path.join(self.workdir, LOCK_FILE)
+
   def acquire(self) -> None:
+    fd = None
+    try:
+      while fd is None:
+        fd = self._lock_file()
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+    except OSError as e:
+      raise workdir_lib.write_error(self.path, e) from None
+    self._fd = fd
+
+  def _lock_file(self) -> int | None:
+    """The locked descriptor of the file now at self.path; None when a releasing holder removed it
+    between our open and our flock (then another run may lock a new file there: try again)."""
     os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(os.path.join(self.workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       holder = self._read_holder(fd)
       os.close(fd)
       raise _busy(self.workdir, holder) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(_holder()).encode(), 0)
-    self._fd = fd
+    try:
+      if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+        return fd
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+    return None
 
   @staticmethod
   def _read_holder(fd: int) -> str:
@@ -89,8 +113,11 @@ class LocalLock:
     return "holder unknown"
 
   def release(self) -> None:
+    """Removes the file, then drops the lock (closing the descriptor drops the flock)."""
     if self._fd is not None:
-      os.close(self._fd)  # closing the descriptor drops the flock
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(self.path)
+      os.close(self._fd)
       self._fd = None
 
 

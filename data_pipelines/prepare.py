@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora, embedded
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf
@@ -98,10 +99,7 @@ def discarding_on_failure(output_dir: str):
 
 def write_metadata(output_dir: str, metadata: dict) -> None:
   """metadata.json, the last file of a run: through a temporary name, so it is either whole or absent."""
-  path = os.path.join(output_dir, METADATA)
-  with tf().io.gfile.GFile(path + ".tmp", "w") as f:
-    f.write(json.dumps(metadata, indent=1))
-  tf().io.gfile.rename(path + ".tmp", path, overwrite=True)
+  workdir.write_text(workdir.path(os.path.join(output_dir, METADATA)), json.dumps(metadata, indent=1))
 
 
 def read_metadata(output_dir: str) -> dict:

@@ -17,6 +17,7 @@ import json
 import numpy as np
 from etils import epath
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora, embedded
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
@@ -32,9 +33,7 @@ STATE_FILE = "data_state.process{:05d}.json"  # one file of input positions per 
 
 def write_state(directory: epath.PathLike, process_index: int, state: dict) -> None:
   """Writes one process's input positions into `directory` (local or gs://, through etils.epath)."""
-  directory = epath.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  (directory / STATE_FILE.format(process_index)).write_text(json.dumps(state))
+  workdir.write_text(epath.Path(directory) / STATE_FILE.format(process_index), json.dumps(state))
 
 
 def read_states(directory: epath.PathLike) -> list[tuple[epath.Path, dict]]:

@@ -19,7 +19,7 @@ import optax
 import pytest
 from etils import epath
 
-from bert_jax import run_lock
+from bert_jax import orbax_faults, run_lock
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, finite, metrics, step as step_lib, trainer
 
@@ -210,8 +210,8 @@ def test_no_space_is_recognised_through_wrapping():
     except OSError as e:
       raise RuntimeError("orbax: save failed") from e
   except RuntimeError as wrapped:
-    assert checkpoint._no_space(wrapped)  # pylint: disable=protected-access
-  assert not checkpoint._no_space(ValueError("shape mismatch"))  # pylint: disable=protected-access
+    assert orbax_faults.no_space(wrapped)
+  assert not orbax_faults.no_space(ValueError("shape mismatch"))
 
 
 def test_a_second_run_is_locked_out(tmp_path):

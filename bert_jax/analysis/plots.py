@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.errors import require
 
 
@@ -16,6 +17,11 @@ def pyplot():
   matplotlib = require("matplotlib", "analysis", "bert-jax analyze (its PNG plots)")
   matplotlib.use("Agg")
   return require("matplotlib.pyplot", "analysis", "bert-jax analyze (its PNG plots)")
+
+
+def _save(fig, path: str) -> None:
+  with workdir.atomic_path(path) as staged:
+    fig.savefig(staged, dpi=100, format="png")
 
 
 def heatmaps(tables: dict[str, np.ndarray], path: str, title: str) -> None:
@@ -32,7 +38,7 @@ def heatmaps(tables: dict[str, np.ndarray], path: str, title: str) -> None:
     fig.colorbar(image, ax=ax, fraction=0.046)
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  _save(fig, path)
   plt.close(fig)
 
 
@@ -53,7 +59,7 @@ def attention_grid(maps: np.ndarray, tokens: Sequence[str], path: str) -> None:
         ax.set_ylabel(f"layer {i}", fontsize=7)
   fig.suptitle(" ".join(tokens)[:160], fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  _save(fig, path)
   plt.close(fig)
 
 
@@ -69,5 +75,5 @@ def lines(x: Sequence[float], series: dict[str, Sequence[float]], path: str, xla
   if len(series) > 1:
     ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  _save(fig, path)
   plt.close(fig)

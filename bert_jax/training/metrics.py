@@ -37,9 +37,7 @@ def drop_rows_after(file: epath.Path, step: int) -> None:
   lines = file.read_text().splitlines(keepends=True)
   kept = [line for line in lines if line.endswith("\n") and _row_step(line) <= step]
   if len(kept) != len(lines):
-    partial = file.parent / (file.name + ".tmp")
-    partial.write_text("".join(kept))
-    partial.replace(file)
+    workdir.write_text(file, "".join(kept))
 
 
 def _row_step(line: str) -> float:
