@@ -11,6 +11,8 @@
   WORKDIR/events.out.tfevents.*   the same scalars for TensorBoard (train.tensorboard)
   WORKDIR/eval_results.json       fine-tuning's final dev metrics
   WORKDIR/predictions/            fine-tuning's prediction files
+  WORKDIR/init_from/              a params checkpoint converted from a foreign `init_from` (a Hugging Face
+                                  folder, an original TF checkpoint; bert_jax/pretrained.py)
 A checkpoint step directory (WORKDIR/checkpoints/<step>) stands for its workdir: config.json is two
 levels up.
 
@@ -52,6 +54,7 @@ PAUSED = "state"
 METRICS = "metrics.jsonl"
 EVAL_RESULTS = "eval_results.json"
 PREDICTIONS = "predictions"
+CONVERTED_INIT = "init_from"
 BUCKET_PROBE_SECONDS = 30.0
 _ACCESS_FIX = ("sign in with `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
                "to a service-account key) and check the network")
@@ -130,7 +133,7 @@ def create(location: epath.PathLike, flag: str = "--workdir") -> epath.Path:
       with tempfile.TemporaryFile(dir=directory):  # a read-only directory passes mkdir, not this
         pass
   except OSError as e:
-    raise write_error(directory, e) from None
+    raise write_error(directory, e, flag) from None
   return directory
 
 
@@ -152,19 +155,19 @@ def read_json(file: epath.PathLike) -> Any:
     raise UserError(f"{file}: not valid JSON ({e})") from None
 
 
-def write_error(file: epath.PathLike, error: OSError) -> UserError:
-  """The one line for a failed write: what was written, where, and what to do."""
+def write_error(file: epath.PathLike, error: OSError, flag: str = "") -> UserError:
+  """The one line for a failed write: what was written (and the flag that named it), where, what to do."""
   where = file if os.path.isdir(file) else os.path.dirname(os.fspath(file))
+  head = f"{flag + ': ' if flag else ''}cannot write {file}"
   if error.errno in (errno.ENOSPC, errno.EDQUOT):
-    return UserError(f"{file}: cannot write it: the disk is full (no space left on the device holding "
-                     f"{where}); free space there, or choose a directory on another disk, and rerun")
+    return UserError(f"{head}: the disk is full (no space left on the device holding {where}); free space "
+                     "there, or choose a directory on another disk, and rerun")
   if error.errno == errno.EROFS:
-    return UserError(f"{file}: cannot write it: {where} is on a read-only filesystem; choose a writable "
-                     "directory")
+    return UserError(f"{head}: {where} is on a read-only filesystem; choose a writable directory")
   if error.errno in (errno.EACCES, errno.EPERM):
-    return UserError(f"{file}: cannot write it: permission denied in {where}; choose a directory you can "
-                     "write, or fix its permissions")
-  return UserError(f"{file}: cannot write it ({error.strerror or error}); check {where}")
+    return UserError(f"{head}: permission denied in {where}; choose a directory you can write, or fix its "
+                     "permissions")
+  return UserError(f"{head} ({error.strerror or error}); check {where}")
 
 
 def _temp_beside(file: epath.Path) -> epath.Path:

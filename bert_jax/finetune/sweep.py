@@ -26,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import run_lock, workdir as workdir_lib
+from bert_jax import pretrained, run_lock, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune.trainer import Run, validate
 
@@ -197,8 +197,9 @@ def sweep(config: ml_collections.ConfigDict, workdir: str) -> str:
   validate(config)
   if config.sweep.vary_seed not in SEED_KINDS:
     raise UserError(f"sweep.vary_seed={config.sweep.vary_seed!r} is not one of {SEED_KINDS}")
+  pretrained.check_init_from(config)
   with run_lock.hold(workdir_lib.create(workdir), jax.process_index()):
-    results = successive_halving(config, workdir)
+    results = successive_halving(pretrained.native_init_from(config, workdir_lib.path(workdir)), workdir)
     rows = summarize(results)
     finalists = [r for r in rows if r["fraction"] == rows[0]["fraction"]]
     test = compare(finalists[0]["scores"], finalists[1]["scores"]) if len(finalists) > 1 else {}

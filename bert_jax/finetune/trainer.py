@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import params_checkpoint, run_lock, workdir as workdir_lib
+from bert_jax import params_checkpoint, pretrained, run_lock, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, modes, optim, smart
 from bert_jax.finetune.features import MODEL_INPUTS
@@ -317,8 +317,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   """Fine-tunes (or, with eval_only, evaluates) and returns the final dev metrics; holds `workdir`
   locked meanwhile."""
   validate(config)
+  pretrained.check_init_from(config)
   with run_lock.hold(workdir_lib.create(workdir), jax.process_index()):
-    run = Run(config, workdir)
+    run = Run(pretrained.native_init_from(config, workdir_lib.path(workdir)), workdir)
     workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
     if not config.eval_only:
       run.advance()

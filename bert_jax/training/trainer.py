@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax import config_utils, run_lock, workdir as workdir_lib
+from bert_jax import config_utils, pretrained, run_lock, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, finite, partitioning
@@ -118,9 +118,10 @@ def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dic
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
   returns the last train and eval metrics."""
+  pretrained.check_init_from(config)
   run_dir = workdir_lib.create(workdir)
   with run_lock.hold(run_dir, jax.process_index()):
-    return _pretrain(config, run_dir)
+    return _pretrain(pretrained.native_init_from(config, run_dir), run_dir)
 
 
 def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
