@@ -201,11 +201,22 @@ class RecordInput:
       self._pending = [collections.deque() for _ in self._shards]
     try:
       parts = self._next_shard_batches()
-    except (t.errors.InvalidArgumentError, t.errors.DataLossError) as e:
+    except t.errors.DataLossError as e:
+      raise self._data_loss(e) from None
+    except t.errors.InvalidArgumentError as e:
       raise DataError(f"data.corpus ({self._ctx.source}): {e.message.splitlines()[0]}") from None
     for s, part in zip(self._shards, parts):
       self._states[s] = [int(part["epoch"][-1]), int(part["index"][-1]) + 1]
     return {name: np.concatenate([p[name] for p in parts]) for name in self._ctx.spec}
+
+  def _data_loss(self, error) -> DataError:
+    """TensorFlow names the byte, not the file: the file is found by walking the records' lengths."""
+    cut = next(filter(None, map(corpora.find_truncation, self._files)), None)
+    if cut is None:
+      return DataError(f"data.corpus ({self._ctx.source}): {error.message.splitlines()[0]}")
+    return DataError(f"{cut.describe()}; the run stops here (the checkpoints it saved are intact): write the file "
+                     "again (`bert-jax data prepare --format bert_tfrecord`) or leave it out of data.corpus, and "
+                     "rerun to resume")
 
   def close(self) -> None:
     self._iterator = self._pending = None
