@@ -17,7 +17,9 @@ A run creates the object only if it does not exist, then rewrites it every LEASE
 a new expiry, each write conditional on the generation it last wrote. Guarantee: while the holder
 keeps renewing, no other run can take the lock; a holder that dies (SIGKILL, a lost VM) blocks the
 workdir until its lease expires (at most LEASE_SECONDS), after which the next run takes over by a
-conditional write. A holder that cannot renew for longer than the lease (frozen, partitioned from
+conditional write. A run started on the machine where the holder died need not wait: the lock records
+the holder's process space (the running kernel's boot id and its pid namespace), and where that is the
+new run's own and the holder's pid is gone, the lease is over. A holder that cannot renew for longer than the lease (frozen, partitioned from
 GCS) may lose the lock to a new run; its next renewal fails and it prints a warning on stderr. The
 guarantee is mutual exclusion of healthy holders, not fencing of a frozen one's writes.
 
@@ -43,9 +45,32 @@ LOCK_FILE = "run.lock"
 LEASE_SECONDS = 120.0
 
 
+def _process_space() -> str | None:
+  """This process's kernel boot and pid namespace: where another holder's pid means the same process."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+      return f"{f.read().strip()}/{os.stat('/proc/self/ns/pid').st_ino}"
+  except OSError:
+    return None
+
+
 def _holder() -> dict:
-  return {"host": socket.gethostname(), "pid": os.getpid(),
+  return {"host": socket.gethostname(), "pid": os.getpid(), "space": _process_space(),
           "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+def _died_here(text: str) -> bool:
+  """Whether the holder recorded in `text` ran in this process space and has ended."""
+  try:
+    info = json.loads(text)
+    if _process_space() is None or info.get("space") != _process_space():
+      return False
+    os.kill(int(info["pid"]), 0)
+  except ProcessLookupError:
+    return True
+  except (ValueError, KeyError, TypeError, AttributeError, OSError):
+    pass
+  return False
 
 
 def _busy(workdir: str, holder: str) -> UserError:
@@ -152,7 +177,10 @@ class LeaseLock:
     except (ValueError, KeyError, TypeError):
       expires = 0.0  # an unreadable lock object holds nothing
     if expires > self._clock():
-      raise _busy(self.workdir, _describe(text) + f", lease until {time.ctime(expires)}")
+      if not _died_here(text):
+        raise _busy(self.workdir, _describe(text) + f", lease until {time.ctime(expires)}")
+      print(f"{self.workdir}: the run that held it ({_describe(text)}) has ended on this machine; taking "
+            "over its lease", flush=True)
     try:
       self._write(if_generation_match=generation)
     except self._failed:

@@ -37,7 +37,9 @@ import errno
 import functools
 import importlib.util
 import json
+import logging
 import os
+import re
 import tempfile
 import threading
 from typing import IO, Any, Iterator
@@ -76,6 +78,31 @@ def _epath_uses_tf() -> bool:
   is false; else through fsspec (gcsfs)."""
   return (os.environ.get("EPATH_USE_TF", "").lower() not in ("false", "no", "f", "0")
           and importlib.util.find_spec("tensorflow") is not None)
+
+
+class _OneBucketTypeLine(logging.Filter):
+  """gcsfs asks for a bucket's type (the storage-control API) before its calls, caches only answers, and
+  logs every failed lookup before falling back to its plain client: ~700 warnings in a short run where
+  that API does not answer (an emulator; credentials without the permission). One per bucket stays."""
+
+  _FAILED = re.compile(r"(?:Could not determine bucket type for bucket name (\S+?):|Error: Bucket (\S+) not found)")
+
+  def __init__(self):
+    super().__init__()
+    self.seen: set[str] = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    failed = self._FAILED.match(record.getMessage())
+    if failed is None:
+      return True
+    bucket = failed.group(1) or failed.group(2)
+    if bucket in self.seen:
+      return False
+    self.seen.add(bucket)
+    return True
+
+
+logging.getLogger("gcsfs").addFilter(_OneBucketTypeLine())  # harmless where gcsfs never runs
 
 
 def _bucket_exists(bucket: epath.Path, answer: list) -> None:

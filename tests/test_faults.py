@@ -366,6 +366,36 @@ def test_gcs_lease_excludes_until_it_expires():
   assert blob.data is None
 
 
+def test_a_lease_whose_holder_died_on_this_machine_is_taken_at_once(capsys):
+  """The killed run's record names its process space and pid: where both say it is gone, the lease is over.
+  A holder elsewhere (another space) keeps its lease until it expires, alive or not."""
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  for space, taken in ((run_lock._process_space(), True), ("another-machine/1", False)):  # pylint: disable=protected-access
+    blob = _FakeBlob()
+    blob.upload_from_string(json.dumps({"host": "h", "pid": dead.pid, "space": space, "started": "t",
+                                        "expires": time.time() + 100}), if_generation_match=0)
+    lock = run_lock.LeaseLock("gs://b/run", blob, _FakeBlob.Failed)
+    if taken:
+      lock.try_acquire()
+      assert json.loads(blob.data)["pid"] == os.getpid()
+      assert capsys.readouterr().out == (f"gs://b/run: the run that held it (host h, pid {dead.pid}, started t) "
+                                         "has ended on this machine; taking over its lease\n")
+    else:
+      with pytest.raises(UserError, match=f"in use by another run \\(host h, pid {dead.pid}, started t, lease"):
+        lock.try_acquire()
+
+
+def test_the_lock_file_goes_with_the_run(tmp_path):
+  with run_lock.hold(str(tmp_path)):
+    assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    with pytest.raises(UserError, match="is in use by another run"):
+      run_lock.LocalLock(str(tmp_path)).acquire()
+  assert not (tmp_path / run_lock.LOCK_FILE).exists()
+  with run_lock.hold(str(tmp_path)):  # and the next run makes a new one
+    assert (tmp_path / run_lock.LOCK_FILE).exists()
+
+
 def test_crafted_bin_is_refused(tmp_path):
   pytest.importorskip("torch")
   from test_conversion_hf import _float_view, write_crafted_bin  # pylint: disable=import-outside-toplevel
@@ -399,7 +429,9 @@ def test_sigkill_at_several_moments_resumes_to_the_uninterrupted_run(healthy, tm
   assert [r["step"] for r in _rows(killed)] == [1, 2, 3, 4]
   done = _cli(killed, "--config.train.num_steps=4")
   assert done.returncode == 0, done.stderr[-3000:]
-  assert f"resumed from {killed}/checkpoints/2" in done.stdout
+  assert re.search(f"removing {killed}/checkpoints/4.orbax-checkpoint-tmp[^:]*: the partial checkpoint of a save "
+                   f"that was cut short\nresumed from {killed}/checkpoints/2\n", done.stdout), done.stdout
+  assert _steps(killed) == [2, 4] and not [p for p in os.listdir(killed / "checkpoints") if "tmp" in p]
   assert [r["step"] for r in _rows(killed)] == [1, 2, 3, 4]
   np.testing.assert_allclose([r["loss"] for r in _rows(killed)], [r["loss"] for r in _rows(healthy[0])],
                              rtol=1e-6)

@@ -91,13 +91,23 @@ class Checkpointer:
   DIRECTORY-damaged/ and `restore_latest` falls back to the previous step, with a warning; a full disk
   while saving names the step and the last intact one, and removes the partial step
   (*.orbax-checkpoint-tmp*).
+
+  A save cut short (SIGKILL, a lost VM) leaves a partial step: locally a *.orbax-checkpoint-tmp*
+  directory, in a bucket a step directory without commit_success.txt. Neither counts as a step; both are
+  removed (with a line naming them) when the next run opens the directory, before it saves anything: in
+  a bucket, saving the same step again over the leftover objects would have tensorstore rewrite an OCDBT
+  manifest it did not write.
   """
 
   def __init__(self, directory: epath.PathLike, *, keep: int, async_save: bool,
                items: tuple[str, ...] = ("data",)):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                           cleanup_tmp_directories=True)
     self.directory = workdir.path(directory)
     self.items = items
+    if jax.process_index() == 0 and self.directory.exists():
+      for partial in ocp.path.step.all_temporary_paths(self.directory):
+        print(f"removing {partial.get()}: the partial checkpoint of a save that was cut short", flush=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",) + items)
     self._unconfirmed: int | None = None  # the step of a save that may still be in flight
     self._broken = False
