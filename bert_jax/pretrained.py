@@ -40,11 +40,11 @@ def source_kind(path: str) -> str:
                   "checkpoint (*.ckpt*.index) or a bert_jax checkpoint (params/ or checkpoints/)")
 
 
-_KINDS = {"hf": ("a Hugging Face folder", "hf"), "tf": ("an original TF checkpoint", "tf")}
+_FOREIGN = {"hf": "a Hugging Face folder", "tf": "an original TF checkpoint"}
 
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
-  """config.init_from, when set, is a checkpoint: otherwise UserError naming it (and the path missing)."""
+  """UserError naming config.init_from when it is set and not a checkpoint (or not there at all)."""
   if not config.init_from:
     return
   location = workdir.path(config.init_from)
@@ -68,18 +68,18 @@ def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> 
   if kind == "bert_jax":
     return config
   target = run_dir / workdir.CONVERTED_INIT
-  what, flag = _KINDS[kind]
-  if not (target / workdir.CONFIG).exists():
-    native.write(os.fspath(target), read_checkpoint(config.init_from, scan_layers=config.model.get("scan_layers")))
+  if not (target / workdir.CONFIG).exists():  # config.json is written last: a complete conversion
+    converted = read_checkpoint(config.init_from, scan_layers=config.model.get("scan_layers"))
+    native.write(os.fspath(target), converted)
     if jax.process_index() == 0:
-      print(f"init_from={config.init_from} is {what}: converted it to {target} (as `bert-jax convert --from "
-            f"{flag} {config.init_from} {target}` does)", flush=True)
+      print(f"init_from={config.init_from} is {_FOREIGN[kind]}: converted it to {target} (as `bert-jax convert "
+            f"--from {kind} {config.init_from} {target}` does)", flush=True)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("bert_jax init_from converted")
-  converted = ml_collections.ConfigDict(config.to_dict())
-  converted.init_from = os.fspath(target)
-  converted.lock()
-  return converted
+  config = ml_collections.ConfigDict(config.to_dict())  # a copy; locked again below
+  config.init_from = os.fspath(target)
+  config.lock()
+  return config
 
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None,

@@ -19,9 +19,10 @@ keeps renewing, no other run can take the lock; a holder that dies (SIGKILL, a l
 workdir until its lease expires (at most LEASE_SECONDS), after which the next run takes over by a
 conditional write. A run started on the machine where the holder died need not wait: the lock records
 the holder's process space (the running kernel's boot id and its pid namespace), and where that is the
-new run's own and the holder's pid is gone, the lease is over. A holder that cannot renew for longer than the lease (frozen, partitioned from
-GCS) may lose the lock to a new run; its next renewal fails and it prints a warning on stderr. The
-guarantee is mutual exclusion of healthy holders, not fencing of a frozen one's writes.
+new run's own and the holder's pid is gone, the lease is over. A holder that cannot renew for longer
+than the lease (frozen, partitioned from GCS) may lose the lock to a new run; its next renewal fails
+and it prints a warning on stderr. The guarantee is mutual exclusion of healthy holders, not fencing
+of a frozen one's writes.
 
 Only process 0 of a multi-host run takes the lock: the hosts of one run share the workdir.
 """

@@ -234,7 +234,7 @@ def test_static_masking_repeats_rows_and_masks_with_the_dupe_period(tmp_path):
 def _record_file(path, documents):
   """A prepared-records file of `documents` (lists of sentences of ids); returns each record's byte size."""
   t = tf()
-  payloads = [prepare._record(t, document) for document in documents]  # pylint: disable=protected-access
+  payloads = [prepare.document_record(t, document) for document in documents]
   with t.io.TFRecordWriter(str(path)) as writer:
     for payload in payloads:
       writer.write(payload)

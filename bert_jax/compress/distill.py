@@ -234,8 +234,7 @@ class DistillRun(trainer.Run):
   """A fine-tuning Run whose objective distills from the teacher (see the module docstring)."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):  # pylint: disable=super-init-not-called
-    self.config, self.workdir = config, workdir_lib.path(workdir)
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.config, self.workdir = config, workdir_lib.create(workdir)
     if config.train.mode != "finetune":
       raise UserError(f"distill trains every student parameter: train.mode={config.train.mode!r} is not "
                       "supported here (use train.mode=finetune)")
