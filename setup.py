@@ -40,6 +40,8 @@ setup(
         "tensorflow>=2.16",
         "tensorflow-text>=2.16",
         "tensorflow-datasets>=4.9",
+        # tfds imports it on its download path but declares it only for Python < 3.9
+        "importlib_resources",
         "sentencepiece>=0.2",
     ],
     extras_require={
