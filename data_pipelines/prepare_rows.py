@@ -8,7 +8,9 @@ back and masks afresh every epoch (bert_records.py); the rows themselves repeat 
 epochs, as RoBERTa's dynamic masking over fixed rows. One file per virtual shard
 (`part-SSSSS-of-NNNNN.tfrecord`); each is written beside as `.tmp` and renamed when complete, and
 `metadata.json` (rows per file, the vocabulary's hash) is written last. With data.packing the records
-carry one more feature, `document_ids` (int64[L]), that the original format lacks.
+carry one more feature, `document_ids` (int64[L]), that the original format lacks. `data prepare` writes
+the hold-out's rows too, in `eval/` beside the training rows (`held_out_output`), where training looks
+for its evaluation records.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import os
 
 from ml_collections import ConfigDict
 
-from bert_jax.data_pipelines import embedded, prepare
+from bert_jax.data_pipelines import bert_records, embedded, prepare
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import FEATURES, PACKING_FEATURES, Featurizer
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, ShardStream, _stack, make_context
@@ -71,6 +73,15 @@ def check_request(data_cfg, epochs: int) -> None:
                     "create_pretraining_data.py's dupe_factor copies do; train with static or dynamic masking")
   if epochs < 1:
     raise DataError(f"--epochs={epochs}; write at least one epoch of rows")
+
+
+def held_out_output(data_cfg, output_dir: str, split: str) -> str | None:
+  """Where the hold-out's rows go beside a train split's (output_dir/eval): the eval records
+  data.format=bert_tfrecord reads when data.eval_corpus is unset (bert_records.records_glob). None when
+  the config holds nothing out (no data.eval_corpus, data.eval_fraction 0) or the split is eval already."""
+  if split != "train" or not (data_cfg.eval_corpus or data_cfg.eval_fraction > 0):
+    return None
+  return os.path.join(output_dir, bert_records.EVAL_DIR)
 
 
 def rows_metadata(data_cfg, split: str, epochs: int, counts: dict) -> dict:
