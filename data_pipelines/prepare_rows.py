@@ -86,7 +86,7 @@ def held_out_output(data_cfg, output_dir: str, split: str) -> str | None:
 
 def rows_metadata(data_cfg, split: str, epochs: int, counts: dict) -> dict:
   """metadata.json of the rows format; `counts`: rows per file name."""
-  vocab_path = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab_path = embedded.default_vocab(data_cfg)
   return {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
           "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
           "max_seq_length": data_cfg.max_seq_length, "max_predictions_per_seq": data_cfg.max_predictions_per_seq,
