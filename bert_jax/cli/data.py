@@ -22,8 +22,9 @@ def _beam_args(args) -> list[str] | None:
 
 
 def _vocab(args):
-  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
-  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
+  from bert_jax.data_pipelines import embedded, vocab  # pylint: disable=import-outside-toplevel
+  corpus = args.corpus or embedded.ensure_embedded()[0]
+  print(vocab.train_vocab(corpus, args.type, args.size, args.output, args.lower_case,
                           args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
 
 
@@ -119,7 +120,8 @@ def _add_beam_args(parser):
 
 def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
-  p.add_argument("--corpus", required=True, help="glob(s) of text files, comma separated")
+  p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
+                                             "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
   p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
