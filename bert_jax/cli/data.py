@@ -6,6 +6,7 @@ import functools
 import json
 import sys
 
+from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 
 _SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
@@ -52,7 +53,11 @@ def _prepare(args):
     metadata = write(config, args.output, epochs=args.epochs, split=args.split)
     held_out = prepare_rows.held_out_output(config.data, args.output, args.split)
     if held_out:  # one epoch of the held-out documents' rows, where pretrain looks for its evaluation records
-      metadata["eval"] = {"output": held_out, "rows": write(config, held_out, epochs=1, split="eval")["rows"]}
+      try:
+        metadata["eval"] = {"output": held_out, "rows": write(config, held_out, epochs=1, split="eval")["rows"]}
+      except DataError as e:  # a hold-out too small for every shard: the training rows stand without it
+        print(f"no hold-out records in {held_out} ({e}); pretrain on these rows with data.eval_corpus, or with "
+              "train.eval_every_steps=0", file=sys.stderr)
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
