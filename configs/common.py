@@ -97,6 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.eval_steps = 20
   c.train.eval_batch_size = 0  # 0: same as batch_size
   c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
+  c.train.wandb = ""  # a Weights & Biases project to log to as well (pip install 'bert_jax[wandb]'); "": none
   # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
   c.train.skip_nonfinite_steps = 0
 
@@ -128,10 +129,14 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def sized_config(sizes: dict, size: str, other_presets: tuple = ()) -> ml_collections.ConfigDict:
+def check_preset(name: str, presets: dict) -> None:
+  """KeyError naming the file's presets (config_utils turns it into one line) for a name not among them."""
+  if name not in presets:
+    raise KeyError(f"choose one of {list(presets)} (`bert-jax presets` says what each is for)")
+
+
+def sized_config(sizes: dict, size: str) -> ml_collections.ConfigDict:
   """base_config() with the model dimensions of `sizes[size]`: (layers, hidden, heads, intermediate, ...)."""
-  if size not in sizes:
-    raise KeyError(f"choose one of {sorted(sizes) + list(other_presets)}")
   layers, hidden, heads, intermediate = sizes[size][:4]
   c = base_config()
   c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)

@@ -176,7 +176,7 @@ def check_prepared(files: list[str], data_cfg) -> None:
     raise DataError(f"data.prepared: {path} is missing; write the records with `bert-jax data prepare`")
   with tf().io.gfile.GFile(path) as f:
     metadata = json.loads(f.read())
-  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab = embedded.default_vocab(data_cfg)
   if metadata["vocab_sha256"] != vocab_fingerprint(vocab) or metadata["lower_case"] != data_cfg.lower_case:
     raise DataError(f"data.prepared records were tokenized with {metadata['vocab']} "
                     f"(lower_case={metadata['lower_case']}), not data.vocab={vocab!r} "

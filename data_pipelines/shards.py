@@ -173,11 +173,14 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
 
 
 def make_tokenizer(data_cfg):
-  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab = embedded.default_vocab(data_cfg)
   kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
   if data_cfg.tokenizer != kind:
-    raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} "
-                    "vocabulary (*.model is SentencePiece, anything else a WordPiece vocab.txt)")
+    make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")
+    raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} vocabulary "
+                    f"(*.model is SentencePiece, anything else a WordPiece vocab.txt): make one with `bert-jax "
+                    f"vocab {make} --corpus 'text/*.txt' --output vocab/`, or leave data.vocab empty for the "
+                    "embedded corpus's")
   return load_tokenizer(vocab, data_cfg.lower_case)
 
 

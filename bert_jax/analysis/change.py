@@ -77,7 +77,7 @@ def analyze_change(pretrained: str, fine_tuned: str, text: str, out_dir: str, *,
   }
   workdir.create(out_dir, "--out")
   workdir.write_text(os.path.join(out_dir, "change.json"), json.dumps(report, indent=1))
-  plots.lines(list(layers), {"attention maps": report["attention_cosine_distance"],
+  plots.lines([i + 1 for i in layers], {"attention maps": report["attention_cosine_distance"],
                              "weights": report["weight_cosine_distance"]},
               os.path.join(out_dir, "change.png"), "layer", "cosine distance", "pretrained -> fine-tuned")
   return report

@@ -180,6 +180,10 @@ class Teacher:
     if not location:
       raise UserError("distill.teacher is empty: give a fine-tuning workdir of this task")
     saved = workdir_lib.read_config(location)
+    if saved.get("quantization"):
+      source = saved["quantization"].get("source")
+      raise UserError(f"distill.teacher={location} holds int8 weights (bert-jax quantize): distill from the float "
+                      f"model it was made from, --config.distill.teacher={source}")
     task = saved.get("task", {}).get("name")
     if task != config.task.name:
       raise UserError(f"the teacher {location} was fine-tuned on task {task!r}, not {config.task.name!r}; "

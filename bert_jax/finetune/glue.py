@@ -117,7 +117,8 @@ def read_tsv(path: str, spec: GlueSpec, strict: bool = False,
 def read_tfds(name: str, split: str, spec: GlueSpec, data_dir: str):
   field_a, field_b = spec.tfds_fields
   rows = []
-  for ex in feats.tfds_examples(f"glue/{name}", split, data_dir):
+  files = f"a folder with the GLUE {name} TSVs (train.tsv, dev{spec.splits[0]}.tsv)"
+  for ex in feats.tfds_examples(f"glue/{name}", split, data_dir, files):
     if spec.labels:  # tfds marks unlabelled (test) rows with -1
       label = spec.labels[int(ex["label"])] if ex["label"] >= 0 else None
     else:

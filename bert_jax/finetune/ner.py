@@ -57,7 +57,8 @@ def _utf8_lines(f, path: str):
 
 def read_tfds(split: str, labels: tuple[str, ...], data_dir: str) -> list[Sentence]:
   sentences = []
-  for ex in feats.tfds_examples("conll2003", split, data_dir):
+  files = "a folder with the CoNLL files (train.txt, valid.txt, test.txt)"
+  for ex in feats.tfds_examples("conll2003", split, data_dir, files):
     n = min(len(ex["tokens"]), len(ex["ner"]))
     sentences.append(([feats.text(w) for w in ex["tokens"][:n]], [labels[int(t)] for t in ex["ner"][:n]]))
   return sentences

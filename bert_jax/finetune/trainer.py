@@ -123,6 +123,8 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
   saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
                        lower_case=tokenizer.lower_case)
+  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
+    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved
@@ -215,7 +217,7 @@ class Run:
     eval_every = cfg.eval_every_steps or self.steps_per_epoch
     rng = jax.random.key(self.seeds["dropout"])
     tokens_per_step = cfg.batch_size * self.config.data.max_seq_length
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
     step, pending = self.step, []

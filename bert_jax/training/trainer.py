@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 from bert_jax import config_utils, pretrained, run_lock, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, finite, partitioning
+from bert_jax.training import checkpoint, finite, memory, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
 
@@ -119,6 +119,8 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
   returns the last train and eval metrics."""
   pretrained.check_init_from(config)
+  # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
+  memory.check_fits(build_train_setup(config))
   run_dir = workdir_lib.create(workdir)
   with run_lock.hold(run_dir, jax.process_index()):
     return _pretrain(pretrained.native_init_from(config, run_dir), run_dir)
@@ -137,7 +139,8 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
   eval_inputs = None
   if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
     eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
-  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard)
+  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
+                         wandb=train_cfg.wandb)
   logger.write_hparams(config.to_dict())
   guard = finite.DivergenceGuard(train_cfg.skip_nonfinite_steps)
   rng = jax.random.key(train_cfg.seed + 1)
