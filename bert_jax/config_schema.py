@@ -97,6 +97,9 @@ FIELDS = (
           "rows per evaluation batch; 0: train.batch_size"),
     Field("train.tensorboard", "true or false", _bool,
           "TensorBoard event files in the workdir (metrics.jsonl is always written)"),
+    Field("train.wandb", "a project name or \"\"", _str,
+          "also log scalars and the config to this Weights & Biases project (pip install 'bert_jax[wandb]'); "
+          "\"\": none"),
     Field("train.skip_nonfinite_steps", ">= 0", _int(0),
           "skip up to N updates whose loss or gradient norm is not finite, then stop; 0: stop at the first"),
     Field("train.restart", "true or false", _bool,

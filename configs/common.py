@@ -85,7 +85,7 @@ def train_config(**fields) -> ml_collections.ConfigDict:
   and allowed values of each shared field: bert_jax/config_schema.py (README's config reference)."""
   c = ml_collections.ConfigDict({"batch_size": 32, "grad_accum_steps": 1, "num_steps": 0, "seed": 0,
                                  "log_every_steps": 50, "eval_every_steps": 0, "eval_batch_size": 0,
-                                 "tensorboard": True, "skip_nonfinite_steps": 0, "restart": False})
+                                 "tensorboard": True, "wandb": "", "skip_nonfinite_steps": 0, "restart": False})
   c.update(fields)
   return c
 
@@ -129,10 +129,14 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def sized_config(sizes: dict, size: str, other_presets: tuple = ()) -> ml_collections.ConfigDict:
+def check_preset(name: str, presets: dict) -> None:
+  """KeyError naming the file's presets (config_utils turns it into one line) for a name not among them."""
+  if name not in presets:
+    raise KeyError(f"choose one of {list(presets)} (`bert-jax presets` says what each is for)")
+
+
+def sized_config(sizes: dict, size: str) -> ml_collections.ConfigDict:
   """base_config() with the model dimensions of `sizes[size]`: (layers, hidden, heads, intermediate, ...)."""
-  if size not in sizes:
-    raise KeyError(f"choose one of {sorted(sizes) + list(other_presets)}")
   layers, hidden, heads, intermediate = sizes[size][:4]
   c = base_config()
   c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)

@@ -17,7 +17,15 @@ workdir is a pretraining workdir (bert_jax/compress/general.py).
 """
 import ml_collections
 
-from bert_jax.configs import bert, glue
+from bert_jax.configs import bert, common, glue
+
+PRESETS = {
+    "embedded": "task distillation of a teacher fine-tuned on the embedded task: offline, minutes on a CPU",
+    **{task: f"task distillation on {glue.PRESETS[task].split(':')[0]}" for task in glue.GLUE_TASKS},
+    "general-tiny": "general distillation (DistilBERT's loss) of a pretrained teacher on the embedded corpus",
+    **{f"general-{size}": f"general distillation into a student of BERT-{size}'s size, on the pretraining corpus"
+       for size in bert.SIZES if size != "tiny"},
+}
 
 
 def _general(size: str) -> ml_collections.ConfigDict:
@@ -40,6 +48,7 @@ def _general(size: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str = "embedded"):
+  common.check_preset(arg, PRESETS)
   if arg.startswith("general-"):
     return _general(arg[len("general-"):])
   c = glue.get_config(arg)

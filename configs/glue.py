@@ -15,6 +15,18 @@ import ml_collections
 from bert_jax.configs import common
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+PRESETS = {
+    "cola": "GLUE CoLA: grammatical acceptability (8.5k sentences), Matthews correlation",
+    "sst2": "GLUE SST-2: sentiment of movie-review sentences (67k), accuracy",
+    "mrpc": "GLUE MRPC: paraphrase pairs (3.7k), F1 and accuracy",
+    "stsb": "GLUE STS-B: similarity scores 0-5 (5.7k pairs), Pearson and Spearman",
+    "qqp": "GLUE QQP: duplicate Quora questions (364k pairs), F1 and accuracy",
+    "mnli": "GLUE MNLI: 3-way entailment (393k pairs), matched and mismatched accuracy",
+    "qnli": "GLUE QNLI: does the sentence answer the question (105k pairs), accuracy",
+    "rte": "GLUE RTE: entailment (2.5k pairs), accuracy",
+    "wnli": "GLUE WNLI: Winograd entailment (635 pairs), accuracy",
+    "embedded": "word order of embedded-corpus sentences (4k), offline: the README's fine-tuning run",
+}
 
 # The BERT paper's grid, searched by `bert-jax sweep`.
 SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "epochs": (2.0, 3.0, 4.0),
@@ -93,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str = "rte"):
+  common.check_preset(arg, PRESETS)
   c = base_config()
   if arg == "embedded":
     c.task = ml_collections.ConfigDict({"family": "embedded", "name": "embedded", "num_train": 4000,
@@ -101,7 +114,5 @@ def get_config(arg: str = "rte"):
     c.optimizer.learning_rate = 1e-4  # a tiny model: the BERT-base rates barely move it
     c.train.update(epochs=3.0, batch_size=32, log_every_steps=25)
     return c
-  if arg not in GLUE_TASKS:
-    raise KeyError(f"choose one of {list(GLUE_TASKS) + ['embedded']}")
   c.task.name = arg
   return c

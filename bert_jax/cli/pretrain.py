@@ -27,6 +27,9 @@ def register(subparsers) -> None:
 
   p = subparsers.add_parser("info", help="parameter count and per-device memory, nothing allocated")
   _add_config(p)
+  p.add_argument("--devices", type=int, default=0,
+                 help="devices to size config.mesh for (a pod's, on any machine; 0: this machine's when the "
+                      "mesh fits them, else the fewest it takes)")
   p.add_argument("--json", action="store_true")
   p.set_defaults(handler=_info)
 
@@ -50,7 +53,8 @@ def _info(args) -> int:
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.training import info  # pylint: disable=import-outside-toplevel
   config = load_config(args.config, args.config_overrides)
-  result = info.model_info(*jobs.with_step(config, args.config, "info").step(config, None))
+  job = jobs.with_step(config, args.config, "info")
+  result = info.model_info(*job.step(config, info.sizing_mesh(config.mesh, args.devices)))
   print(json.dumps(result) if args.json else info.format_info(result))
   return 0
 

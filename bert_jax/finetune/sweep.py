@@ -25,7 +25,7 @@ import math
 import ml_collections
 import numpy as np
 
-from bert_jax import workdir as workdir_lib
+from bert_jax import pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune.trainer import Run, validate
 from bert_jax.training import loop
@@ -204,8 +204,9 @@ def sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
   validate(config)
   if config.sweep.vary_seed not in SEED_KINDS:
     raise UserError(f"sweep.vary_seed={config.sweep.vary_seed!r} is not one of {SEED_KINDS}")
+  pretrained.check_init_from(config)
   with loop.hold(workdir) as (run_dir, signals):
-    results = successive_halving(config, workdir, signals)
+    results = successive_halving(pretrained.native_init_from(config, run_dir), workdir, signals)
     if results is None:
       return {"table": None, "stopped_by": signals.name}
     rows = summarize(results)

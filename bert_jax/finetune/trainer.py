@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
+from bert_jax import config_schema, params_checkpoint, pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, modes, optim, smart
 from bert_jax.finetune.features import MODEL_INPUTS
@@ -132,6 +132,8 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
   saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
                        lower_case=tokenizer.lower_case)
+  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
+    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved
@@ -263,7 +265,7 @@ class Run:
     num_steps = self.setup.num_steps
     end = min(to_step or num_steps, num_steps)
     rng = jax.random.key(self.seeds["dropout"])
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
     ckpt = self._checkpointer()
@@ -387,10 +389,12 @@ def run_job(config: ml_collections.ConfigDict, workdir: str,
   "stopped_by", "finished_before"}: a finished workdir is not trained again (finished_before, with its
   record), unless train.restart."""
   validate(config)
+  pretrained.check_init_from(config)
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
     before = loop.read_finished(run_dir)
     if before is not None:
       return {**before, "stopped_by": None, "finished_before": True}
+    config = pretrained.native_init_from(config, run_dir)
     run = Run(config, run_dir, make_learner(config), signals)
     workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
     if not config.eval_only:

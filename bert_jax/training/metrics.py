@@ -6,9 +6,11 @@ hyperparameters. metrics.jsonl holds one JSON object per logged step ({"step", <
 A row is the mean over the steps since the previous row; the first row after a resume averages only
 the steps since the resume, and says so ("resumed": true, "averaged_steps": N).
 Only process 0 writes files; `tensorboard=False` (train.tensorboard) writes no event files.
+`wandb=PROJECT` (train.wandb) also sends the scalars and the config to Weights & Biases (WandbWriter).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -19,6 +21,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
+from bert_jax.errors import require
 
 
 def _flat_hparams(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -39,9 +42,7 @@ def drop_rows_after(file: epath.Path, step: int) -> None:
   lines = file.read_text().splitlines(keepends=True)
   kept = [line for line in lines if line.endswith("\n") and _row_step(line) <= step]
   if len(kept) != len(lines):
-    partial = file.parent / (file.name + ".tmp")
-    partial.write_text("".join(kept))
-    partial.replace(file)
+    workdir.write_text(file, "".join(kept))
 
 
 def _row_step(line: str) -> float:
@@ -74,16 +75,46 @@ class Pace:
     return rate, (self._num_steps - step) / max(overall, 1e-9)
 
 
+class WandbWriter:
+  """The scalars and hyperparameters that go to TensorBoard, sent to a Weights & Biases run (clu's
+  MetricWriter calls that MetricsLogger makes, so clu's MultiWriter feeds it beside TensorBoard).
+
+  The run's id comes from the workdir, so a resumed run continues the same W&B run. Its local files
+  go under WORKDIR/wandb/ (the current directory for a gs:// workdir). WANDB_MODE=offline keeps
+  everything there (`wandb sync` uploads it later).
+  """
+
+  def __init__(self, project: str, run_dir: epath.Path):
+    wandb = require("wandb", "wandb", f"train.wandb={project!r} (Weights & Biases logging)")
+    local = not os.fspath(run_dir).startswith("gs://")
+    self._run = wandb.init(project=project, name=run_dir.name, dir=os.fspath(run_dir) if local else None,
+                           id=hashlib.sha1(os.fspath(run_dir).encode()).hexdigest()[:16], resume="allow")
+
+  def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    self._run.log(dict(scalars), step=step)
+
+  def write_hparams(self, hparams: dict[str, Any]) -> None:
+    self._run.config.update(hparams, allow_val_change=True)
+
+  def flush(self) -> None:
+    pass  # wandb sends as it goes
+
+  def close(self) -> None:
+    self._run.finish()
+
+
 class MetricsLogger:
   """Writes train and eval scalars to TensorBoard (clu) and metrics.jsonl, and prints progress."""
 
   def __init__(self, run_dir: epath.Path, num_steps: int, start_step: int, *, tensorboard: bool = True,
-               clock: Callable[[], float] = time.time):
+               wandb: str = "", clock: Callable[[], float] = time.time):
     from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
     metric_writers = tf_module("clu.metric_writers")  # it imports TensorFlow
     self._primary = jax.process_index() == 0
     self._writer = metric_writers.create_default_writer(os.fspath(run_dir) if tensorboard else None,
                                                         just_logging=not self._primary)
+    if wandb and self._primary:
+      self._writer = metric_writers.MultiWriter([self._writer, WandbWriter(wandb, run_dir)])
     self._jsonl = run_dir / workdir.METRICS if self._primary else None
     if self._jsonl:
       drop_rows_after(self._jsonl, start_step)

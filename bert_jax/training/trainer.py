@@ -14,10 +14,10 @@ from typing import Any
 import jax
 import ml_collections
 
-from bert_jax import config_schema, config_utils, workdir as workdir_lib
+from bert_jax import config_schema, config_utils, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, finite, loop, partitioning
+from bert_jax.training import checkpoint, finite, loop, memory, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
 
@@ -98,8 +98,11 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   the end). A workdir whose run finished at train.num_steps is not trained again (finished_before:
   its record), unless train.restart."""
   check_run_config(config)
+  pretrained.check_init_from(config)
+  # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
+  memory.check_fits(build_train_setup(config))
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    return pretrain_in(config, run_dir, signals)
+    return pretrain_in(pretrained.native_init_from(config, run_dir), run_dir, signals)
 
 
 def pretrain_in(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
@@ -126,7 +129,8 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
   rng = jax.random.key(train_cfg.seed + 1)
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
-    logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard)
+    logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
+                            wandb=train_cfg.wandb)
     stack.callback(logger.close)
     stack.callback(ckpt.close)
     stack.callback(inputs.close)
