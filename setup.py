@@ -21,7 +21,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["bert_jax", "bert_jax.*"]),
-    package_data={"bert_jax.data_pipelines": ["README.md"]},
+    package_data={"bert_jax.data_pipelines": ["README.md"],
+                  "bert_jax.finetune": ["sample_data/README.md", "sample_data/*/*.txt", "sample_data/*/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6",
@@ -40,6 +41,9 @@ setup(
         "tensorflow>=2.16",
         "tensorflow-text>=2.16",
         "tensorflow-datasets>=4.9",
+        # tfds imports it on its download path but declares it only for Python < 3.9
+        "importlib_resources",
+        "requests",  # tfds' HTTP client: finetune/features.py asks the download servers before a download
         "sentencepiece>=0.2",
     ],
     extras_require={

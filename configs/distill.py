@@ -31,6 +31,7 @@ PRESETS = {
 def _general(size: str) -> ml_collections.ConfigDict:
   """DistilBERT's recipe on the pretraining corpus: KL to the teacher's masked-LM soft targets + MLM."""
   c = bert.get_config("demo" if size == "tiny" else size)
+  c.job = "general_distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.objective = "distill_mlm"
   c.distill = ml_collections.ConfigDict()
   c.distill.teacher = ""  # a pretraining workdir or a converted checkpoint with an MLM head
@@ -51,6 +52,7 @@ def get_config(arg: str = "embedded"):
   if arg.startswith("general-"):
     return _general(arg[len("general-"):])
   c = glue.get_config(arg)
+  c.job = "distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.distill = ml_collections.ConfigDict()
   c.distill.teacher = ""  # a fine-tuning workdir of the same task
   c.distill.student_layers = ""  # "" (config.model) | "every_other" | teacher layer indices "0,2,4"

@@ -35,6 +35,7 @@ SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "e
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.job = "finetune"  # the job kind (bert_jax/jobs.py); `bert-jax finetune` runs it
   c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte"})
   c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
   c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
@@ -55,24 +56,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.head.pooling = "pooled"  # pooled ([CLS] through the pooler) | layer_mix (weighted all layers)
   c.head.dropout = 0.1
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.learning_rate = 2e-5  # for the pretrained weights
+  # Shared fields: bert_jax/config_schema.py; the others are fine-tuning's own.
+  c.optimizer = common.optimizer_config(learning_rate=2e-5, warmup_ratio=0.1)  # the rate of the pretrained weights
   c.optimizer.frozen_learning_rate = 1e-3  # the base rate in train.mode=adapters / feature
   c.optimizer.head_learning_rate = 0.0  # for the new head; 0: same as learning_rate
   c.optimizer.layer_decay = 1.0  # layer-wise decay: layer i trains at lr * decay ** (L + 1 - i)
   c.optimizer.bias_correction = True  # False: the original BERTAdam
-  c.optimizer.warmup_ratio = 0.1
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.clip_norm = 1.0
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 32
-  c.train.grad_accum_steps = 1  # micro-batches per step (the update is the full batch's)
-  c.train.epochs = 3.0
-  c.train.seed = 0
+  c.train = common.train_config(batch_size=32, epochs=3.0, eval_batch_size=64, eval_every_epochs=1.0)
   # Separate streams (Dodge et al. 2020); -1: train.seed. head: the fresh parameters (the head, adapters;
   # the whole model without init_from); data: the order of the training rows; dropout: dropout masks
   # (and SMART's noise).
@@ -81,19 +72,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.dropout_seed = -1
   c.train.mode = "finetune"  # finetune (all) | adapters (Houlsby) | feature (frozen encoder, head only)
   c.train.adapter_size = 64  # the adapters' bottleneck width with train.mode=adapters
-  c.train.eval_batch_size = 64
-  c.train.eval_every_steps = 0  # 0: once per epoch
-  c.train.log_every_steps = 50
-  c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
-  c.train.wandb = ""  # a Weights & Biases project to log to as well (pip install 'bert_jax[wandb]'); "": none
-  # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
-  c.train.skip_nonfinite_steps = 0
   c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those
   c.train.early_stopping_patience = 0  # stop after this many evaluations without improvement (0: never)
   c.train.reinit_layers = 0  # re-initialise the top k encoder layers and the pooler
   # Q8BERT: int8 matmuls in the forward pass (per-channel weights, dynamic activations), straight-through
   # gradients; then `bert-jax quantize` stores the weights in int8. Needs bert_jax[quantize].
   c.train.qat = False
+  # A paused or interrupted run's train state (WORKDIR/state); 0: saved only when it stops or pauses.
+  c.checkpoint = common.checkpoint_config()
 
   # SMART (Jiang et al. 2019), the paper's values; finetune/smart.py.
   c.smart = ml_collections.ConfigDict()

@@ -225,7 +225,7 @@ def prepare_rows_on_beam(config, output_dir: str, args: list[str], epochs: int =
   ctx = make_context(data_cfg, split, None, None)  # bad vocabulary, corpus or builder: one line, before the job
   units = [str(u) for u in ctx.source.units]
   beam_runner.check_reachable(args, {"data.corpus": units if not data_cfg.tfds_name else [],
-                                     "data.vocab": [data_cfg.vocab or embedded.ensure_embedded()[1]],
+                                     "data.vocab": [embedded.default_vocab(data_cfg)],
                                      "--output": [output_dir]})
   prepare.claim_output(output_dir, overwrite)
   corpus = ConfigCorpus(data_cfg.to_dict(), split)

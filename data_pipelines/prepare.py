@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora, embedded
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf
@@ -98,10 +99,7 @@ def discarding_on_failure(output_dir: str):
 
 def write_metadata(output_dir: str, metadata: dict) -> None:
   """metadata.json, the last file of a run: through a temporary name, so it is either whole or absent."""
-  path = os.path.join(output_dir, METADATA)
-  with tf().io.gfile.GFile(path + ".tmp", "w") as f:
-    f.write(json.dumps(metadata, indent=1))
-  tf().io.gfile.rename(path + ".tmp", path, overwrite=True)
+  workdir.write_text(workdir.path(os.path.join(output_dir, METADATA)), json.dumps(metadata, indent=1))
 
 
 def read_metadata(output_dir: str) -> dict:
@@ -178,7 +176,7 @@ def check_prepared(files: list[str], data_cfg) -> None:
     raise DataError(f"data.prepared: {path} is missing; write the records with `bert-jax data prepare`")
   with tf().io.gfile.GFile(path) as f:
     metadata = json.loads(f.read())
-  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab = embedded.default_vocab(data_cfg)
   if metadata["vocab_sha256"] != vocab_fingerprint(vocab) or metadata["lower_case"] != data_cfg.lower_case:
     raise DataError(f"data.prepared records were tokenized with {metadata['vocab']} "
                     f"(lower_case={metadata['lower_case']}), not data.vocab={vocab!r} "

@@ -8,7 +8,9 @@ back and masks afresh every epoch (bert_records.py); the rows themselves repeat 
 epochs, as RoBERTa's dynamic masking over fixed rows. One file per virtual shard
 (`part-SSSSS-of-NNNNN.tfrecord`); each is written beside as `.tmp` and renamed when complete, and
 `metadata.json` (rows per file, the vocabulary's hash) is written last. With data.packing the records
-carry one more feature, `document_ids` (int64[L]), that the original format lacks.
+carry one more feature, `document_ids` (int64[L]), that the original format lacks. `data prepare` writes
+the hold-out's rows too, in `eval/` beside the training rows (`held_out_output`), where training looks
+for its evaluation records.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import os
 
 from ml_collections import ConfigDict
 
-from bert_jax.data_pipelines import embedded, prepare
+from bert_jax.data_pipelines import bert_records, embedded, prepare
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import FEATURES, PACKING_FEATURES, Featurizer
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, ShardStream, _stack, make_context
@@ -73,9 +75,18 @@ def check_request(data_cfg, epochs: int) -> None:
     raise DataError(f"--epochs={epochs}; write at least one epoch of rows")
 
 
+def held_out_output(data_cfg, output_dir: str, split: str) -> str | None:
+  """Where the hold-out's rows go beside a train split's (output_dir/eval): the eval records
+  data.format=bert_tfrecord reads when data.eval_corpus is unset (bert_records.records_glob). None when
+  the config holds nothing out (no data.eval_corpus, data.eval_fraction 0) or the split is eval already."""
+  if split != "train" or not (data_cfg.eval_corpus or data_cfg.eval_fraction > 0):
+    return None
+  return os.path.join(output_dir, bert_records.EVAL_DIR)
+
+
 def rows_metadata(data_cfg, split: str, epochs: int, counts: dict) -> dict:
   """metadata.json of the rows format; `counts`: rows per file name."""
-  vocab_path = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab_path = embedded.default_vocab(data_cfg)
   return {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
           "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
           "max_seq_length": data_cfg.max_seq_length, "max_predictions_per_seq": data_cfg.max_predictions_per_seq,

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from typing import Iterable, Iterator
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import tf, tf_module
@@ -139,10 +140,7 @@ def train_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, lo
 
 
 def _write(path: str, data: bytes) -> None:
-  gfile = tf().io.gfile
-  gfile.makedirs(os.path.dirname(path))
-  with gfile.GFile(path, "wb") as f:
-    f.write(data)
+  workdir.write_bytes(workdir.path(path), data)
 
 
 def train_vocab(corpus: str, kind: str, size: int, output_dir: str, lower_case: bool = True,

@@ -27,8 +27,9 @@ ROWS = ["--config.data.max_seq_length=48", "--config.data.max_predictions_per_se
 
 
 def _shards(directory) -> dict:
-  """file name -> bytes, for every shard and metadata.json."""
-  return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(directory, "*")))}
+  """file name -> bytes, for every shard and metadata.json (not the eval/ folder of the hold-out's rows)."""
+  return {os.path.basename(p): open(p, "rb").read() for p in sorted(glob.glob(os.path.join(directory, "*")))
+          if os.path.isfile(p)}
 
 
 def _records(directory) -> list[bytes]:

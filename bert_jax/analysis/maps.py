@@ -25,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.analysis import effective, inputs, patterns, plots, statistics
 from bert_jax.training import prune
 
@@ -138,9 +139,8 @@ def analyze_attention(checkpoint: str, text: str, out_dir: str, *, max_inputs: i
     if (i + 1) % 10 == 0 or i + 1 == num_batches:
       print(f"analyze attention: batch {i + 1}/{num_batches}", flush=True)
   report = _report(subject, totals, len(rows))
-  os.makedirs(out_dir, exist_ok=True)
+  workdir.create(out_dir, "--out")
   row = inputs.encode(subject.tokenizer, [(sentence, None)] if sentence else rows[:1], max_length)
   _plot(report, subject, row, out_dir)
-  with open(os.path.join(out_dir, "attention.json"), "w", encoding="utf-8") as f:
-    json.dump({"text": text, **report}, f, indent=1)
+  workdir.write_text(os.path.join(out_dir, "attention.json"), json.dumps({"text": text, **report}, indent=1))
   return report

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.errors import require
 
 _MISSING = "lightgrey"  # NaN cells: pruned heads
@@ -24,7 +25,8 @@ def pyplot():
 
 
 def _save(fig, path: str) -> None:
-  fig.savefig(path, dpi=100)
+  with workdir.atomic_path(path) as staged:
+    fig.savefig(staged, dpi=100, format="png")
   pyplot().close(fig)
 
 

@@ -1,7 +1,8 @@
 """`bert-jax` command line: parse, build the config, call one library function.
 
 Each sub-module registers its sub-commands with `register(subparsers)`; heavy imports happen inside
-the handlers so `bert-jax --help` is instant. Bad input raises UserError/DataError and is printed as
+the handlers so `bert-jax --help` is instant. The training commands (pretrain, finetune, distill) all
+go through `run_job`, which asks the job registry (bert_jax/jobs.py) what the config's job is. Bad input raises UserError/DataError and is printed as
 one line (exit status 2), never as a traceback.
 """
 from __future__ import annotations
@@ -80,6 +81,24 @@ def split_config_overrides(argv):
       rest.append(arg)
     i += 1
   return rest, overrides
+
+
+def run_job(args, command: str) -> int:
+  """`bert-jax <command> --config C --workdir D`: runs the job C names (bert_jax/jobs.py), which must be
+  one that <command> runs, prints the lines it ends with, and returns its exit status (143 after
+  SIGTERM, 130 after Ctrl-C, their checkpoint saved). The same for every training job."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import distributed, loop  # pylint: disable=import-outside-toplevel
+  config = load_config(args.config, args.config_overrides)
+  job = jobs.for_command(config, command, args.config)
+  if job.multihost:
+    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  result = job.run(config, args.workdir)
+  if jax.process_index() == 0:
+    print(job.summary(config, args.workdir.rstrip("/"), result), flush=True)
+  return loop.exit_code(result["stopped_by"])
 
 
 def main(argv=None) -> int:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
+from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 
 _SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
@@ -21,8 +23,9 @@ def _beam_args(args) -> list[str] | None:
 
 
 def _vocab(args):
-  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
-  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
+  from bert_jax.data_pipelines import embedded, vocab  # pylint: disable=import-outside-toplevel
+  corpus = args.corpus or embedded.ensure_embedded()[0]
+  print(vocab.train_vocab(corpus, args.type, args.size, args.output, args.lower_case,
                           args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
 
 
@@ -40,14 +43,21 @@ def _prepare(args):
     from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
     if not args.config:
       raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
+    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
     config = load_config(args.config, args.config_overrides)
     if beam_args is None:
-      from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
-      metadata = prepare_rows.prepare_rows(config, args.output, args.epochs, args.split, args.workers, args.overwrite)
+      write = functools.partial(prepare_rows.prepare_rows, num_workers=args.workers, overwrite=args.overwrite)
     else:
       from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
-      metadata = beam_prepare.prepare_rows_on_beam(config, args.output, beam_args, args.epochs, args.split,
-                                                   args.overwrite)
+      write = functools.partial(beam_prepare.prepare_rows_on_beam, args=beam_args, overwrite=args.overwrite)
+    metadata = write(config, args.output, epochs=args.epochs, split=args.split)
+    held_out = prepare_rows.held_out_output(config.data, args.output, args.split)
+    if held_out:  # one epoch of the held-out documents' rows, where pretrain looks for its evaluation records
+      try:
+        metadata["eval"] = {"output": held_out, "rows": write(config, held_out, epochs=1, split="eval")["rows"]}
+      except DataError as e:  # a hold-out too small for every shard: the training rows stand without it
+        print(f"no hold-out records in {held_out} ({e}); pretrain on these rows with data.eval_corpus, or with "
+              "train.eval_every_steps=0", file=sys.stderr)
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
@@ -115,7 +125,8 @@ def _add_beam_args(parser):
 
 def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
-  p.add_argument("--corpus", required=True, help="glob(s) of text files, comma separated")
+  p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
+                                             "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
   p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
@@ -141,7 +152,8 @@ def register(subparsers) -> None:
                  help="documents: tokenized documents (data.prepared); bert_tfrecord: rows (data.format=bert_tfrecord)")
   p.add_argument("--config", default="", help="--format bert_tfrecord: the config whose data section builds the rows")
   p.add_argument("--epochs", type=int, default=1, help="--format bert_tfrecord: epochs of rows to write")
-  p.add_argument("--split", default="train", choices=("train", "eval"), help="--format bert_tfrecord: which split")
+  p.add_argument("--split", default="train", choices=("train", "eval"), help="--format bert_tfrecord: which split (train also writes the hold-out's rows "
+                      "to OUTPUT/eval/, where pretrain finds them)")
   p.add_argument("--corpus", default="", help="glob(s) of text files; default: the embedded corpus")
   p.add_argument("--vocab", default="", help="vocab.txt or *.model; default: the embedded vocabulary")
   p.add_argument("--output", required=True)

@@ -12,6 +12,7 @@ def _embedder(args):
 
 def _embed(args):
   from bert_jax.sbert import embed  # pylint: disable=import-outside-toplevel
+  embed.check_output(args.output)
   sentences = embed.read_lines(args.input)
   embedder = _embedder(args)
   embeddings = embedder(sentences, progress=True)

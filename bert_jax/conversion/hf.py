@@ -287,12 +287,12 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   names = {"b": layout.HF_BASE[family] if export.prefixed else ""}
   tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)
   out = workdir.create(directory)
-  (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
+  workdir.write_bytes(out / "model.safetensors", safetensors.numpy.save(tensors, metadata={"format": "pt"}))
   workdir.write_json(out / "config.json",
                      {**_hf_config(converted.config, family, export.architecture), **export.extra_config})
   if export.config.adapter_size:
     modeling = epath.Path(__file__).parent / "hf_adapter_modeling.py"
-    (out / f"{_ADAPTER_MODULE}.py").write_text(modeling.read_text())
+    workdir.write_text(out / f"{_ADAPTER_MODULE}.py", modeling.read_text())
   left = params_lib.unwritten(export.config, family, converted.params, export.extra_rows)
   notes = list(export.notes)
   if left:

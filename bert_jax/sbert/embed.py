@@ -2,10 +2,10 @@
 
 Each sentence becomes [CLS] tokens [SEP], cut at the model's max_seq_length, as sentence-transformers
 tokenizes it. Padding costs compute on every layer, so, like sentence-transformers, the rows run sorted
-by length, longest first; unlike it (it pads each batch to its longest row, one shape per batch), a
-batch is padded to the smallest of a few length *buckets* that holds its longest row (powers of two
-from 16 up to max_seq_length), and the last batch of a bucket is filled up with copies of a row, so the
-jitted forward has one shape per bucket and compiles at most once for each. The embeddings are put
+by length, longest first, in batches of batch_size; unlike it (it pads each batch to its longest row,
+one shape per batch), a batch is padded to the smallest of a few length *buckets* that holds its
+longest row (powers of two from 16 up to max_seq_length), and the last batch is filled up with copies
+of a row, so the jitted forward has one shape per bucket and compiles at most once for each. The embeddings are put
 back in the input's order.
 
 The forward is jitted over a data-parallel mesh of the local devices (the batch is rounded up to a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import io
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -81,8 +81,8 @@ class Embedder:
     if buckets[0] < 2 or buckets[-1] != length:
       raise UserError(f"length buckets {list(buckets)} must be >= 2 and end at the model's max_seq_length {length}")
     # Inference only: the scanned layers unrolled (faster on CPU; compiled once per bucket anyway).
-    model = model.replace(config=model.config.replace(scan_unroll=model.config.num_layers, hidden_dropout=0.0,
-                                                      attention_dropout=0.0))
+    model = model.clone(config=model.config.replace(scan_unroll=model.config.num_layers, hidden_dropout=0.0,
+                                                    attention_dropout=0.0))
     mesh, rules = _mesh(), config_common.LOGICAL_AXIS_RULES
     dummy = jnp.zeros((1, 2), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1)["params"])
@@ -109,23 +109,27 @@ class Embedder:
       if not isinstance(sentence, str):
         raise UserError(f"sentence {i + 1}: expected a string, got {sentence!r:.80}")
     rows = [self.tokenize(s) for s in sentences]
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
     out = np.zeros((len(rows), self.dimension), np.float32)
     pending = []
     with tqdm.tqdm(total=len(rows), disable=not progress, delay=2.0, file=sys.stderr, unit="sentence",
                    desc="embed") as bar:
-      for start in range(0, len(order), self.batch_size):
-        chosen = order[start:start + self.batch_size]
-        pending.append((chosen, self._run([rows[i] for i in chosen])))  # dispatched, not waited for
+      for length, chosen in self.batches([len(r) for r in rows]):
+        pending.append((chosen, self._run([rows[i] for i in chosen], length)))  # dispatched, not waited for
         if len(pending) > 2:
           self._collect(pending.pop(0), out, bar)
       for item in pending:
         self._collect(item, out, bar)
     return out
 
-  def _run(self, rows: list[list[int]]) -> jax.Array:
-    """The embeddings of up to batch_size rows (longest first), padded to their bucket."""
-    length = self.buckets[bisect.bisect_left(self.buckets, len(rows[0]))]
+  def batches(self, lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """(bucket, row indices) per model call: the rows sorted by length, longest first, in batches of
+    batch_size, each padded to the smallest bucket that holds its longest row."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [(self.buckets[bisect.bisect_left(self.buckets, lengths[order[start]])], order[start:start + self.batch_size])
+            for start in range(0, len(order), self.batch_size)]
+
+  def _run(self, rows: list[list[int]], length: int) -> jax.Array:
+    """The embeddings of up to batch_size rows, padded to `length` (free rows repeat the first)."""
     ids = np.full((self.batch_size, length), self.tokenizer.special_ids["[PAD]"], np.int32)
     mask = np.zeros((self.batch_size, length), np.int32)
     for r in range(self.batch_size):
@@ -150,14 +154,28 @@ def read_lines(path: str) -> list[str]:
   except UnicodeDecodeError as e:
     raise UserError(f"--input {path}: not UTF-8 text ({e})") from None
   lines = [line.removesuffix("\r") for line in text.split("\n")]
-  return lines[:-1] if lines and not lines[-1] else lines
+  lines = lines[:-1] if lines and not lines[-1] else lines
+  if not lines:
+    raise UserError(f"--input {path}: the file is empty; give one sentence per line")
+  return lines
 
 
-def write_npy(path: str, array: np.ndarray) -> None:
-  """`array` as a .npy file, written whole under a temporary name and then renamed (never half-written)."""
+def check_output(path: str) -> None:
+  """UserError before any work when --output cannot take a .npy file (wrong suffix, no such folder, read-only)."""
   target = workdir.path(path)
   if target.suffix != ".npy":
     raise UserError(f"--output {path}: name it *.npy (numpy's format, np.load reads it)")
-  buffer = io.BytesIO()
-  np.save(buffer, array)
-  workdir.write_bytes_atomic(target, buffer.getvalue())
+  if workdir.is_url(target):
+    return
+  folder = target.parent
+  if not folder.is_dir():
+    raise UserError(f"--output {path}: the folder {folder} does not exist; create it first")
+  if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    raise UserError(f"--output {path}: not writable; choose a path you may write to")
+
+
+def write_npy(path: str, array: np.ndarray) -> None:
+  """`array` as a .npy file, written whole or not at all (workdir.atomic_open)."""
+  check_output(path)
+  with workdir.atomic_open(workdir.path(path), "wb") as f:
+    np.save(f, array)

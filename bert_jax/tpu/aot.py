@@ -1,9 +1,11 @@
-"""`bert-jax compile`: the pretraining train and eval steps, compiled ahead of time for a TPU slice.
+"""`bert-jax compile`: a job's train and eval steps (bert_jax/jobs.py: `Job.step`), compiled ahead of
+time for a TPU slice.
 
 libtpu compiles for a slice it only describes (`jax.experimental.topologies`), so the HBM a step
 needs on each chip and the collectives it runs are known on any machine, before a TPU hour is spent.
-The steps are `build_train_setup`'s, the ones `pretrain` runs, lowered with abstract inputs carrying
-their shardings on the slice's mesh; nothing is allocated.
+The steps are the ones the job runs (pretraining's `build_train_setup`, general distillation's with the
+student resolved from its teacher), lowered with abstract inputs carrying their shardings on the
+slice's mesh; nothing is allocated.
 
 Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer state, batch;
 temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
@@ -22,13 +24,17 @@ import threading
 import time
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
+from bert_jax.finetune import features as finetune_features, heads
+from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, partitioning
-from bert_jax.training.step import build_train_setup
+from bert_jax.training.step import TrainSetup
 from bert_jax.tpu import hlo, slices
 
 # XLA:TPU's out-of-memory messages: "... memory required for HLO temporaries (104.29G) exceeds
@@ -215,14 +221,17 @@ def _batch_words(batch: int, dp: int, config: ml_collections.ConfigDict, accum: 
 
 
 def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
+                      build: Callable[[ml_collections.ConfigDict, jax.sharding.Mesh], tuple[Any, TrainSetup]],
                       say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits; `say`
-  gets a line as each compile starts and ends (a step compiles for a minute or more)."""
+  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits.
+  build(config, mesh) -> (the config the step is built from, its TrainSetup): the job's step
+  (bert_jax/jobs.py: `Job.step`); `say` gets a line as each compile starts and ends (a step compiles for
+  a minute or more)."""
   tpu = slices.parse(topology)
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
+  config, setup = build(config, mesh)
   _check_hosts(config, tpu)
-  setup = build_train_setup(config, mesh)
   state = setup.abstract_state  # shapes with their shardings on the slice's mesh
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
@@ -317,15 +326,11 @@ def compile_forward(model_config, kind: str, num_labels: int, topology: str, bat
   Returns the compile seconds, the element types of every matmul in the compiled program
   (hlo.matmul_types: "s32 <- s8 x s8" is an int8 one) and the forward's FLOPs per call, counted
   analytically (`training/benchmark.py`; the compiler's cost analysis counts a scanned layer once)."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from bert_jax.finetune import features as finetune_features, heads  # pylint: disable=import-outside-toplevel
   tpu = slices.parse(topology)
   device = slices.compile_only_devices(tpu)[0]
   one = jax.sharding.SingleDeviceSharding(device)
   model = heads.FinetuneModel(model_config, kind, num_labels, "pooled", 0.0)
   if int8:
-    from bert_jax.compress import int8 as int8_lib  # pylint: disable=import-outside-toplevel
     model = int8_lib.int8_model(model)
   dummy = jnp.zeros((1, seq), jnp.int32)
   params = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"]))
