@@ -299,9 +299,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
     notes.append(f"{export.architecture} has no place for {len(left)} parameters, not written: "
                  f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
   if converted.tokenizer:
-    # A fine-tuned model's tokenizer truncates (truncation=True) where fine-tuning and predict did.
+    # A fine-tuned model's tokenizer truncates (truncation=True) where fine-tuning and predict did, a
+    # sentence embedding model's where it embeds.
     max_length = converted.task_head.max_seq_length if converted.task_head else 0
-    _write_tokenizer(out, family, converted.tokenizer, converted.pooling.max_seq_length if converted.pooling else max_length)
+    max_length = converted.pooling.max_seq_length if converted.pooling else max_length
+    _write_tokenizer(out, family, converted.tokenizer, max_length)
   if converted.pooling is not None:
     sentence_transformers.write(directory, converted.pooling, converted.config.hidden_size)
     notes.append(f"a sentence-transformers folder too ({'+'.join(converted.pooling.modes)} pooling"

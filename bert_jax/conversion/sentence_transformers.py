@@ -14,7 +14,8 @@ or in a sub-folder such as 0_Transformer/) plus:
 Any other module (Dense, LayerNorm, a router) has no bert_jax counterpart and is refused. The export
 writes the format sentence-transformers 2-5 write and 6 reads (the legacy module type names and
 pooling keys), so every version since 2.0 loads it; only modes concatenated in another order than
-cls, max, mean, mean_sqrt_len_tokens need version 6's "pooling_mode" list. sentence-transformers itself is never imported.
+cls, max, mean, mean_sqrt_len_tokens need version 6's "pooling_mode" list. sentence-transformers itself
+is never imported.
 """
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ def read(path: str, max_positions: int) -> Pooling:
 def write(directory: str, pooling: Pooling, hidden_size: int) -> None:
   """Makes the HF model directory `directory` (already written) a sentence-transformers folder."""
   out = workdir.path(directory)
-  chain = [("transformer", ""), ("pooling", "1_Pooling")] + ([("normalize", "2_Normalize")] if pooling.normalize else [])
+  chain = [("transformer", ""), ("pooling", "1_Pooling")]
+  chain += [("normalize", "2_Normalize")] if pooling.normalize else []
   workdir.write_json(out / MODULES, [{"idx": i, "name": str(i), "path": where, "type": _TYPES[kind]}
                                      for i, (kind, where) in enumerate(chain)])
   legacy = list(pooling.modes) == [m for m in _LEGACY_MODES.values() if m in pooling.modes]

@@ -125,8 +125,9 @@ class Embedder:
     """(bucket, row indices) per model call: the rows sorted by length, longest first, in batches of
     batch_size, each padded to the smallest bucket that holds its longest row."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [(self.buckets[bisect.bisect_left(self.buckets, lengths[order[start]])], order[start:start + self.batch_size])
-            for start in range(0, len(order), self.batch_size)]
+    starts = range(0, len(order), self.batch_size)
+    return [(self.buckets[bisect.bisect_left(self.buckets, lengths[order[s]])], order[s:s + self.batch_size])
+            for s in starts]
 
   def _run(self, rows: list[list[int]], length: int) -> jax.Array:
     """The embeddings of up to batch_size rows, padded to `length` (free rows repeat the first)."""

@@ -2,18 +2,15 @@
 reading one from any checkpoint.
 
 SentenceEncoder's parameters are the encoder's (embeddings, encoder) at the top level, as in every
-bert_jax checkpoint, so a pretrained checkpoint loads into it by key and a trained one is itself a
-checkpoint. The softmax objective's classifier on (u, v, |u - v|) sits under head/classifier: it trains
-with the encoder and is left out of what embedding reads (Reimers & Gurevych 2019 drop it too).
-A checkpoint records its pooling in config.json (conversion/native.py: "sentence_embedding"); one that
-does not (a plain pretrained or HF model) is pooled as sentence-transformers pools a plain HF model:
-mean pooling, no normalisation, at most 512 tokens.
+bert_jax checkpoint, so any checkpoint's encoder loads into it by key. A checkpoint records its pooling
+in config.json (conversion/native.py: "sentence_embedding", what `convert --from hf` of a
+sentence-transformers folder writes); one that does not (a plain pretrained or HF model) is pooled as
+sentence-transformers pools a plain HF model: mean pooling, no normalisation, at most 512 tokens.
 """
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bert_jax import pretrained
 from bert_jax.conversion import common
@@ -30,44 +27,18 @@ def encoder_config(config: ModelConfig) -> ModelConfig:
   return config.replace(use_pooler=False, mlm_head=False, sentence_head="none", rtd_head=False)
 
 
-class PairClassifier(nn.Module):
-  """SBERT's NLI classifier: dense(concat(u, v, |u - v|)) -> logits float32 [B, C]."""
-  config: ModelConfig
-  num_labels: int
-
-  @nn.compact
-  def __call__(self, u: Array, v: Array) -> Array:
-    features = jnp.concatenate([u, v, jnp.abs(u - v)], axis=-1).astype(self.config.compute_dtype)
-    return bert.dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(features).astype(jnp.float32)
-
-
 class SentenceEncoder(nn.Module):
-  """input_ids, attention_mask int32[B, T] -> embeddings float32[B, D] (D = len(pooling.modes) x hidden).
-
-  num_labels > 0 adds the pair classifier (`classify`), for the softmax objective.
-  """
+  """input_ids, attention_mask int32[B, T] -> embeddings float32[B, D] (D = len(pooling.modes) x hidden)."""
   config: ModelConfig
   pooling: Pooling
-  num_labels: int = 0
 
   def setup(self):
     self.encoder_model = bert.BertModel(encoder_config(self.config))
     nn.share_scope(self, self.encoder_model)
-    if self.num_labels:
-      self.head = PairClassifier(self.config, self.num_labels)
 
   def __call__(self, input_ids: Array, attention_mask: Array, *, deterministic: bool = True) -> Array:
     out = self.encoder_model(input_ids, attention_mask, deterministic=deterministic)
     return self.pooling(out.last_hidden_state, attention_mask)
-
-  def classify(self, u: Array, v: Array) -> Array:
-    """u, v [B, D] -> logits [B, num_labels]."""
-    return self.head(u, v)
-
-  def init_all(self, input_ids: Array, attention_mask: Array) -> Array:
-    """Touches every parameter (the classifier too), for `init`."""
-    u = self(input_ids, attention_mask)
-    return self.classify(u, u) if self.num_labels else u
 
 
 def default_pooling(config: ModelConfig) -> Pooling:
