@@ -1,0 +1,173 @@
+"""Sentence embeddings at tiny sizes: pooling and the bi-encoder losses against NumPy, STS and retrieval
+against scipy and hand counts, and a tiny sentence-transformers folder (cls + max pooling, a 12-token
+limit) through convert, `bert-jax embed`, `embed-eval`, `search` and back, against sentence-transformers."""
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+sentence_transformers = pytest.importorskip("sentence_transformers")
+scipy_stats = pytest.importorskip("scipy.stats")
+
+import jax.numpy as jnp  # noqa: E402
+
+import bert_jax  # noqa: E402
+from bert_jax import cli  # noqa: E402
+from bert_jax.models.pooling import Pooling  # noqa: E402
+from bert_jax.sbert import evaluate, losses  # noqa: E402
+from bert_jax.sbert.data import Pairs  # noqa: E402
+
+WORDS = "the a cat dog sat ran on mat rug fast slow big small red blue ##s ##ed".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def _hidden_and_mask(seed=0):
+  rng = np.random.default_rng(seed)
+  hidden = rng.normal(size=(4, 6, 5)).astype(np.float32)
+  mask = np.array([[1] * 6, [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]], np.int32)
+  return hidden, mask
+
+
+def _numpy_pool(hidden, mask, mode):
+  kept = mask[..., None].astype(bool)
+  if mode == "cls":
+    return hidden[:, 0]
+  if mode == "max":
+    return np.where(kept, hidden, -np.inf).max(1)
+  total, count = np.where(kept, hidden, 0).sum(1), mask.sum(1, keepdims=True)
+  return total / (count if mode == "mean" else np.sqrt(count))
+
+
+@pytest.mark.parametrize("modes,normalize", [(("mean",), False), (("mean",), True), (("cls",), False),
+                                             (("max",), True), (("mean_sqrt_len_tokens",), False),
+                                             (("max", "cls", "mean"), True)])
+def test_pooling_matches_numpy(modes, normalize):
+  hidden, mask = _hidden_and_mask()
+  expected = np.concatenate([_numpy_pool(hidden, mask, m) for m in modes], axis=-1)
+  if normalize:
+    expected = expected / np.linalg.norm(expected, axis=-1, keepdims=True)
+  pooling = Pooling(modes, normalize, 8)
+  got = np.asarray(pooling(jnp.asarray(hidden), jnp.asarray(mask)))
+  assert got.shape == (4, len(modes) * 5) == (4, pooling.dimension(5))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+  # Padding is ignored whatever it holds.
+  noisy = np.where(mask[..., None].astype(bool), hidden, 1e3)
+  np.testing.assert_allclose(np.asarray(pooling(jnp.asarray(noisy), jnp.asarray(mask))), expected, rtol=1e-5,
+                             atol=1e-6)
+  assert Pooling.from_dict(pooling.to_dict()) == pooling
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _unit(x):
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_losses_match_numpy():
+  rng = np.random.default_rng(1)
+  u, v, negatives = (rng.normal(size=(4, 6)).astype(np.float32) for _ in range(3))
+  kernel, bias = rng.normal(size=(18, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+  labels = np.array([0, 2, 1, 2])
+  logits = np.concatenate([u, v, np.abs(u - v)], 1) @ kernel + bias
+  np.testing.assert_allclose(losses.softmax(u, v, kernel, bias, labels), -_log_softmax(logits)[np.arange(4), labels],
+                             rtol=1e-5)
+  scores = np.array([0.9, -0.2, 0.5, 0.0], np.float32)
+  cosines = np.sum(_unit(u) * _unit(v), 1)
+  np.testing.assert_allclose(losses.cosine_regression(u, v, scores), (cosines - scores) ** 2, rtol=1e-5, atol=1e-7)
+  candidates = np.concatenate([v, negatives])  # in-batch positives, then hard negatives
+  for scale in (1.0, 20.0):
+    expected = -_log_softmax(scale * _unit(u) @ _unit(candidates).T)[np.arange(4), np.arange(4)]
+    np.testing.assert_allclose(losses.ranking(u, candidates, scale), expected, rtol=1e-5)
+  assert float(losses.ranking(u, u * 3.0, 20.0).mean()) < float(losses.ranking(u, v, 20.0).mean())
+
+
+def test_sts_and_retrieval_match_scipy_and_hand_counts():
+  rng = np.random.default_rng(2)
+  table = {f"s{i}": rng.normal(size=8) for i in range(12)}
+  embed = lambda sentences: np.stack([table[s] for s in sentences])  # noqa: E731
+  pairs = Pairs([[f"s{i}" for i in range(6)], [f"s{i}" for i in range(6, 12)]], rng.uniform(0, 5, 6))
+  cosines = np.sum(_unit(embed(pairs.columns[0])) * _unit(embed(pairs.columns[1])), 1)
+  results = evaluate.sts(embed, pairs)
+  assert results["spearman"] == pytest.approx(scipy_stats.spearmanr(pairs.target, cosines)[0])
+  assert results["pearson"] == pytest.approx(scipy_stats.pearsonr(pairs.target, cosines)[0])
+  queries, corpus = ["s0", "s1", "s2"], ["s3", "s1", "s4", "s5"]
+  table["s3"] = table["s0"] * 0.5 + table["s5"]  # not s0 itself: its rank is counted below
+  scores = _unit(embed(queries)) @ _unit(embed(corpus)).T
+  gold_ranks = [1 + int(np.sum(scores[q] > scores[q, q])) for q in range(3)]
+  got = evaluate.retrieval(embed, queries, corpus, ks=(1, 2))
+  assert gold_ranks[1] == 1
+  assert got["recall@1"] == pytest.approx(np.mean([r <= 1 for r in gold_ranks]))
+  assert got["recall@2"] == pytest.approx(np.mean([r <= 2 for r in gold_ranks]))
+  assert got["mrr@10"] == pytest.approx(np.mean([1 / r for r in gold_ranks]))
+  hits = evaluate.search(embed, ["s1"], corpus, 2)[0]
+  assert [i for i, _ in hits] == list(np.argsort(-scores[1])[:2]) and hits[0] == (1, pytest.approx(1.0))
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+  """A tiny random BERT as a sentence-transformers folder: cls + max pooling, no Normalize, 12 tokens."""
+  root = tmp_path_factory.mktemp("tiny_st")
+  torch.manual_seed(0)
+  config = transformers.BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=37, max_position_embeddings=32)
+  transformers.BertModel(config).eval().save_pretrained(root / "st")
+  (root / "st" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+  (root / "st" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True,
+                                                                  "tokenizer_class": "BertTokenizer"}))
+  modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+  (root / "st" / "modules.json").write_text(json.dumps(modules))
+  (root / "st" / "1_Pooling").mkdir()
+  (root / "st" / "1_Pooling" / "config.json").write_text(json.dumps(
+      {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_max_tokens": True,
+       "pooling_mode_mean_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}))
+  (root / "st" / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12, "do_lower_case": False}))
+  assert cli.main(["convert", "--from", "hf", str(root / "st"), str(root / "ours")]) == 0
+  rng = np.random.default_rng(3)
+  sentences = [" ".join(rng.choice(WORDS[:-2], rng.integers(1, 20))) for _ in range(10)] + ["The CAT sat", ""]
+  reference = sentence_transformers.SentenceTransformer(str(root / "st"), device="cpu")
+  return root, sentences, reference.encode(sentences, convert_to_numpy=True)
+
+
+def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tmp_path):
+  root, sentences, expected = tiny_folder
+  with open(root / "ours" / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["sentence_embedding"] == {"modes": ["cls", "max"], "normalize": False, "max_seq_length": 12}
+  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  assert embedder.buckets == (12,) and embedder.dimension == 64
+  np.testing.assert_allclose(embedder(sentences), expected, atol=1e-5)
+  back = str(tmp_path / "hf")
+  assert cli.main(["convert", "--to", "hf", str(root / "ours"), back]) == 0
+  reloaded = sentence_transformers.SentenceTransformer(back, device="cpu")
+  assert reloaded.max_seq_length == 12 and reloaded[1].pooling_mode == ("cls", "max")
+  np.testing.assert_allclose(reloaded.encode(sentences, convert_to_numpy=True), expected, atol=1e-5)
+
+
+def test_embed_eval_and_search_on_files(tiny_folder, tmp_path, capsys):
+  root, sentences, expected = tiny_folder
+  model = str(root / "ours")
+  gold = np.arange(6) / 5.0
+  sts = tmp_path / "sts.tsv"
+  sts.write_text("sentence1\tsentence2\tscore\n" + "".join(f"{sentences[i]}\t{sentences[i + 6]}\t{gold[i]}\n"
+                                                           for i in range(6)))
+  assert cli.main(["embed-eval", "--model", model, "--sts", str(sts)]) == 0
+  results = json.loads(capsys.readouterr().out)
+  cosines = np.sum(_unit(expected[:6]) * _unit(expected[6:]), 1)
+  assert results["pairs"] == 6
+  assert results["spearman"] == pytest.approx(scipy_stats.spearmanr(gold, cosines)[0], abs=1e-6)
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(sentences[:10]) + "\n")
+  assert cli.main(["search", "--model", model, "--corpus", str(corpus), "--query", sentences[3], "--top-k", "3"]) == 0
+  found = json.loads(capsys.readouterr().out)
+  scores = _unit(expected[:10]) @ _unit(expected[3])
+  assert [h["line"] - 1 for h in found["hits"]] == list(np.argsort(-scores, kind="stable")[:3])
+  assert found["hits"][0]["score"] == pytest.approx(1.0, abs=1e-5)
+  bad = tmp_path / "bad.tsv"
+  bad.write_text("a\tb\t0.5\nc\td\tnot-a-number\n")
+  assert cli.main(["embed-eval", "--model", model, "--sts", str(bad)]) == 2
+  assert "bad.tsv, line 2" in capsys.readouterr().err
