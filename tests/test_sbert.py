@@ -171,3 +171,39 @@ def test_embed_eval_and_search_on_files(tiny_folder, tmp_path, capsys):
   bad.write_text("a\tb\t0.5\nc\td\tnot-a-number\n")
   assert cli.main(["embed-eval", "--model", model, "--sts", str(bad)]) == 2
   assert "bad.tsv, line 2" in capsys.readouterr().err
+
+
+def test_a_plain_model_embeds_with_mean_pooling_as_sentence_transformers_does(tiny_folder, tmp_path, capsys):
+  root, sentences, _ = tiny_folder
+  plain = tmp_path / "plain"
+  plain.mkdir()
+  for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"):
+    (plain / name).write_bytes((root / "st" / name).read_bytes())
+  embedder = bert_jax.Embedder.load(str(plain), batch_size=8, buckets=(32,))
+  assert "records no sentence pooling: mean pooling over at most 32 tokens" in capsys.readouterr().err
+  reference = sentence_transformers.SentenceTransformer(str(plain), device="cpu")
+  assert [type(m).__name__ for m in reference] == ["Transformer", "Pooling"] and reference[1].pooling_mode == "mean"
+  np.testing.assert_allclose(embedder(sentences), reference.encode(sentences, convert_to_numpy=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                       {"idx": 1, "name": "1", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]},
+     "module sentence_transformers.models.Dense has no bert_jax counterpart"),
+    ({"1_Pooling/config.json": {"word_embedding_dimension": 32, "pooling_mode_weightedmean_tokens": True}},
+     "pooling mode pooling_mode_weightedmean_tokens has no bert_jax counterpart"),
+    ({"sentence_bert_config.json": {"max_seq_length": 64}}, "max_seq_length 64 must be between 2 and"),
+])
+def test_a_folder_bert_jax_cannot_represent_is_refused_in_one_line(tiny_folder, tmp_path, capsys, change, named):
+  root, _, _ = tiny_folder
+  folder = tmp_path / "st"
+  for source in (root / "st").rglob("*"):
+    if source.is_file():
+      (folder / source.relative_to(root / "st")).parent.mkdir(parents=True, exist_ok=True)
+      (folder / source.relative_to(root / "st")).write_bytes(source.read_bytes())
+  for name, value in change.items():
+    (folder / name).write_text(json.dumps(value))
+  assert cli.main(["convert", "--from", "hf", str(folder), str(tmp_path / "out")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and named in err[0], err
+  assert not (tmp_path / "out").exists()
