@@ -80,9 +80,9 @@ class Embedder:
     buckets = tuple(sorted(set(buckets or buckets_for(length))))
     if buckets[0] < 2 or buckets[-1] != length:
       raise UserError(f"length buckets {list(buckets)} must be >= 2 and end at the model's max_seq_length {length}")
-    # Inference only: the scanned layers unrolled (faster on CPU; compiled once per bucket anyway).
-    model = model.clone(config=model.config.replace(scan_unroll=model.config.num_layers, hidden_dropout=0.0,
-                                                    attention_dropout=0.0))
+    # Inference only. The layers stay a scanned loop: unrolling them doubles each bucket's compile on
+    # CPU and measured no faster (BENCHMARKS.md, "Sentence embeddings").
+    model = model.clone(config=model.config.replace(hidden_dropout=0.0, attention_dropout=0.0))
     mesh, rules = _mesh(), config_common.LOGICAL_AXIS_RULES
     dummy = jnp.zeros((1, 2), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1)["params"])
