@@ -31,13 +31,18 @@ LOGICAL_AXIS_RULES = (
 SET_BY_JOBS = ("adapter_size",)
 
 
-def model_config(**overrides) -> ml_collections.ConfigDict:
-  """The encoder's fields with ModelConfig's defaults (BERT-base); see bert_jax/models/config.py for
-  their meaning."""
-  c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(ModelConfig)
+def model_config_of(config_class, **overrides) -> ml_collections.ConfigDict:
+  """A model section: the fields of a family's config dataclass with their defaults (their meaning is in
+  its docstring), those that jobs set left out."""
+  c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(config_class)
                                  if f.name not in SET_BY_JOBS})
   c.update(overrides)
   return c
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  """The encoder's fields with ModelConfig's defaults (BERT-base); see bert_jax/models/config.py."""
+  return model_config_of(ModelConfig, **overrides)
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
@@ -90,6 +95,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256  # global, over all hosts and micro-batches
   c.train.grad_accum_steps = 1
+  # Batch-size warmup (bert_jax/training/batch_warmup.py): the batch that counts grows from this fraction of
+  # batch_size to all of it over batch_warmup_steps steps (0: off)
+  c.train.batch_warmup_steps = 0
+  c.train.batch_warmup_start = 1.0
   c.train.num_steps = 1_000_000
   c.train.seed = 0
   c.train.log_every_steps = 100
@@ -101,11 +110,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.skip_nonfinite_steps = 0
 
   c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"  # adamw | lamb
+  c.optimizer.name = "adamw"  # adamw | lamb | stable_adamw
   c.optimizer.learning_rate = 1e-4
   c.optimizer.warmup_steps = 10_000
-  c.optimizer.decay = "linear"  # linear | polynomial | constant
+  c.optimizer.decay = "linear"  # linear | polynomial | constant | 1-sqrt (warmup-stable-decay)
   c.optimizer.decay_power = 1.0
+  c.optimizer.decay_steps = 0  # 1-sqrt: the length of the decay
+  c.optimizer.decay_start = -1  # 1-sqrt: the step where it starts (-1: train.num_steps - decay_steps)
   c.optimizer.end_learning_rate = 0.0
   c.optimizer.b1 = 0.9
   c.optimizer.b2 = 0.999

@@ -1,4 +1,5 @@
-"""ModernBERT checkpoints of Hugging Face (ModernBertModel, ModernBertForMaskedLM) <-> bert_jax params.
+"""ModernBERT checkpoints of Hugging Face (ModernBertModel, ModernBertForMaskedLM) <-> bert_jax params;
+hf.py hands ModernBERT directories to `read` and `write` here.
 
 The mapping table below is the only place that knows ModernBERT's Hugging Face names. A row is
 (bert_jax path, HF name, the number of leading input axes of our kernel or None for a copy): HF
@@ -12,11 +13,16 @@ import math
 from typing import Mapping
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+import safetensors.numpy
 from flax import traverse_util
 
+from bert_jax import workdir
+from bert_jax.conversion import common
 from bert_jax.errors import UserError
-from bert_jax.models.modernbert import ModernBertConfig
+from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel
 
 MODEL_TYPE = "modernbert"
 BASE = "model."
@@ -181,3 +187,67 @@ def from_params(config: ModernBertConfig, params: Mapping, prefixed: bool) -> di
       value = np.asarray(flat[ours], np.float32)
       tensors[name] = np.ascontiguousarray(_to_hf(value if layer is None else value[layer], inputs))
   return tensors
+
+
+def param_shapes(config: ModernBertConfig) -> dict[str, tuple[int, ...]]:
+  """{bert_jax path: shape} of the model `config` describes, without allocating it."""
+  ids = jnp.zeros((1, 1), jnp.int32)
+  model = ModernBertModel(config.replace(attention="dot"))  # the backend has no parameters; dot takes any length
+  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))["params"]
+  return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(nn.meta.unbox(abstract), sep="/").items()}
+
+
+def with_heads(config: ModernBertConfig, heads) -> ModernBertConfig:
+  return config.replace(mlm_head="mlm" in heads, use_pooler="pooler" in heads)
+
+
+def read(directory: str, hf: dict, tensors: Mapping[str, np.ndarray], scan_layers: bool,
+         tokenizer: common.Tokenizer | None) -> common.Converted:
+  """A Hugging Face ModernBERT directory's config.json and tensors as bert_jax params."""
+  heads = heads_in(tensors)
+  config = model_config(hf, heads, scan_layers, directory)
+  params, used = to_params(config, param_shapes(config), tensors, directory)
+  ignored = sorted(set(tensors) - used)
+  notes = [f"{directory}: ignored tensors without a bert_jax counterpart: {', '.join(ignored[:6])}"
+           + (f" (+{len(ignored) - 6} more)" if len(ignored) > 6 else "")] if ignored else []
+  if tokenizer is None:
+    notes.append(f"{directory}: no tokenizer files bert_jax reads (vocab.txt, *.model, vocab.json + merges.txt); "
+                 "ModernBERT's own ships as tokenizer.json only")
+  return common.Converted(MODEL_TYPE, config, params, tokenizer, tuple(h for h in ("mlm",) if h not in heads), notes)
+
+
+_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer"}
+
+
+def write(directory: str, converted: common.Converted) -> list[str]:
+  """config.json, model.safetensors and the tokenizer files of a Hugging Face ModernBERT directory."""
+  if converted.task_head is not None:
+    raise UserError(f"a fine-tuned ModernBERT ({converted.task_head.kind} head) has no Hugging Face export yet; "
+                    "use bert-jax predict")
+  config = converted.config
+  architecture, _, prefixed = ARCHITECTURES[0] if config.mlm_head else ARCHITECTURES[1]
+  tensors = from_params(config, converted.params, prefixed)
+  out = workdir.create(directory)
+  (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
+  workdir.write_json(out / "config.json", hf_config(config, architecture))
+  if converted.tokenizer:
+    tok = converted.tokenizer
+    workdir.write_tokenizer(out, tok.files)
+    workdir.write_json(out / "tokenizer_config.json", {"tokenizer_class": _TOKENIZER_CLASS[tok.kind],
+                                                        "do_lower_case": tok.lower_case})
+  return [f"the pooled prediction head (pooler) has no place in {architecture}: not written"] if config.use_pooler else []
+
+
+def relayout(params: Mapping, config: ModernBertConfig, scan_layers: bool) -> dict:
+  """`params` re-arranged for stacked (scan_layers) or unrolled layer_{i} layers."""
+  if config.scan_layers == scan_layers:
+    return dict(params)
+  encoder = dict(params["encoder"])
+  if config.scan_layers:
+    stacked = encoder.pop("layers")
+    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
+                    for i in range(config.num_layers)})
+  else:
+    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
+    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
+  return {**params, "encoder": encoder}

@@ -11,7 +11,7 @@
   cudnn   jax.nn.dot_product_attention(implementation="cudnn") with the same dense mask (GPUs only;
           cuDNN has no two-sided window or segment ids of its own, so the mask carries both).
 
-Which keys a query sees: `segment_ids` int32[B, T] numbers each row's documents 1, 2, ... (1 on every
+Which keys a query sees: `Segments.ids` int32[B, T] numbers each row's documents 1, 2, ... (1 on every
 real token without packing) and holds 0 on padding. A real query attends the real keys of its own
 document, within `window` positions either side when windowed (|i - j| <= window). Padding queries
 see every real key under dot/cudnn (Hugging Face's key-only padding mask) and the other padding tokens
@@ -22,13 +22,16 @@ Shapes: B batch, T length, N heads, D head dim.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 from typing import Optional, Union
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from bert_jax.errors import UserError
@@ -40,26 +43,39 @@ BACKENDS = ("dot", "splash", "cudnn")
 _SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides the length (the kernel tiles by 128 lanes)
 
 
-def segment_ids(attention_mask: Array, document_ids: Optional[Array]) -> Array:
-  """int32[B, T]: the packed documents' ids (0 on padding), or 1 on real tokens and 0 on padding."""
-  if document_ids is not None:
-    return document_ids.astype(jnp.int32)
-  return (attention_mask != 0).astype(jnp.int32)
+@flax.struct.dataclass
+class Segments:
+  """Which document each token belongs to: ids int32[B, T] (module docstring); `packed`: rows may hold
+  several documents (False: one per row, which dot masks more cheaply)."""
+  ids: Array
+  packed: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @classmethod
+  def of(cls, attention_mask: Array, document_ids: Optional[Array]) -> "Segments":
+    """From the model inputs: the packed documents' ids (0 on padding), or 1 on real tokens."""
+    if document_ids is not None:
+      return cls(document_ids.astype(jnp.int32), packed=True)
+    return cls((attention_mask != 0).astype(jnp.int32), packed=False)
+
+  def dense_mask(self, window: Window = None) -> Array:
+    """bool[B, 1, T|1, T]: the keys each query sees (module docstring). Unpacked and unwindowed, the
+    key-padding mask [B, 1, 1, T] (XLA broadcasts it; no T x T array)."""
+    keys = self.ids[:, None, :] > 0
+    if not self.packed and window is None:
+      return keys[:, None]
+    queries = self.ids[:, :, None]
+    allowed = keys & ((queries == self.ids[:, None, :]) | (queries == 0))
+    if window is not None:
+      positions = jnp.arange(self.ids.shape[1])
+      allowed &= jnp.abs(positions[:, None] - positions[None, :]) <= window
+    return allowed[:, None]
 
 
-def dense_mask(segments: Array, window: Window = None, packed: bool = True) -> Array:
-  """bool[B, 1, T|1, T]: the keys each query sees (module docstring).
-
-  Unpacked and unwindowed, it is the key-padding mask [B, 1, 1, T] (XLA broadcasts it; no T x T array)."""
-  keys = segments[:, None, :] > 0
-  if not packed and window is None:
-    return keys[:, None]
-  queries = segments[:, :, None]
-  allowed = keys & ((queries == segments[:, None, :]) | (queries == 0))
-  if window is not None:
-    positions = jnp.arange(segments.shape[1])
-    allowed &= jnp.abs(positions[:, None] - positions[None, :]) <= window
-  return allowed[:, None]
+def say_fallback(backend: str, output_attentions: bool, head_mask: Optional[Array]) -> None:
+  """The one line that says BERTology's outputs run the explicit (dot) path whatever the backend."""
+  if backend != "dot" and (output_attentions or head_mask is not None):
+    print(f"model.attention={backend!r}: attention probabilities and head masks are computed with 'dot'",
+          flush=True)
 
 
 def probabilities(q: Array, k: Array, mask: Array) -> Array:
@@ -70,20 +86,19 @@ def probabilities(q: Array, k: Array, mask: Array) -> Array:
   return jax.nn.softmax(logits, axis=-1)
 
 
-def attend(q: Array, k: Array, v: Array, segments: Array, *, backend: str, window: Window = None,
-           packed: bool = True, is_global: Optional[Array] = None) -> Array:
+def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, window: Window = None,
+           is_global: Optional[Array] = None) -> Array:
   """Multi-head attention: q, k, v [B, T, N, D] -> [B, T, N, D] (q unscaled).
 
-  segments: segment_ids(); window: keys within `window` positions either side (None: all);
-  packed: documents may share a row (False: one per row, a cheaper mask under dot). is_global: a traced
-  bool that, when true, lifts the window (scanned layers alternating global and local attention).
+  window: keys within `window` positions either side (None: all). is_global: a traced bool that, when
+  true, lifts the window (scanned layers alternating global and local attention).
   """
   if backend == "splash":
-    return _splash(q, k, v, segments, window, is_global)
+    return _splash(q, k, v, segments.ids, window, is_global)
   if is_global is not None:
-    window = jnp.where(is_global, segments.shape[1], window)
-  mask = dense_mask(segments, window, packed)
-  return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn" if backend == "cudnn" else "xla")
+    window = jnp.where(is_global, q.shape[1], window)
+  return jax.nn.dot_product_attention(q, k, v, mask=segments.dense_mask(window),
+                                      implementation="cudnn" if backend == "cudnn" else "xla")
 
 
 def _splash_block(length: int) -> int:
@@ -114,9 +129,13 @@ def splash_kernel(length: int, heads: int, window: Optional[int], q_shards: int,
   sizes = kernel_lib.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                                 block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
                                 block_kv_dq=block)
-  with jax.ensure_compile_time_eval():  # concrete mask info, never a tracer of the trace that asked first
-    return kernel_lib.make_splash_mha(mask_lib.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
-                                      q_seq_shards=shards, interpret=interpret)
+  make = functools.partial(kernel_lib.make_splash_mha, mask_lib.MultiHeadMask([one] * heads), block_sizes=sizes,
+                           head_shards=1, q_seq_shards=shards, interpret=interpret)
+  # The factory turns the mask info into jax arrays, which inside a trace would be that trace's tracers
+  # (and leak through this cache). JAX's tracing state is per thread: built in a thread of its own, they
+  # are concrete, and kept as NumPy they are constants to every later trace.
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return jax.tree.map(np.asarray, pool.submit(make).result())
 
 
 def _kernel_spec(kernel, mesh, seq_axes: tuple[str, ...]):

@@ -89,8 +89,8 @@ class ModernBertConfig:
   scan_layers: bool = True
   scan_unroll: int = 1
   attention: str = "dot"
+  family: str = "modernbert"
 
-  family = "modernbert"
   sentence_head = "none"  # what the shared objective and heads ask of every family's config
   rtd_head = False
 
@@ -105,6 +105,8 @@ class ModernBertConfig:
     if self.hidden_size % self.num_heads or self.head_dim % 2:
       raise UserError(f"model.hidden_size={self.hidden_size} must split into model.num_heads={self.num_heads} "
                       "heads of an even width (rotary embeddings rotate pairs)")
+    if self.family != "modernbert":
+      raise UserError(f"model.family={self.family!r}: this is ModernBERT's config")
     if self.attention != "dot" and self.attention_dropout > 0:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
@@ -112,13 +114,13 @@ class ModernBertConfig:
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModernBertConfig":
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names - {"family"})
+    unknown = sorted(set(values) - names)
     if unknown:
       raise UserError(f"unknown ModernBERT model config keys {unknown}; known: {sorted(names)}")
-    return cls(**{k: v for k, v in values.items() if k in names})
+    return cls(**values)
 
   def to_dict(self) -> dict:
-    return {"family": self.family, **dataclasses.asdict(self)}
+    return dataclasses.asdict(self)
 
   def replace(self, **changes) -> "ModernBertConfig":
     return dataclasses.replace(self, **changes)
@@ -146,6 +148,21 @@ class ModernBertConfig:
   @property
   def weight_dtype(self):
     return jnp.dtype(self.param_dtype)
+
+
+def forward_flops(cfg: ModernBertConfig, batch: int, seq: int, predictions: int) -> float:
+  """Matmul FLOPs of one forward pass (2 per multiply-add), the MLM head at `predictions` positions per row.
+
+  A local layer's scores count only the keys inside its window (what splash computes, up to its blocks;
+  dot computes all T and masks them)."""
+  h, f, tokens = cfg.hidden_size, cfg.intermediate_size, batch * seq
+  keys = [seq if cfg.is_global(i) else min(seq, 2 * cfg.window + 1) for i in range(cfg.num_layers)]
+  forward = tokens * sum(2 * 4 * h * h + 2 * 3 * h * f + 2 * 2 * k * h for k in keys)
+  if cfg.use_pooler:
+    forward += batch * 2 * h * h
+  if cfg.mlm_head:
+    forward += batch * predictions * (2 * h * h + 2 * h * cfg.vocab_size)
+  return float(forward)
 
 
 def _init(cfg: ModernBertConfig, axes: tuple, std: Optional[float] = None):
@@ -177,10 +194,9 @@ class Attention(nn.Module):
   dropout, a head mask, kept probabilities) runs under dot whatever `attention` says.
   """
   config: ModernBertConfig
-  packed: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, segments: Array, positions: Array, layer, head_mask: Optional[Array],
+  def __call__(self, x: Array, segments: attention.Segments, positions: Array, layer, head_mask: Optional[Array],
                keep_attentions: bool, deterministic: bool) -> tuple[Array, Optional[Array]]:
     cfg = self.config
     n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
@@ -200,8 +216,8 @@ class Attention(nn.Module):
     probs = None
     if dropout or head_mask is not None or keep_attentions:
       if flag is not None:
-        window = jnp.where(flag, segments.shape[1], window)
-      probs = attention.probabilities(q, k, attention.dense_mask(segments, window, self.packed))
+        window = jnp.where(flag, x.shape[1], window)
+      probs = attention.probabilities(q, k, segments.dense_mask(window))
       weights = probs.astype(q.dtype)
       if dropout:
         weights = Dropout(cfg.attention_dropout)(weights, deterministic=False)
@@ -209,8 +225,7 @@ class Attention(nn.Module):
         weights = weights * head_mask.astype(weights.dtype)[None, :, None, None]
       y = jnp.einsum("bnts,bsnd->btnd", weights, v)
     else:
-      y = attention.attend(q, k, v, segments, backend=cfg.attention, window=window, packed=self.packed,
-                           is_global=flag)
+      y = attention.attend(q, k, v, segments, backend=cfg.attention, window=window, is_global=flag)
     out = jnp.einsum("btnd,ndh->bth", y, _weight(self, cfg, "out", (n, d, h), ("heads", "kv", "embed"),
                                                   _out_std(cfg)))
     return Dropout(cfg.attention_dropout)(out, deterministic=deterministic), (probs if keep_attentions else None)
@@ -240,15 +255,14 @@ class Layer(nn.Module):
   config: ModernBertConfig
   keep_output: bool = False
   keep_attentions: bool = False
-  packed: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, segments: Array, positions: Array, layer, head_mask: Optional[Array],
+  def __call__(self, x: Array, segments: attention.Segments, positions: Array, layer, head_mask: Optional[Array],
                deterministic: bool):
     cfg = self.config
     normed = norm(cfg, "attention_norm")(x)
     normed = (x if layer == 0 else normed) if isinstance(layer, int) else jnp.where(layer == 0, x, normed)
-    y, probs = Attention(cfg, self.packed, name="attention")(normed, segments, positions, layer, head_mask,
+    y, probs = Attention(cfg, name="attention")(normed, segments, positions, layer, head_mask,
                                                               self.keep_attentions, deterministic)
     x = x + y
     x = x + GeGLU(cfg, name="mlp")(norm(cfg, "mlp_norm")(x), deterministic)
@@ -264,16 +278,16 @@ class Encoder(nn.Module):
   config: ModernBertConfig
   keep_outputs: bool = False
   keep_attentions: bool = False
-  packed: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, segments: Array, positions: Array, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, segments: attention.Segments, positions: Array, head_mask: Optional[Array],
+               deterministic: bool):
     cfg = self.config
     layer_cls = Layer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(4, 6) if not cfg.scan_layers else (6,))
-    keep = (self.keep_outputs, self.keep_attentions, self.packed)
+    keep = (self.keep_outputs, self.keep_attentions)
     if cfg.scan_layers:
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast, nn.broadcast, 0, 0, nn.broadcast), length=cfg.num_layers,
@@ -286,7 +300,7 @@ class Encoder(nn.Module):
       x, out = layer_cls(cfg, *keep, name=f"layer_{i}")(
           x, segments, positions, i, None if head_mask is None else head_mask[i], deterministic)
       outputs.append(out)
-    return x, *[jnp.stack(column) if kept else None for kept, column in zip(keep[:2], zip(*outputs))]
+    return x, *[jnp.stack(column) if kept else None for kept, column in zip(keep, zip(*outputs))]
 
 
 class PredictionHead(nn.Module):
@@ -358,12 +372,11 @@ class ModernBertModel(nn.Module):
       attention_mask = jnp.ones_like(input_ids)
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
-    if (output_attentions or head_mask is not None) and cfg.attention != "dot":
-      print(f"model.attention={cfg.attention!r}: attentions and head masks are computed with 'dot'", flush=True)
+    attention.say_fallback(cfg.attention, output_attentions, head_mask)
     embeddings = Embeddings(cfg, name="embeddings")
     x = constrain_hidden(embeddings(input_ids, deterministic))
-    segments = attention.segment_ids(attention_mask, document_ids)
-    encoder = Encoder(cfg, output_hidden_states, output_attentions, document_ids is not None, name="encoder")
+    segments = attention.Segments.of(attention_mask, document_ids)
+    encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
     h, layer_outputs, attentions = encoder(x, segments, position_ids, layer_head_mask(cfg, head_mask),
                                            deterministic)
     h = norm(cfg, "final_norm")(h)
