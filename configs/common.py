@@ -134,6 +134,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
   c.mesh.rules = LOGICAL_AXIS_RULES
+  # Sequence sharding: `tensor` splits each row's tokens instead of the weights (training/partitioning.py)
+  c.mesh.shard_sequence = False
 
   c.init_from = ""
   return c

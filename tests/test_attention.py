@@ -82,22 +82,32 @@ def test_dot_is_the_explicit_softmax_over_the_hand_mask():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
-@pytest.mark.parametrize("rules,length", [
-    ((("batch", ("data", "fsdp")), ("heads", "tensor"), ("length", None)), T),  # heads over tensor
-    ((("batch", ("data", "fsdp")), ("heads", None), ("length", "tensor")), 2 * T),  # sequence sharding
-], ids=["heads", "sequence"])
-def test_splash_in_shard_map_over_the_mesh(rules, length):
+HEADS = (("batch", ("data", "fsdp")), ("heads", "tensor"), ("length", None))
+SEQUENCE = (("batch", ("data", "fsdp")), ("heads", None), ("length", "tensor"))
+
+
+@pytest.mark.parametrize("rules,length,nested", [(HEADS, T, False), (SEQUENCE, 2 * T, False), (HEADS, T, True)],
+                         ids=["heads", "sequence", "in-data-shard-map"])
+def test_splash_in_shard_map_over_the_mesh(rules, length, nested):
   """Inside the train step's context (a 2x2x2 mesh and logical rules), with the layer kind traced (scanned
-  layers): global for one call, windowed for the other, each equal to dot's."""
+  layers): global for one call, windowed for the other, each equal to dot's. Heads split over tensor, or
+  the queries (sequence sharding); nested: inside a shard_map already manual over the data axes, as the
+  gradient accumulation runs the model."""
   q, k, v, segments = _inputs(length)
   mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
-  rows = NamedSharding(mesh, P(("data", "fsdp")))
+  rows = P(("data", "fsdp"))
 
-  def run(q, k, v, ids, is_global):
+  def splash(q, k, v, ids, is_global):
+    return attention.attend(q, k, v, attention.Segments(ids, True), backend="splash", window=4,
+                            is_global=is_global)
+  if nested:
+    splash = jax.shard_map(splash, mesh=mesh.abstract_mesh, in_specs=(rows,) * 4 + (P(),), out_specs=rows,
+                           axis_names={"data", "fsdp"}, check_vma=False)
+
+  def run(*args):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
-      return attention.attend(q, k, v, attention.Segments(ids, True), backend="splash", window=4,
-                              is_global=is_global)
-  step = jax.jit(run, in_shardings=(rows, rows, rows, rows, NamedSharding(mesh, P())))
+      return splash(*args)
+  step = jax.jit(run, in_shardings=(NamedSharding(mesh, rows),) * 4 + (NamedSharding(mesh, P()),))
   real = np.asarray(segments.ids) > 0
   for is_global, window in ((True, None), (False, 4)):
     got = step(q, k, v, segments.ids, jnp.asarray(is_global))

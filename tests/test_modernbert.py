@@ -17,8 +17,9 @@ from bert_jax.config_utils import load_config
 from bert_jax.conversion import hf
 from bert_jax.conversion.modernbert import param_shapes
 from bert_jax.models import ModernBertConfig, ModernBertModel, build, model_config
-from bert_jax.training import objectives, trainer
+from bert_jax.training import benchmark, objectives, partitioning, trainer
 from bert_jax.training.objectives.base import mlm_sums
+from bert_jax.training.step import build_train_setup
 
 VOCAB = 96
 # The hidden check's shape: 4 layers, a window of 8 (4 either side), global attention every 2nd layer.
@@ -182,3 +183,22 @@ def test_tiny_trains_on_the_embedded_corpus(tmp_path):
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if '"loss"' in line]
   assert rows[-1]["loss"] < rows[0]["loss"] - 0.4, (rows[0]["loss"], rows[-1]["loss"])
+
+
+def test_sequence_sharded_eval_equals_one_device():
+  """mesh.shard_sequence: the tensor axis splits each row's tokens (splash with q_seq_shards, keys gathered);
+  the eval sums on a 2x2x2 mesh are those of one device."""
+  base = ["--config.model.num_layers=2", "--config.data.max_seq_length=256", "--config.train.batch_size=4",
+          "--config.data.max_predictions_per_seq=8", "--config.train.batch_warmup_steps=0",
+          "--config.model.attention=splash"]
+  batch = benchmark.synthetic_batch(4, 256, 8, 8192)
+  batch["input_mask"][1, 200:] = 0
+  sums = []
+  for devices, mesh in ((jax.devices()[:1], ["--config.mesh.data=1"]),
+                        (jax.devices(), ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+                                         "--config.mesh.shard_sequence=True"])):
+    config = load_config("configs/modernbert.py:tiny", base + mesh)
+    setup = build_train_setup(config, partitioning.make_mesh(config.mesh, devices))
+    params = jax.device_put(jax.device_get(setup.init_params(jax.random.key(0))), setup.state_shardings.params)
+    sums.append(setup.eval_step(params, partitioning.global_batch(batch, setup.mesh)))
+  np.testing.assert_allclose(float(sums[1]["sum/mlm_loss"]), float(sums[0]["sum/mlm_loss"]), rtol=1e-5)

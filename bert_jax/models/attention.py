@@ -86,7 +86,7 @@ def probabilities(q: Array, k: Array, mask: Array) -> Array:
   return jax.nn.softmax(logits, axis=-1)
 
 
-def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, window: Window = None,
+def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, window: Optional[int] = None,
            is_global: Optional[Array] = None) -> Array:
   """Multi-head attention: q, k, v [B, T, N, D] -> [B, T, N, D] (q unscaled).
 
@@ -116,7 +116,7 @@ def splash_kernel(length: int, heads: int, window: Optional[int], q_shards: int,
 
   A global mask is the same for every query block, so each shard of queries gets a kernel of its own
   size; a window moves with the queries, so that kernel is built for all T and split over `q_shards`
-  (its mask info then goes through shard_map with `sharding_spec`)."""
+  (its mask info then goes through shard_map split by query block: `_kernel_spec`)."""
   # pylint: disable=import-outside-toplevel  (Pallas' TPU ops: imported when a model asks for splash)
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel_lib
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
@@ -140,54 +140,62 @@ def splash_kernel(length: int, heads: int, window: Optional[int], q_shards: int,
 
 def _kernel_spec(kernel, mesh, seq_axes: tuple[str, ...]):
   """shard_map's spec for a kernel's mask info: every head has the same mask, stored once, so only a
-  windowed kernel's query blocks split (over the sequence axes)."""
-  sharded = kernel.fwd_mask_info.q_sequence is not None and seq_axes
-  return kernel.manual_sharding_spec(jax.sharding.NamedSharding(mesh, P(None, seq_axes if sharded else None)))
+  windowed kernel's query blocks split (over the sequence axes); anything else is replicated."""
+  if kernel.fwd_mask_info.q_sequence is None or not seq_axes:
+    return P()
+  # The kernel reads shard shapes off the sharding, which a mesh with manual axes cannot give.
+  plain = mesh.update_axis_types({a: jax.sharding.AxisType.Auto for a in mesh.manual_axes})
+  return kernel.manual_sharding_spec(jax.sharding.NamedSharding(plain, P(None, seq_axes)))
+
+
+def _auto_axes(mesh) -> tuple[str, ...]:
+  """The mesh axes still left to XLA: not those of a shard_map this runs inside (the gradient
+  accumulation's over the data axes, training/accumulate.py), where each device already has its rows."""
+  return () if mesh.empty else tuple(a for a in mesh.axis_names if a not in set(mesh.manual_axes))
 
 
 def _mesh_axes(logical: str, mesh) -> tuple[str, ...]:
-  """The mesh axes the logical axis `logical` is split over (the flax logical rules in context)."""
+  """The mesh axes left to XLA that the logical axis `logical` is split over (the flax logical rules in
+  context)."""
   spec = nn.logical_to_mesh_axes((logical,))[0] if not mesh.empty else None
   axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-  return tuple(a for a in axes if a in mesh.axis_names)
+  return tuple(a for a in axes if a in _auto_axes(mesh))
 
 
-def _splash(q: Array, k: Array, v: Array, segments: Array, window: Window, is_global: Optional[Array]) -> Array:
+def _splash(q: Array, k: Array, v: Array, segments: Array, window: Optional[int],
+            is_global: Optional[Array]) -> Array:
   mesh = jax.sharding.get_abstract_mesh()
-  platform = jax.default_backend() if mesh.empty else mesh.abstract_device.platform
-  interpret = platform != "tpu"
   batch, length, heads, head_dim = q.shape
   rows, head_axes, seq_axes = (_mesh_axes(name, mesh) for name in ("batch", "heads", "length"))
   size = lambda axes: math.prod(mesh.shape[a] for a in axes)  # noqa: E731
   if batch % size(rows) or heads % size(head_axes) or length % size(seq_axes):
     raise UserError(f"model.attention='splash': {batch} rows, {heads} heads and {length} positions must split "
                     f"evenly over the mesh axes {rows}, {head_axes} and {seq_axes}")
-  q_shards = size(seq_axes)
-  static_window = window if isinstance(window, int) or window is None else None
-  if window is not None and static_window is None:
-    raise UserError("model.attention='splash' needs the attention window as a Python int")
-  kernels = [splash_kernel(length, heads, w, q_shards, interpret)
-             for w in ((static_window, None) if is_global is not None else (static_window,))]
+  interpret = (jax.default_backend() if mesh.empty else mesh.abstract_device.platform) != "tpu"
+  windows = (window,) if is_global is None else (window, None)  # the second: is_global's
+  kernels = [splash_kernel(length, heads, w, size(seq_axes), interpret) for w in windows]
+  flag = () if is_global is None else (jnp.asarray(is_global),)
   # [B, T, N, D] -> [B, N, T, D], the kernel's layout; q is scaled here (the kernel does not scale).
   q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q * (head_dim ** -0.5), k, v))
-
-  def run(q, k, v, q_segments, kv_segments, *kernels_and_flag):
-    from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds  # pylint: disable=import-outside-toplevel
-    flag = kernels_and_flag[-1] if is_global is not None else None
-    calls = [jax.vmap(lambda q, k, v, s, t, kern=kern: kern(q, k, v, segment_ids=SegmentIds(s, t)))
-             for kern in kernels_and_flag[:len(kernels)]]
-    if flag is None:
-      return calls[0](q, k, v, q_segments, kv_segments)
-    return jax.lax.cond(flag, calls[1], calls[0], q, k, v, q_segments, kv_segments)
-
-  extra = () if is_global is None else (jnp.asarray(is_global),)
-  if mesh.empty:
-    out = run(q, k, v, segments, segments, *kernels, *extra)
-  else:
-    qs, kvs = P(rows or None, head_axes or None, seq_axes or None, None), P(rows or None, head_axes or None, None, None)
-    kernel_spec = [_kernel_spec(kern, mesh, seq_axes) for kern in kernels]
-    out = jax.shard_map(run, mesh=mesh, check_vma=False,
-                        in_specs=(qs, kvs, kvs, P(rows or None, seq_axes or None), P(rows or None, None),
-                                  *kernel_spec, *([P()] if extra else [])),
-                        out_specs=qs)(q, k, v, segments, segments, *kernels, *extra)
+  run = functools.partial(_run_kernels, len(kernels))
+  if not _auto_axes(mesh):  # one device, or inside a shard_map manual over every axis
+    return jnp.swapaxes(run(q, k, v, segments, segments, *kernels, *flag), 1, 2)
+  queries = P(rows or None, head_axes or None, seq_axes or None, None)
+  keys = P(rows or None, head_axes or None, None, None)  # every device sees its rows' whole length
+  specs = (queries, keys, keys, P(rows or None, seq_axes or None), P(rows or None, None),
+           *(_kernel_spec(kernel, mesh, seq_axes) for kernel in kernels), *(P() for _ in flag))
+  out = jax.shard_map(run, mesh=mesh, axis_names=set(_auto_axes(mesh)), in_specs=specs, out_specs=queries,
+                      check_vma=False)(q, k, v, segments, segments, *kernels, *flag)
   return jnp.swapaxes(out, 1, 2)
+
+
+def _run_kernels(count: int, q: Array, k: Array, v: Array, q_segments: Array, kv_segments: Array, *rest) -> Array:
+  """The first of `count` kernels over each row ([B, N, T, D]), or with a flag after them, the second
+  where it is true (lax.cond: a scanned layer's kind)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds  # pylint: disable=import-outside-toplevel
+  kernels, flag = rest[:count], rest[count:]
+  calls = [jax.vmap(lambda q, k, v, s, t, kernel=kernel: kernel(q, k, v, segment_ids=SegmentIds(s, t)))
+           for kernel in kernels]
+  if not flag:
+    return calls[0](q, k, v, q_segments, kv_segments)
+  return jax.lax.cond(flag[0], calls[1], calls[0], q, k, v, q_segments, kv_segments)
