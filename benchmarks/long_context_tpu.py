@@ -2,8 +2,9 @@
 chip and the estimated step on v4-8 and v5e-8, each row a `bert-jax compile --json` run on this machine
 (libtpu, no TPU).
 
-Both models in bf16 compute, without remat, data-parallel, 65,536 tokens per step (128 rows of 512, 64
-of 1024, 8 of 8192), masked-LM predictions at each recipe's rate (BERT 15%, ModernBERT 30%). BERT-base
+Both models in bf16 compute, without remat, data-parallel, 8,192 tokens per chip (v4-8's 4 chips: 64 rows
+of 512, 32 of 1024, 4 of 8192 per step; v5e-8's 8 chips twice that), masked-LM predictions at each
+recipe's rate (BERT 15%, ModernBERT 30%). BERT-base
 gets 8192 positions and no attention dropout (splash has none; dot the same, for a like-for-like pair).
 Results append to --out as JSON lines (a re-run skips finished rows); the markdown table is printed
 from them:
@@ -20,13 +21,15 @@ import subprocess
 import sys
 import time
 
+from bert_jax.tpu import slices
+
 MODELS = {"modernbert-base": ("configs/modernbert.py:base", 0.30, []),
           "bert-base": ("configs/bert.py:base", 0.15, ["--config.model.max_position_embeddings=8192",
                                                        "--config.model.attention_dropout=0.0"])}
 SEQS = (512, 1024, 8192)
 TOPOLOGIES = ("v4-8", "v5litepod-8")
 BACKENDS = ("dot", "splash")
-TOKENS_PER_STEP = 65_536
+TOKENS_PER_CHIP = 8192
 
 
 def _command(model: str, seq: int, topology: str, backend: str) -> list[str]:
@@ -35,7 +38,8 @@ def _command(model: str, seq: int, topology: str, backend: str) -> list[str]:
           "--config.model.dtype=bfloat16", "--config.model.remat=none", f"--config.model.attention={backend}",
           "--config.mesh.data=-1", f"--config.data.max_seq_length={seq}",
           f"--config.data.max_predictions_per_seq={round(rate * seq)}",
-          f"--config.train.batch_size={TOKENS_PER_STEP // seq}", "--config.train.grad_accum_steps=1",
+          f"--config.train.batch_size={TOKENS_PER_CHIP * slices.parse(topology).chips // seq}",
+          "--config.train.grad_accum_steps=1",
           "--config.train.batch_warmup_steps=0", *extra]
 
 

@@ -1,6 +1,8 @@
 """The attention backends (bert_jax/models/attention.py) against each other and against hand-built masks,
 and rotary embeddings against NumPy. splash runs in Pallas interpret mode here (tiny shapes: it tiles
 the sequence by 128)."""
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -147,3 +149,19 @@ def test_rope_rotates_each_pair_as_numpy_does():
   # A document's positions restart: its rotation is the same wherever it sits in the row.
   np.testing.assert_allclose(got[1, 2:], np.asarray(rope.rotate(jnp.asarray(x[1:, 2:]), jnp.asarray(
       positions[1:, 2:]), rope.inverse_frequencies(8, theta)))[0], atol=1e-6)
+
+
+def test_attention_probabilities_fall_back_to_dot_and_say_so(capsys):
+  """BERTology's outputs need the probabilities: under splash they come from the dot path, with one line."""
+  from bert_jax.models import BertModel, ModelConfig
+  config = ModelConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                       attention_dropout=0.0)
+  ids = jnp.asarray(np.random.RandomState(0).randint(1, 64, (2, 8)))
+  params = jax.jit(BertModel(config).init)(jax.random.key(0), ids)["params"]
+  probabilities = lambda model: jax.jit(functools.partial(model.apply, output_attentions=True))  # noqa: E731
+  want = probabilities(BertModel(config))({"params": params}, ids).attentions
+  capsys.readouterr()
+  got = probabilities(BertModel(config.replace(attention="splash")))({"params": params}, ids)
+  np.testing.assert_array_equal(np.asarray(got.attentions), np.asarray(want))
+  assert capsys.readouterr().out.strip() == ("model.attention='splash': attention probabilities and head masks "
+                                             "are computed with 'dot'")

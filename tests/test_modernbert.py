@@ -30,7 +30,7 @@ HF_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidde
 
 def _hf_dir(tmp_path, cls, seed=0):
   torch.manual_seed(seed)
-  model = cls(transformers.ModernBertConfig(**HF_TINY)).eval()
+  model = cls(transformers.ModernBertConfig(**HF_TINY, attn_implementation="eager")).eval()
   with torch.no_grad():  # norms away from 1, so a norm read as ones (or skipped) shows
     for p in model.parameters():
       p.add_(0.05 * torch.randn_like(p))
@@ -52,14 +52,21 @@ def test_load_pretrained_matches_transformers_with_padding(tmp_path, scan_layers
   reference = _hf_dir(tmp_path, transformers.ModernBertForMaskedLM)
   ids, mask = _padded_batch()
   with torch.no_grad():
-    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True)
+    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True,
+                     output_attentions=True)
   model, params = bert_jax.load_pretrained(str(tmp_path), scan_layers=scan_layers)
   assert isinstance(model, ModernBertModel) and model.config.global_every == 2 and model.config.window == 4
-  out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))
+  apply = jax.jit(model.apply, static_argnames="output_attentions")
+  out = apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), output_attentions=True)
   real = mask > 0
   np.testing.assert_allclose(np.asarray(out.mlm_logits)[real], want.logits.numpy()[real], atol=1e-5, rtol=0)
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real], want.hidden_states[-1].numpy()[real],
                              atol=1e-5, rtol=0)
+  # Each layer's probabilities at real queries: the windows (layers 1, 3) and the padding as HF masks them.
+  for layer in range(4):
+    got, ref = np.asarray(out.attentions[layer]), want.attentions[layer].numpy()
+    np.testing.assert_allclose(got.transpose(0, 2, 1, 3)[real], ref.transpose(0, 2, 1, 3)[real], atol=1e-6)
+  assert np.all(np.asarray(out.attentions[1])[0, :, 0, 5:] == 0)  # beyond 4 positions: outside the window
 
 
 def test_bare_model_export_and_reload_through_transformers(tmp_path):
@@ -124,8 +131,8 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_alone(family, attention)
     config = _tiny(attention=attention)
   model, batch = build(config), _packed_rows()
   inputs = objectives.model_inputs(batch)
-  params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
-  logits = model.apply({"params": params}, **inputs).mlm_logits
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+  logits = jax.jit(model.apply)({"params": params}, **inputs).mlm_logits
   per_row = [float(mlm_sums(logits[i:i + 1], {k: v[i:i + 1] for k, v in batch.items()})["mlm_loss"])
              for i in range(3)]
   np.testing.assert_allclose(per_row[0], per_row[1] + per_row[2], rtol=1e-5)
@@ -134,16 +141,16 @@ def test_a_packed_rows_loss_is_the_sum_of_its_documents_alone(family, attention)
 def test_scanned_layers_alternate_like_unrolled_ones_under_splash():
   """Scanned layers pick window and theta from their index (lax.cond between two splash kernels): the same
   function as the unrolled layers' static choice, and as dot's."""
-  batch = _packed_rows()
+  batch = {k: v[:1] for k, v in _packed_rows().items()}  # the packed row
   inputs = objectives.model_inputs(batch)
   scanned = ModernBertModel(_tiny(attention="splash"))
-  params = nn.meta.unbox(scanned.init(jax.random.key(1), **inputs)["params"])
+  params = nn.meta.unbox(jax.jit(scanned.init)(jax.random.key(1), **inputs)["params"])
   layers = params["encoder"]["layers"]
   unrolled = {**params, "encoder": {f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers) for i in range(2)}}
   real = batch["input_mask"] > 0
-  dot = ModernBertModel(_tiny()).apply({"params": params}, **inputs).last_hidden_state
+  dot = jax.jit(ModernBertModel(_tiny()).apply)({"params": params}, **inputs).last_hidden_state
   for model, p in ((scanned, params), (ModernBertModel(_tiny(attention="splash", scan_layers=False)), unrolled)):
-    got = model.apply({"params": p}, **inputs).last_hidden_state
+    got = jax.jit(model.apply)({"params": p}, **inputs).last_hidden_state
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(dot)[real], atol=1e-5)
 
 
@@ -153,7 +160,7 @@ TINY_SHAPES = {
     "encoder/layers/attention_norm/scale": (4, 128), "encoder/layers/attention/qkv": (4, 128, 3, 2, 64),
     "encoder/layers/attention/out": (4, 2, 64, 128), "encoder/layers/mlp_norm/scale": (4, 128),
     "encoder/layers/mlp/wi": (4, 128, 2, 256), "encoder/layers/mlp/wo": (4, 256, 128),
-    "final_norm/scale": (128,), "mlm_head/transform/kernel": (128, 128), "mlm_head/transform/norm/scale": (128,),
+    "encoder/final_norm/scale": (128,), "mlm_head/transform/kernel": (128, 128), "mlm_head/transform/norm/scale": (128,),
     "mlm_head/output_bias": (8192,),
 }
 
@@ -175,7 +182,8 @@ def test_tiny_parameter_table():
 
 def test_tiny_trains_on_the_embedded_corpus(tmp_path):
   config = load_config("configs/modernbert.py:tiny", [
-      "--config.train.batch_size=16", "--config.train.num_steps=40", "--config.train.log_every_steps=5",
+      "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=20",
+      "--config.train.num_steps=40", "--config.train.log_every_steps=5",
       "--config.train.eval_every_steps=0", "--config.checkpoint.every_steps=1000",
       "--config.checkpoint.async_save=False", "--config.data.num_shards=4", "--config.optimizer.warmup_steps=5",
       "--config.optimizer.learning_rate=2e-3", "--config.train.batch_warmup_steps=10"])
@@ -188,7 +196,7 @@ def test_tiny_trains_on_the_embedded_corpus(tmp_path):
 def test_sequence_sharded_eval_equals_one_device():
   """mesh.shard_sequence: the tensor axis splits each row's tokens (splash with q_seq_shards, keys gathered);
   the eval sums on a 2x2x2 mesh are those of one device."""
-  base = ["--config.model.num_layers=2", "--config.data.max_seq_length=256", "--config.train.batch_size=4",
+  base = ["--config.model.num_layers=1", "--config.data.max_seq_length=256", "--config.train.batch_size=4",
           "--config.data.max_predictions_per_seq=8", "--config.train.batch_warmup_steps=0",
           "--config.model.attention=splash"]
   batch = benchmark.synthetic_batch(4, 256, 8, 8192)

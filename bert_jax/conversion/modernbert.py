@@ -32,7 +32,7 @@ ARCHITECTURES = (("ModernBertForMaskedLM", {"mlm"}, True), ("ModernBertModel", s
 _GLOBAL = (
     ("backbone", "embeddings/word_embeddings/embedding", "{b}embeddings.tok_embeddings.weight", None),
     ("backbone", "embeddings/norm/scale", "{b}embeddings.norm.weight", None),
-    ("backbone", "final_norm/scale", "{b}final_norm.weight", None),
+    ("backbone", "encoder/final_norm/scale", "{b}final_norm.weight", None),
     ("mlm", "mlm_head/transform/kernel", "head.dense.weight", 1),
     ("mlm", "mlm_head/transform/norm/scale", "head.norm.weight", None),
     ("mlm", "mlm_head/output_bias", "decoder.bias", None),
@@ -192,8 +192,7 @@ def from_params(config: ModernBertConfig, params: Mapping, prefixed: bool) -> di
 def param_shapes(config: ModernBertConfig) -> dict[str, tuple[int, ...]]:
   """{bert_jax path: shape} of the model `config` describes, without allocating it."""
   ids = jnp.zeros((1, 1), jnp.int32)
-  model = ModernBertModel(config.replace(attention="dot"))  # the backend has no parameters; dot takes any length
-  abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))["params"]
+  abstract = jax.eval_shape(lambda: ModernBertModel(config).init(jax.random.key(0), ids))["params"]
   return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(nn.meta.unbox(abstract), sep="/").items()}
 
 

@@ -203,7 +203,8 @@ class SelfAttention(nn.Module):
         probs = jnp.zeros(probs.shape[:1] + (cfg.num_heads,) + probs.shape[2:], probs.dtype
                           ).at[:, jnp.asarray(heads)].set(probs)
     else:
-      y = attention.attend(q, k, v, segments, backend=cfg.attention)
+      # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
+      y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
     out_kernel, out_bias = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")()
     return jnp.einsum("btnd,ndh->bth", y, out_kernel) + out_bias, (probs if keep_attentions else None)
 

@@ -91,8 +91,11 @@ class ModernBertConfig:
   attention: str = "dot"
   family: str = "modernbert"
 
-  sentence_head = "none"  # what the shared objective and heads ask of every family's config
+  # What code shared with BERT's family asks of a config: its pretraining objective (the sentence and RTD
+  # heads) and fine-tuning's layer-wise rates (shared layers).
+  sentence_head = "none"
   rtd_head = False
+  share_layers = "none"
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -225,7 +228,9 @@ class Attention(nn.Module):
         weights = weights * head_mask.astype(weights.dtype)[None, :, None, None]
       y = jnp.einsum("bnts,bsnd->btnd", weights, v)
     else:
-      y = attention.attend(q, k, v, segments, backend=cfg.attention, window=window, is_global=flag)
+      # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
+      backend = "dot" if self.is_initializing() else cfg.attention
+      y = attention.attend(q, k, v, segments, backend=backend, window=window, is_global=flag)
     out = jnp.einsum("btnd,ndh->bth", y, _weight(self, cfg, "out", (n, d, h), ("heads", "kv", "embed"),
                                                   _out_std(cfg)))
     return Dropout(cfg.attention_dropout)(out, deterministic=deterministic), (probs if keep_attentions else None)
@@ -271,9 +276,11 @@ class Layer(nn.Module):
 
 
 class Encoder(nn.Module):
-  """num_layers Layers, scanned (params stacked on a leading `layers` axis) or unrolled (layer_{i}).
+  """num_layers Layers, scanned (params stacked on a leading `layers` axis) or unrolled (layer_{i}), and the
+  final norm (inside the encoder, so it travels with it wherever an encoder is loaded).
 
-  Returns (x, each layer's output [L, B, T, H] or None, probabilities [L, B, N, T, T] or None).
+  Returns (the final norm's output, each layer's output [L, B, T, H] or None, probabilities [L, B, N, T, T]
+  or None).
   """
   config: ModernBertConfig
   keep_outputs: bool = False
@@ -294,13 +301,14 @@ class Encoder(nn.Module):
                         unroll=min(cfg.scan_unroll, cfg.num_layers), metadata_params={nn.PARTITION_NAME: "layers"})
       x, (outputs, probs) = scanned(cfg, *keep, name="layers")(
           x, segments, positions, jnp.arange(cfg.num_layers), head_mask, deterministic)
-      return x, outputs, probs
+      return norm(cfg, "final_norm")(x), outputs, probs
     outputs = []
     for i in range(cfg.num_layers):
       x, out = layer_cls(cfg, *keep, name=f"layer_{i}")(
           x, segments, positions, i, None if head_mask is None else head_mask[i], deterministic)
       outputs.append(out)
-    return x, *[jnp.stack(column) if kept else None for kept, column in zip(keep, zip(*outputs))]
+    stacked = [jnp.stack(column) if kept else None for kept, column in zip(keep, zip(*outputs))]
+    return norm(cfg, "final_norm")(x), *stacked
 
 
 class PredictionHead(nn.Module):
@@ -379,7 +387,6 @@ class ModernBertModel(nn.Module):
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
     h, layer_outputs, attentions = encoder(x, segments, position_ids, layer_head_mask(cfg, head_mask),
                                            deterministic)
-    h = norm(cfg, "final_norm")(h)
     out = {"last_hidden_state": h, "attentions": attentions}
     if output_hidden_states:  # as Hugging Face: the last entry is the final norm's output
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs[:-1], h[None]], axis=0)
