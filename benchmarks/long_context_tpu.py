@@ -34,11 +34,12 @@ TOKENS_PER_CHIP = 8192
 
 def _command(model: str, seq: int, topology: str, backend: str) -> list[str]:
   spec, rate, extra = MODELS[model]
+  batch = TOKENS_PER_CHIP * slices.parse(topology).chips // seq
   return [sys.executable, "-m", "bert_jax.cli", "compile", "--json", "--config", spec, "--topology", topology,
           "--config.model.dtype=bfloat16", "--config.model.remat=none", f"--config.model.attention={backend}",
           "--config.mesh.data=-1", f"--config.data.max_seq_length={seq}",
           f"--config.data.max_predictions_per_seq={round(rate * seq)}",
-          f"--config.train.batch_size={TOKENS_PER_CHIP * slices.parse(topology).chips // seq}",
+          f"--config.train.batch_size={batch}", f"--config.data.num_shards={min(8, batch)}",
           "--config.train.grad_accum_steps=1",
           "--config.train.batch_warmup_steps=0", *extra]
 
