@@ -49,7 +49,15 @@ RECIPES = {
 # per step, the last 50B tokens decaying.
 LONG = {"tiny": (3e-4, 16, 300, 100, 10), "base": (3e-4, 72, 508_000, 85_000, 500),
         "large": (3e-4, 72, 508_000, 85_000, 500)}
-PRESETS = tuple(SIZES) + tuple(f"{size}_long" for size in SIZES)
+# What each preset is for (`bert-jax presets` lists them with their sizes).
+PRESETS = {
+    "tiny": "a 4-layer ModernBERT on the embedded corpus, 1,500 steps with StableAdamW and batch-size warmup",
+    "base": "ModernBERT-base (Warner et al. 2024), phase 1 at 1024 tokens: an accelerator's run (splash attention)",
+    "large": "ModernBERT-large, phase 1 at 1024 tokens",
+    "tiny_long": "tiny's context extension to 256 tokens, init_from a tiny run, 1 - sqrt decay",
+    "base_long": "ModernBERT-base's phase 2: context extension to 8192 tokens, init_from phase 1, 1 - sqrt decay",
+    "large_long": "ModernBERT-large's phase 2 at 8192 tokens",
+}
 
 
 def model_config(size: str):
@@ -63,8 +71,7 @@ def model_config(size: str):
 
 
 def get_config(arg: str = "base"):
-  if arg not in PRESETS:
-    raise KeyError(f"choose one of {list(PRESETS)}")
+  common.check_preset(arg, PRESETS)
   size, long = arg.removesuffix("_long"), arg.endswith("_long")
   c = common.base_config()
   c.model = model_config(size)

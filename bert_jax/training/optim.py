@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 
 _NO_DECAY_NAMES = ("bias", "output_bias", "scale")
@@ -42,10 +43,12 @@ def decay_mask(params: Any) -> Any:
 DECAYS = ("linear", "polynomial", "constant", "1-sqrt")
 
 
-def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to cfg.learning_rate, then linear/polynomial decay, constant, or stable then
-  1 - sqrt decay (module docstring)."""
-  lr, warmup = cfg.learning_rate, cfg.warmup_steps
+def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
+                           learning_rate: float | None = None) -> optax.Schedule:
+  """Linear warmup from 0 to the peak (`learning_rate`, default cfg.learning_rate) over
+  config_schema.warmup_steps, then linear/polynomial decay to cfg.end_learning_rate at num_steps, constant,
+  or stable then 1 - sqrt decay (module docstring): every job's schedule."""
+  lr, warmup = learning_rate or cfg.learning_rate, config_schema.warmup_steps(cfg, num_steps)
   warm = optax.linear_schedule(0.0, lr, max(warmup, 1))
   if cfg.decay == "constant":
     after = optax.constant_schedule(lr)
@@ -53,25 +56,26 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> op
     power = 1.0 if cfg.decay == "linear" else cfg.decay_power
     after = optax.polynomial_schedule(lr, cfg.end_learning_rate, power, max(num_steps - warmup, 1))
   elif cfg.decay == "1-sqrt":
-    return _warmup_stable_decay(cfg, num_steps, warm)
+    return _warmup_stable_decay(cfg, num_steps, lr, warmup, warm)
   else:
     raise UserError(f"optimizer.decay={cfg.decay!r} is not one of {DECAYS}")
   return optax.join_schedules([warm, after], [warmup])
 
 
-def _warmup_stable_decay(cfg: ml_collections.ConfigDict, num_steps: int, warm: optax.Schedule) -> optax.Schedule:
-  """Warmup, the peak until decay_start (-1: num_steps - decay_steps), then 1 - sqrt down to
+def _warmup_stable_decay(cfg: ml_collections.ConfigDict, num_steps: int, lr: float, warmup: int,
+                         warm: optax.Schedule) -> optax.Schedule:
+  """Warmup, the peak `lr` until decay_start (-1: num_steps - decay_steps), then 1 - sqrt down to
   end_learning_rate over decay_steps, and end_learning_rate after."""
-  lr, end, length = cfg.learning_rate, cfg.end_learning_rate, cfg.decay_steps
+  end, length = cfg.end_learning_rate, cfg.decay_steps
   start = num_steps - length if cfg.decay_start < 0 else cfg.decay_start
-  if length < 1 or start < cfg.warmup_steps:
+  if length < 1 or start < warmup:
     raise UserError(f"optimizer.decay='1-sqrt' needs optimizer.decay_steps >= 1 (got {length}) and its start "
                     f"(optimizer.decay_start={cfg.decay_start}; -1: train.num_steps - decay_steps = {start}) at or "
-                    f"after the warmup's end, step {cfg.warmup_steps}")
+                    f"after the warmup's end, step {warmup}")
 
   def schedule(step):
     done = jnp.clip((step - start) / length, 0.0, 1.0)
-    return jnp.where(step < cfg.warmup_steps, warm(step), end + (lr - end) * (1.0 - jnp.sqrt(done)))
+    return jnp.where(step < warmup, warm(step), end + (lr - end) * (1.0 - jnp.sqrt(done)))
   return schedule
 
 
