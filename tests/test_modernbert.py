@@ -76,7 +76,12 @@ def test_bare_model_export_and_reload_through_transformers(tmp_path):
   converted = bert_jax.pretrained.read_checkpoint(str(tmp_path / "in"))
   assert converted.missing_heads == ("mlm",) and not converted.config.mlm_head
   hf.write(str(tmp_path / "out"), converted)
-  reloaded = transformers.ModernBertModel.from_pretrained(tmp_path / "out").eval()
+  # The reference's attention kernel (eager; the default, sdpa, differs in the last bits).
+  reloaded = transformers.ModernBertModel.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+  theirs, ours = reference.state_dict(), reloaded.state_dict()
+  assert theirs.keys() == ours.keys()
+  for name in theirs:
+    np.testing.assert_array_equal(ours[name].numpy(), theirs[name].numpy(), err_msg=name)
   with torch.no_grad():
     want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
     again = reloaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
@@ -145,8 +150,10 @@ def test_scanned_layers_alternate_like_unrolled_ones_under_splash():
   inputs = objectives.model_inputs(batch)
   scanned = ModernBertModel(_tiny(attention="splash"))
   params = nn.meta.unbox(jax.jit(scanned.init)(jax.random.key(1), **inputs)["params"])
-  layers = params["encoder"]["layers"]
-  unrolled = {**params, "encoder": {f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers) for i in range(2)}}
+  encoder = dict(params["encoder"])
+  layers = encoder.pop("layers")
+  unrolled = {**params, "encoder": {**encoder, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers)
+                                                  for i in range(2)}}}
   real = batch["input_mask"] > 0
   dot = jax.jit(ModernBertModel(_tiny()).apply)({"params": params}, **inputs).last_hidden_state
   for model, p in ((scanned, params), (ModernBertModel(_tiny(attention="splash", scan_layers=False)), unrolled)):

@@ -153,6 +153,15 @@ class ModernBertConfig:
     return jnp.dtype(self.param_dtype)
 
 
+def backbone_params(model: Mapping[str, Any]) -> int:
+  """Embeddings, layers, final norm and pooler from a model section's sizes (no biases; the norms have
+  scales only): what `bert-jax info` counts as the backbone."""
+  h, f = model["hidden_size"], model["intermediate_size"]
+  layer = 4 * h * h + 3 * h * f + 2 * h  # q, k, v, out; GeGLU's two inputs and its output; two norms
+  pooler = h * h + h if model["use_pooler"] else 0
+  return model["vocab_size"] * h + h + model["num_layers"] * layer + h + pooler
+
+
 def forward_flops(cfg: ModernBertConfig, batch: int, seq: int, predictions: int) -> float:
   """Matmul FLOPs of one forward pass (2 per multiply-add), the MLM head at `predictions` positions per row.
 
