@@ -1,6 +1,6 @@
 """ModernBERT: Hugging Face's ModernBertForMaskedLM / ModernBertModel (tiny, random, built here) against
 load_pretrained and the export; packed rows against their documents run alone; the presets' sizes;
-the tiny preset trains on the embedded corpus."""
+the tiny preset trains on the embedded corpus (BERT_JAX_SLOW_TESTS)."""
 import json
 import os
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from core_helpers import slow
 
 import bert_jax
 from bert_jax.config_utils import load_config
@@ -187,6 +188,7 @@ def test_tiny_parameter_table():
   assert _shapes("tiny") == TINY_SHAPES
 
 
+@slow  # a minute of training on two cores; the warmup's rows and the step are tested above and in test_optim
 def test_tiny_trains_on_the_embedded_corpus(tmp_path):
   config = load_config("configs/modernbert.py:tiny", [
       "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=20",
