@@ -1,11 +1,10 @@
 """This project's checkpoints (params checkpoints, workdirs, step dirs) as a conversion source and target."""
 from __future__ import annotations
 
-from bert_jax import params_checkpoint, workdir
-from bert_jax.conversion import common
+from bert_jax import models, params_checkpoint, workdir
+from bert_jax.conversion import common, modernbert
 from bert_jax.conversion import params as params_lib
 from bert_jax.errors import UserError
-from bert_jax.models.config import ModelConfig
 from bert_jax.models.pooling import Pooling
 
 SENTENCE_EMBEDDING = "sentence_embedding"  # config.json's record of a sentence embedding model's pooling
@@ -33,12 +32,14 @@ def tokenizer(path: str) -> common.Tokenizer | None:
 
 def read(path: str, scan_layers: bool | None = None) -> common.Converted:
   params, saved = params_checkpoint.load_params(path)
-  config = ModelConfig.from_dict(saved["model"])
+  config = models.model_config(saved["model"])
+  family = getattr(config, "family", "") or common.infer_family(config)
   if scan_layers is not None:
-    params = params_lib.relayout(params, config, scan_layers)
+    relayout = modernbert.relayout if family == modernbert.MODEL_TYPE else params_lib.relayout
+    params = relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
   pooling = Pooling.from_dict(saved[SENTENCE_EMBEDDING], path) if SENTENCE_EMBEDDING in saved else None
-  return common.Converted(common.infer_family(config), config, params, tokenizer(path),
+  return common.Converted(family, config, params, tokenizer(path),
                           task_head=_task_head(saved, params, path), pooling=pooling)
 
 

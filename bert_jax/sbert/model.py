@@ -14,6 +14,7 @@ import jax
 
 from bert_jax import pretrained
 from bert_jax.conversion import common
+from bert_jax.errors import UserError
 from bert_jax.models import bert
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.pooling import Pooling
@@ -48,6 +49,9 @@ def default_pooling(config: ModelConfig) -> Pooling:
 def from_checkpoint(path: str) -> tuple[SentenceEncoder, dict, common.Tokenizer | None, list[str]]:
   """(model, its encoder params, the tokenizer record, notes) of any checkpoint `read_checkpoint` takes."""
   converted = pretrained.read_checkpoint(path)
+  if getattr(converted.config, "family", ""):
+    raise UserError(f"{path}: a {converted.config.family} model; sentence embeddings run on BERT's family "
+                    "(BERT, RoBERTa, ALBERT, ELECTRA) only")
   notes = []
   pooling = converted.pooling
   if pooling is None:
