@@ -90,6 +90,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 256  # global, over all hosts and micro-batches
   c.train.grad_accum_steps = 1
+  # float32 | bfloat16: the dtype the gradients cross devices in, once per step (MLPerf TPU BERT: bfloat16)
+  c.train.grad_reduce_dtype = "float32"
   c.train.num_steps = 1_000_000
   c.train.seed = 0
   c.train.log_every_steps = 100

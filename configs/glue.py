@@ -59,6 +59,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.batch_size = 32
   c.train.grad_accum_steps = 1  # micro-batches per step (the update is the full batch's)
+  c.train.grad_reduce_dtype = "float32"  # float32 | bfloat16: the dtype gradients cross devices in
   c.train.epochs = 3.0
   c.train.seed = 0
   # Separate streams (Dodge et al. 2020); -1: train.seed. head: the fresh parameters (the head, adapters;

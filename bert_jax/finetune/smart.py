@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.errors import UserError
-from bert_jax.models import bert
+from bert_jax.models import batch_rows, bert
 
 Array = jax.Array
 
@@ -82,7 +82,9 @@ def perturbation(run: Callable[[Array], dict[str, Array]], clean: dict[str, Arra
   """Algorithm 1's delta for the batch: noise, then `cfg.iterations` normalised ascent steps projected
   onto the eps-ball (infinity norm). run(delta) -> outputs with delta added to the embeddings."""
   target = jax.lax.stop_gradient(clean)
-  delta = cfg.noise_std * jax.random.normal(rng, shape, jnp.float32)
+  # One key per row (batch_rows): the same noise for a row whichever device computes it.
+  noise = jax.vmap(lambda key: jax.random.normal(key, shape[1:], jnp.float32))(batch_rows.row_keys(rng, shape[0]))
+  delta = cfg.noise_std * noise
   for _ in range(cfg.iterations):
     grad = jax.grad(lambda d: divergence(kind, run(d), target, batch))(delta)
     norm = jnp.max(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)

@@ -72,9 +72,12 @@ def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
   return bodies, entry
 
 
-def _trip_count(condition: list[str]) -> int:
-  constants = [int(v) for line in condition for v in re.findall(r"\bconstant\((\d+)\)", line)]
-  compares_lt = any("direction=LT" in line for line in condition)
+def _trip_count(condition: str, bodies: dict[str, list[str]]) -> int:
+  """N of a loop condition `i < N` (XLA:CPU wraps the compare in a fusion: its callee is read too)."""
+  lines = list(bodies.get(condition, ()))
+  lines += [line for callee in re.findall(r"calls=%([^\s,]+)", "\n".join(lines)) for line in bodies.get(callee, ())]
+  constants = [int(v) for line in lines for v in re.findall(r"\bconstant\((\d+)\)", line)]
+  compares_lt = any("direction=LT" in line for line in lines)
   return constants[0] if compares_lt and len(constants) == 1 else 1
 
 
@@ -96,7 +99,7 @@ def collectives(hlo_text: str, num_devices: int) -> list[dict]:
       if opcode == "while":
         body = re.search(r"body=%([^\s,]+)", attrs).group(1)
         condition = re.search(r"condition=%([^\s,]+)", attrs).group(1)
-        visit(body, times * _trip_count(bodies.get(condition, [])))
+        visit(body, times * _trip_count(condition, bodies))
       elif opcode not in ("async-update", "async-done"):  # those name their start's computation again
         branches = re.search(r"branch_computations=\{([^}]*)\}", attrs)
         called = re.findall(r"(?:calls|true_computation|false_computation)=%([^\s,]+)", attrs)
