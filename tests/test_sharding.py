@@ -96,8 +96,8 @@ def _gradient_collectives(mesh, accum, *overrides):
   found = {c["kind"]: (c["count"], c["bytes"]) for c in hlo.collectives(text, 8)}
   # A ring over 8 devices sends 7/8 of a leaf to reduce-scatter it (the leaves split over fsdp) and
   # twice that to all-reduce it (the others).
-  ring = sum(math.prod(x.shape) * 4 * 7 / 8 * (1 if "fsdp" in str(x.sharding.spec) else 2)
-             for x in jax.tree.leaves(state.params))
+  split = lambda x: setup.mesh.shape["fsdp"] > 1 and "fsdp" in str(x.sharding.spec)  # noqa: E731
+  ring = sum(math.prod(x.shape) * 4 * 7 / 8 * (1 if split(x) else 2) for x in jax.tree.leaves(state.params))
   return found, ring, text
 
 

@@ -39,7 +39,7 @@ import bert_jax
 from bert_jax import params_checkpoint
 from bert_jax.configs import common
 from bert_jax.errors import UserError
-from bert_jax.finetune import embedded, glue, heads, ner, squad
+from bert_jax.finetune import batching, embedded, glue, heads, ner, squad
 from bert_jax.finetune import features as feats
 from bert_jax.models.config import ModelConfig
 from bert_jax.training import partitioning
@@ -119,8 +119,10 @@ class Predictor:
     examples = self.normalize(examples)
     with tqdm.tqdm(total=len(examples), disable=not progress, delay=2.0, file=sys.stderr,
                    unit="example", desc="predict") as bar:
-      for start in range(0, len(examples), self.batch_size):
-        part = examples[start:start + self.batch_size]
+      # With buckets, a bucket's last batch is padded: featurize enough examples at once to fill most.
+      chunk = self.batch_size * (32 if self.lengths else 1)
+      for start in range(0, len(examples), chunk):
+        part = examples[start:start + chunk]
         features, decode = self.featurize(part)
         yield from decode(self.run(features))
         bar.update(len(part))
@@ -145,15 +147,16 @@ class Predictor:
                    "token": _word_features, "span": _question_features}
     return featurizers[self.kind](self, examples)
 
+  @property
+  def lengths(self) -> tuple[int, ...]:
+    """The run's data.length_buckets (finetune/batching.py); () pads every row to max_seq_length."""
+    data = self.config["data"]
+    return batching.buckets(data.get("length_buckets") or (), data["max_seq_length"])
+
   def run(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's outputs (numpy, one row per feature row) in batches of batch_size."""
-    n = len(features["input_ids"])
-    padded = feats.pad_to_multiple({k: features[k] for k in feats.MODEL_INPUTS}, self.batch_size)
-    chunks = []
-    for start in range(0, len(padded["input_ids"]), self.batch_size):
-      batch = {k: padded[k][start:start + self.batch_size] for k in feats.MODEL_INPUTS}
-      chunks.append(jax.device_get(self.apply(self.params, partitioning.global_batch(batch, self.mesh))))
-    return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+    """The model's outputs (numpy, one row per feature row) in batches of batch_size (of one length
+    bucket each with data.length_buckets)."""
+    return batching.run_model(self.apply, self.params, self.mesh, features, self.batch_size, self.lengths)
 
   def outputs(self, examples: Sequence) -> dict[str, np.ndarray]:
     """The raw model outputs (logits) for `examples`, one row per feature row."""

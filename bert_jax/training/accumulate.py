@@ -100,7 +100,11 @@ def gradients(grad_fn: GradFn, params: Any, batch: dict[str, jax.Array], rng: ja
   """
   mesh = jax.sharding.get_abstract_mesh()
   axes = tuple(a for a in DATA_AXES if mesh.shape.get(a, 1) > 1)  # an axis of one device has nothing to sum
-  auto = tuple(a for a in mesh.axis_names if a not in axes)
+  auto = tuple(a for a in mesh.axis_names if a not in axes and mesh.shape[a] > 1)
+  # With no other axis to split over, the whole mesh is manual: XLA then sees plain per-device code (a
+  # partly manual region pins every op's sharding, reducers included, which XLA:CPU cannot promote
+  # for a bf16 all-reduce).
+  manual = set(axes) if auto else set(mesh.axis_names)
   specs = jax.tree.map(lambda s: PartitionSpec(*(_keep(e, axes) for e in s)), param_specs,
                        is_leaf=lambda x: isinstance(x, PartitionSpec))
   leaf_specs = jax.tree.structure(params).flatten_up_to(specs)
@@ -129,5 +133,4 @@ def gradients(grad_fn: GradFn, params: Any, batch: dict[str, jax.Array], rng: ja
     return local(params, batch, rng)
   batch_spec = PartitionSpec(axes)
   return jax.shard_map(local, mesh=mesh, in_specs=(specs, {k: batch_spec for k in batch}, PartitionSpec()),
-                       out_specs=(specs, PartitionSpec()), axis_names=set(axes),
-                       check_vma=False)(params, batch, rng)
+                       out_specs=(specs, PartitionSpec()), axis_names=manual, check_vma=False)(params, batch, rng)
