@@ -95,7 +95,7 @@ def test_interpreter_exits_cleanly_with_running_workers(corpus):
       next(data)
       print(*(p.pid for p in __import__("multiprocessing").active_children()))
       """)
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr
   assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
   pids = [int(p) for p in done.stdout.split()]
