@@ -215,6 +215,29 @@ def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
   return lo < hi, lo, hi
 
 
+def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
+  """`_multi_unit_spans`, run separately on the rows of at most a quarter of the width in units (cut to
+  that width) and on the others. A row's spans depend on its own units and key only, and one span
+  blocks at least one unit, so a short row needs no more loop steps than it has units: the same
+  result, while most rows of a long-width batch stop paying for the longest row's units and steps."""
+  t = tf()
+  width = starts.shape[1]
+  narrow = width // 4
+  if narrow < 32:
+    return _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+  short = t.reduce_sum(t.cast(valid, t.int32), 1) <= narrow
+  outputs = []
+  for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
+    take = lambda x, rows=rows, cut=cut: t.gather(x, rows)[:, :cut]  # noqa: E731
+    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run), take(valid),
+                                       t.gather(budget, rows), cfg)
+    pad = [[0, 0], [0, width - cut]]
+    outputs.append([t.scatter_nd(rows[:, None], t.pad(x, pad), t.shape(starts, out_type=t.int64))
+                    for x in (chosen, lo, hi)])
+  (chosen_a, lo_a, hi_a), (chosen_b, lo_b, hi_b) = outputs
+  return chosen_a | chosen_b, lo_a + lo_b, hi_a + hi_b
+
+
 def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
   """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
   per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
@@ -228,7 +251,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
   if len(cfg.lengths) == 1:
     chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg)
   else:
-    chosen, lo, hi = _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg)
   unit = t.maximum(unit_of, 0)
   selected = candidate & t.gather(chosen, unit, batch_dims=1)
   pos = t.range(width)[None]
