@@ -83,6 +83,9 @@ def test_mesh_errors_name_the_fix():
   with pytest.raises(UserError, match="divisible by data-parallel size"):
     build_train_setup(tiny_config("--config.train.grad_accum_steps=3"), partitioning.make_mesh(
         tiny_config().mesh, jax.devices()[:1]))
+  with pytest.raises(UserError, match="train.grad_reduce_dtype='float16'"):
+    build_train_setup(tiny_config("--config.train.grad_reduce_dtype=float16"), partitioning.make_mesh(
+        tiny_config().mesh, jax.devices()[:1]))
 
 
 def _gradient_collectives(mesh, accum, *overrides):
