@@ -138,7 +138,7 @@ def check_batch_layout(train_cfg: ml_collections.ConfigDict, mesh: Mesh) -> None
   if train_cfg.eval_batch_size % dp:
     raise UserError(f"train.eval_batch_size={train_cfg.eval_batch_size} must be a multiple of the "
                     f"data-parallel size {dp} (mesh.data x mesh.fsdp)")
-  reduce_dtype = train_cfg.get("grad_reduce_dtype", "float32")
+  reduce_dtype = train_cfg.grad_reduce_dtype
   if reduce_dtype not in accumulate.REDUCE_DTYPES:
     raise UserError(f"train.grad_reduce_dtype={reduce_dtype!r}: choose one of {sorted(accumulate.REDUCE_DTYPES)}")
   if jax.process_count() > 1 and batch % jax.process_count():
@@ -181,7 +181,7 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
   step = finite.guard_step(functools.partial(step_fn, objective=objective, tx=tx, schedule=schedule,
                                              grad_accum_steps=config.train.grad_accum_steps,
                                              param_specs=param_specs, axis_rules=axis_rules,
-                                             grad_reduce_dtype=config.train.get("grad_reduce_dtype", "float32"), **options),
+                                             grad_reduce_dtype=config.train.grad_reduce_dtype, **options),
                            skip=config.train.skip_nonfinite_steps > 0)
   return TrainSetup(
       config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule, num_steps=num_steps,
