@@ -237,8 +237,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   tpu = slices.parse(topology)
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
+  _check_hosts(config, tpu)  # before the step's own checks, which do not know the hosts
   config, setup = build(config, mesh)
-  _check_hosts(config, tpu)
   state = setup.abstract_state  # shapes with their shardings on the slice's mesh
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
