@@ -6,7 +6,8 @@ the loss over a short run, against float32, on an 8-device CPU mesh (data=8).
 Both runs start from the same parameters and see the same synthetic batches (training/benchmark.py's,
 a fresh one per step) and dropout; micro-batches (--accum) make the step take the shard_map path where
 the dtype applies. The relative error is ||g_bf16 - g_f32|| / ||g_f32|| of the whole reduced gradient
-at the initial parameters (the gradients are summed over the 8 devices in bf16, then cast back).
+at the initial parameters (each device's gradient rounded to bf16, summed over the 8 devices, cast
+back; XLA:CPU promotes bf16 all-reduces to f32, so the sum itself is f32 here, where a TPU sums in bf16).
 """
 from __future__ import annotations
 
