@@ -204,7 +204,7 @@ def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, 
 @pytest.mark.parametrize("argv,message", [
     (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
     (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
-    (["--topology", "v4-16", "--config.train.batch_size=9"], "not divisible"),
+    (["--topology", "v4-16", "--config.train.batch_size=9"], "must be divisible by data-parallel size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2
