@@ -15,10 +15,9 @@ import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import workdir
-from bert_jax.conversion import common, hf, native, tf_checkpoint
+from bert_jax import models, workdir
+from bert_jax.conversion import common, hf, modernbert, native, tf_checkpoint
 from bert_jax.errors import UserError
-from bert_jax.models.bert import BertModel
 from bert_jax.ops import finite
 
 
@@ -96,16 +95,18 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
   heads = common.present_heads(converted.config) + converted.missing_heads
-  config = common.with_heads(converted.config, converted.family, heads)
+  config = (modernbert.with_heads(converted.config, heads) if converted.family == modernbert.MODEL_TYPE
+            else common.with_heads(converted.config, converted.family, heads))
   ids = jnp.zeros((1, 1), jnp.int32)
-  fresh = nn.meta.unbox(jax.jit(BertModel(config).init)(jax.random.key(seed), ids)["params"])
+  fresh = nn.meta.unbox(jax.jit(models.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
   return common.Converted(converted.family, config, {**fresh, **converted.params}, converted.tokenizer)
 
 
 def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers: bool | None = None,
-                    electra_part: str | None = None, seed: int = 0) -> tuple[BertModel, dict]:
-  """(BertModel, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint.
+                    electra_part: str | None = None, seed: int = 0) -> tuple[nn.Module, dict]:
+  """(model, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint: a BertModel,
+  or a ModernBertModel for ModernBERT (the same call and outputs).
 
   The heads the checkpoint holds are loaded. A pretraining head it lacks (a bare BertModel has no MLM
   or NSP head) is named on stdout and left off the model, or initialised from `seed` when
@@ -127,7 +128,7 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
     else:
       print(f"{path}: no weights for {missing}; the model has them turned off "
             "(init_missing_heads=True initialises them)", flush=True)
-  return BertModel(converted.config), converted.params
+  return models.build(converted.config), converted.params
 
 
 def _tokenizer_info(path: str) -> common.Tokenizer | None:

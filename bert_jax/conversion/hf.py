@@ -13,7 +13,7 @@ from etils import epath
 
 from bert_jax import workdir
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
-from bert_jax.conversion import common, layout
+from bert_jax.conversion import common, layout, modernbert
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
 from bert_jax.errors import UserError
@@ -152,6 +152,8 @@ def _check_all_used(tensors, family: str, names: dict, known: set[str], config: 
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
   """A HF model directory as bert_jax params (the heads it has) plus its tokenizer files."""
   hf_config = workdir.read_json(epath.Path(directory) / "config.json")
+  if hf_config.get("model_type") == modernbert.MODEL_TYPE:
+    return modernbert.read(directory, hf_config, read_weights(directory), scan_layers, tokenizer(directory))
   family = family_of(hf_config, directory)
   tensors = read_weights(directory)
   base = layout.HF_BASE[family]
@@ -173,10 +175,11 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
   """The tokenizer files of a HF directory; tokenizer_config.json says whether it lower-cases."""
-  family = family_of(workdir.read_json(epath.Path(directory) / "config.json"), directory)
+  hf_config = workdir.read_json(epath.Path(directory) / "config.json")
+  cased = hf_config.get("model_type") == modernbert.MODEL_TYPE or family_of(hf_config, directory) == "roberta"
   path = epath.Path(directory) / "tokenizer_config.json"
   settings = workdir.read_json(path) if path.exists() else {}
-  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family != "roberta"))
+  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", not cased))
   return _with_word_limit(found, directory)
 
 
@@ -282,6 +285,8 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   """Writes config.json, model.safetensors and the tokenizer files; returns notes for the user, which
   name every parameter the HF class has no place for."""
   family = converted.family
+  if family == modernbert.MODEL_TYPE:
+    return modernbert.write(directory, converted)
   export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
   names = {"b": layout.HF_BASE[family] if export.prefixed else ""}
   tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)

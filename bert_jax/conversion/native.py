@@ -1,11 +1,10 @@
 """This project's checkpoints (params checkpoints, workdirs, step dirs) as a conversion source and target."""
 from __future__ import annotations
 
-from bert_jax import params_checkpoint, workdir
-from bert_jax.conversion import common
+from bert_jax import models, params_checkpoint, workdir
+from bert_jax.conversion import common, modernbert
 from bert_jax.conversion import params as params_lib
 from bert_jax.errors import UserError
-from bert_jax.models.config import ModelConfig
 
 
 def is_native(path: str) -> bool:
@@ -30,11 +29,13 @@ def tokenizer(path: str) -> common.Tokenizer | None:
 
 def read(path: str, scan_layers: bool | None = None) -> common.Converted:
   params, saved = params_checkpoint.load_params(path)
-  config = ModelConfig.from_dict(saved["model"])
+  config = models.model_config(saved["model"])
+  family = getattr(config, "family", "") or common.infer_family(config)
   if scan_layers is not None:
-    params = params_lib.relayout(params, config, scan_layers)
+    relayout = modernbert.relayout if family == modernbert.MODEL_TYPE else params_lib.relayout
+    params = relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
-  return common.Converted(common.infer_family(config), config, params, tokenizer(path),
+  return common.Converted(family, config, params, tokenizer(path),
                           task_head=_task_head(saved, params, path))
 
 
