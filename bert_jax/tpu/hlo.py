@@ -31,6 +31,11 @@ def _array_bytes(type_text: str) -> list[float]:
           for dtype, dims in _ARRAY.findall(type_text) if dtype in _DTYPE_BYTES]
 
 
+def buffer_bytes(type_text: str) -> float:
+  """Bytes of all the arrays in a (possibly tuple) HLO type."""
+  return sum(_array_bytes(type_text))
+
+
 def _group_size(attrs: str, num_devices: int) -> int:
   mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
   if mesh:
