@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bert_jax import workdir
+from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.errors import UserError
-from bert_jax.models.bert import BertModel
-from bert_jax.training import finite
+from bert_jax.models import families
 
 
 def source_kind(path: str) -> str:
@@ -35,28 +34,29 @@ def source_kind(path: str) -> str:
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None,
                     electra_part: str | None = None) -> common.Converted:
-  """Family, ModelConfig, params and tokenizer of any supported checkpoint (params as stored)."""
+  """Family, config, params and tokenizer of any supported checkpoint (params as stored)."""
   kind = source_kind(path)
   if kind == "bert_jax":
     return native.read(path, scan_layers)
   scan = True if scan_layers is None else scan_layers
   converted = hf.read(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
-  finite.check_params_finite(converted.params, path)
+  params_checkpoint.check_params_finite(converted.params, path)
   return converted
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
-  heads = common.present_heads(converted.config) + converted.missing_heads
-  config = common.with_heads(converted.config, converted.family, heads)
+  family = converted.record
+  config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
   ids = jnp.zeros((1, 1), jnp.int32)
-  fresh = nn.meta.unbox(jax.jit(BertModel(config).init)(jax.random.key(seed), ids)["params"])
+  fresh = nn.meta.unbox(jax.jit(families.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
   return common.Converted(converted.family, config, {**fresh, **converted.params}, converted.tokenizer)
 
 
 def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers: bool | None = None,
-                    electra_part: str | None = None, seed: int = 0) -> tuple[BertModel, dict]:
-  """(BertModel, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint.
+                    electra_part: str | None = None, seed: int = 0) -> tuple[nn.Module, dict]:
+  """(model, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint; the model
+  is the checkpoint family's Flax module (BertModel for BERT, RoBERTa, ALBERT and ELECTRA).
 
   The heads the checkpoint holds are loaded. A pretraining head it lacks (a bare BertModel has no MLM
   or NSP head) is named on stdout and left off the model, or initialised from `seed` when
@@ -68,7 +68,7 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
   for note in converted.notes:
     print(note, flush=True)
   if converted.task_head:
-    print(f"{path}: a fine-tuned {converted.task_head.kind} model; BertModel leaves params['head'] unused "
+    print(f"{path}: a fine-tuned {converted.task_head.kind} model; the encoder leaves params['head'] unused "
           "(bert_jax.Predictor.load runs the whole model)", flush=True)
   if converted.missing_heads:
     missing = ", ".join(converted.missing_heads)
@@ -78,7 +78,7 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
     else:
       print(f"{path}: no weights for {missing}; the model has them turned off "
             "(init_missing_heads=True initialises them)", flush=True)
-  return BertModel(converted.config), converted.params
+  return families.build(converted.config), converted.params
 
 
 def _tokenizer_info(path: str) -> common.Tokenizer | None:

@@ -5,7 +5,7 @@ from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.errors import UserError
-from bert_jax.models.config import ModelConfig
+from bert_jax.models import families
 
 
 def is_native(path: str) -> bool:
@@ -30,11 +30,11 @@ def tokenizer(path: str) -> common.Tokenizer | None:
 
 def read(path: str, scan_layers: bool | None = None) -> common.Converted:
   params, saved = params_checkpoint.load_params(path)
-  config = ModelConfig.from_dict(saved["model"])
+  config = families.model_config(saved["model"])
   if scan_layers is not None:
     params = params_lib.relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
-  return common.Converted(common.infer_family(config), config, params, tokenizer(path),
+  return common.Converted(config.family, config, params, tokenizer(path),
                           task_head=_task_head(saved, params, path))
 
 
@@ -55,5 +55,5 @@ def write(directory: str, converted: common.Converted) -> None:
   tok = converted.tokenizer
   data = {"vocab": next(iter(tok.files)), "tokenizer": tok.kind, "lower_case": tok.lower_case} if tok else {}
   config = {"objective": "bert", "model": converted.config.to_dict(), "data": data,
-            "heads": list(common.present_heads(converted.config))}
+            "heads": list(converted.record.heads_of(converted.config))}
   params_checkpoint.save_params(directory, converted.params, config, tok.files if tok else None)
