@@ -190,7 +190,8 @@ def write(directory: str, converted: common.Converted) -> list[str]:
     raise UserError(f"the {family.name} family has no Hugging Face layout")
   export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
   names = {"b": family.hf.base_prefix if export.prefixed else ""}
-  hf_config = {**family.hf.write_config(export.config, export.architecture), **export.extra_config}
+  hf_config = {"architectures": [export.architecture], "model_type": family.hf.model_type,
+               **family.hf.write_config(export.config), **export.extra_config}
   tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)
   out = workdir.create(directory)
   (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))

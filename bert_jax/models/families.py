@@ -25,6 +25,7 @@ output_hidden_states=False, head_mask=None) -> ModelOutput` (models/bert.py: las
 [B, T, H]; pooled_output and the pretraining heads' logits where the config switches them on;
 hidden_states [L+1, B, T, H] when asked for). The config contract (ModelConfig's): a frozen dataclass
 with `family`, `vocab_size`, `hidden_size`, `num_layers`, `max_position_embeddings`, `scan_layers`,
+`initializer_range`, `compute_dtype` and `weight_dtype` (what the fine-tuning heads build with),
 `from_dict(dict)` (UserError on unknown keys), `to_dict()` and `replace(**changes)`.
 
 Adding a family, e.g. ModernBERT (see ARCHITECTURE.md):
@@ -137,8 +138,9 @@ class HFNames:
   model_type: config.json's model_type; class_prefix: of its classes (Bert -> BertForMaskedLM,
   BertForSequenceClassification); base_prefix: the base model's prefix in the head classes' state
   dicts ("bert."); architectures: the pretraining classes, preferred first. read_config(hf_config,
-  heads, scan_layers, source) -> the family's config with those heads on; write_config(config,
-  architecture) -> config.json's dict. tied: {name: the name it repeats} (an MLM decoder tied to the
+  heads, scan_layers, source) -> the family's config with those heads on (`family` set to this
+  family's name where the config does not read it off its fields); write_config(config) -> the keys
+  of config.json besides "architectures" and "model_type". tied: {name: the name it repeats} (an MLM decoder tied to the
   word embeddings); buffers: suffixes of non-parameter tensors to ignore. task_rows: per head kind,
   the rows of a fine-tuned head that replace the kind's default ones (bert_jax/models/head_kinds.py);
   no_task_export: per head kind, why the family's HF class for it differs from bert_jax's head.
@@ -150,7 +152,7 @@ class HFNames:
   base_prefix: str
   architectures: tuple[Architecture, ...]
   read_config: Callable[[dict, tuple[str, ...], bool, str], Config]
-  write_config: Callable[[Config, str], dict]
+  write_config: Callable[[Config], dict]
   tokenizer_class: str
   tied: Mapping[str, str] = dataclasses.field(default_factory=dict)
   buffers: tuple[str, ...] = ()

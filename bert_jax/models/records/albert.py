@@ -71,7 +71,7 @@ FAMILY = families.register(families.Family(
                        Architecture("AlbertForMaskedLM", frozenset({"mlm"}), True),
                        Architecture("AlbertModel", frozenset({"pooler"}), False)),
         read_config=read_hf_config,
-        write_config=functools.partial(bl.write_hf_config, model_type="albert", factorised=True,
+        write_config=functools.partial(bl.write_hf_config, factorised=True,
                                        num_hidden_groups=1, inner_group_num=1),
         tied={"predictions.decoder.weight": "{b}embeddings.word_embeddings.weight",
               "predictions.decoder.bias": "predictions.bias"},

@@ -39,7 +39,7 @@ FAMILY = families.register(families.Family(
                        Architecture("BertForNextSentencePrediction", frozenset({"pooler", "sentence"}), True),
                        Architecture("BertModel", frozenset({"pooler"}), False)),
         read_config=functools.partial(bl.read_hf_config, with_heads=with_heads),
-        write_config=functools.partial(bl.write_hf_config, model_type="bert"),
+        write_config=bl.write_hf_config,
         tied={"cls.predictions.decoder.weight": "{b}embeddings.word_embeddings.weight",
               "cls.predictions.decoder.bias": "cls.predictions.bias"},
         buffers=bl.HF_BUFFERS, tokenizer_class="BertTokenizer"),

@@ -200,10 +200,9 @@ def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, s
   return with_heads(config, heads)
 
 
-def write_hf_config(config: ModelConfig, architecture: str, *, model_type: str, factorised: bool = False,
-                    **extra) -> dict:
+def write_hf_config(config: ModelConfig, *, factorised: bool = False, **extra) -> dict:
   """config.json for a BERT-layout model; factorised: the family writes embedding_size; extra: its own keys."""
-  d = {"architectures": [architecture], "model_type": model_type, "vocab_size": config.vocab_size,
+  d = {"vocab_size": config.vocab_size,
        "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
        "num_attention_heads": config.num_heads, "intermediate_size": config.intermediate_size,
        "hidden_act": _ACTS_TO_HF[config.hidden_act], "hidden_dropout_prob": config.hidden_dropout,

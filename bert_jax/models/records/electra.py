@@ -74,7 +74,7 @@ FAMILY = families.register(families.Family(
                        Architecture("ElectraModel", frozenset(), False)),
         read_config=functools.partial(bl.read_hf_config, with_heads=with_heads, factorised=True,
                                       gelu_mlm="electra"),
-        write_config=functools.partial(bl.write_hf_config, model_type="electra", factorised=True),
+        write_config=functools.partial(bl.write_hf_config, factorised=True),
         tied={"generator_lm_head.weight": "{b}embeddings.word_embeddings.weight"},
         buffers=bl.HF_BUFFERS,
         no_task_export=dict.fromkeys(

@@ -17,10 +17,10 @@ from bert_jax.errors import UserError
 with_heads = bl.heads_switch(None)
 
 
-def write_hf_config(config: ModelConfig, architecture: str) -> dict:
+def write_hf_config(config: ModelConfig) -> dict:
   if config.mlm_head and config.hidden_act != "gelu":
     raise UserError(f"RoBERTa's HF MLM head hard-codes GELU; this model uses {config.hidden_act}")
-  return bl.write_hf_config(config, architecture, model_type="roberta", bos_token_id=0, eos_token_id=2)
+  return bl.write_hf_config(config, bos_token_id=0, eos_token_id=2)
 
 
 FAMILY = families.register(families.Family(
