@@ -6,8 +6,7 @@ tokenizer files. A pretraining workdir or a checkpoint step directory serves as 
 are the `params` of the latest train state.
 
 `load_params_into` restores straight into the target's shardings (each host reads only its shards);
-`load_params` restores the whole tree onto one device, for conversion and inspection. Both refuse
-parameters holding NaN or Inf (`check_params_finite`, which every other reader of weights calls too).
+`load_params` restores the whole tree onto one device, for conversion and inspection.
 
 A *delta* checkpoint (fine-tuning with train.mode=adapters) holds only the parameters that trained;
 config.json's `base_checkpoint` names the checkpoint that holds the rest. Every reader here completes
@@ -18,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -26,6 +24,7 @@ from etils import epath
 from bert_jax import workdir
 from bert_jax.compress import int8
 from bert_jax.errors import UserError
+from bert_jax.training import finite
 
 
 BASE = "base_checkpoint"
@@ -41,35 +40,6 @@ def save_params(directory: epath.PathLike, params: Any, config: dict,
   if jax.process_index() == 0:
     workdir.write_json(directory / workdir.CONFIG, config)
     workdir.write_tokenizer(directory, tokenizer_files)
-
-
-@jax.jit
-def _tree_finite(tree: Any) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
-
-
-def tree_is_finite(tree: Any) -> bool:
-  """Whether every floating-point leaf of `tree` is finite (one reduction on device, one bool back)."""
-  return bool(_tree_finite(tree))
-
-
-def nonfinite_leaves(tree: Any) -> list[str]:
-  """Names of the floating-point leaves holding NaN or Inf (one reduction when there are none)."""
-  if tree_is_finite(tree):
-    return []
-  return [jax.tree_util.keystr(path) for path, x in jax.tree_util.tree_leaves_with_path(tree)
-          if jnp.issubdtype(x.dtype, jnp.inexact) and not bool(jnp.all(jnp.isfinite(x)))]
-
-
-def check_params_finite(params: Any, source: str) -> None:
-  """UserError naming the parameters of `source` that hold NaN or Inf (a checkpoint of a diverged run)."""
-  bad = nonfinite_leaves(params)
-  if bad:
-    shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-    raise UserError(f"{source}: parameters hold NaN or Inf ({shown}); the checkpoint is from a diverged "
-                    "run, load an earlier step")
 
 
 def _latest_step_dir(managed: epath.Path) -> epath.Path:
@@ -141,7 +111,7 @@ def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   weights (an int8 checkpoint) come back as float32 on their int8 grid."""
   config = workdir.read_config(location)
   params = _restore_on_host(*params_location(location))
-  check_params_finite(params, str(location))
+  finite.check_params_finite(params, str(location))
   if config.get("quantization"):  # `bert-jax quantize`'s int8 weights, back on their grid in float32
     params = int8.dequantize_params(params)
   base = base_checkpoint(location)
@@ -244,7 +214,7 @@ def _restore_into(location: epath.PathLike, target: Any, keep: Iterable[str] | N
     restored = ckptr.restore(tree_path, args=ocp.args.PyTreeRestore(
         item=items, restore_args=ocp.checkpoint_utils.construct_restore_args(items), partial_restore=True))
   restored = _subtree(restored, keys)
-  check_params_finite(restored, str(location))
+  finite.check_params_finite(restored, str(location))
   flat_restored = _flat(restored)
   return jax.tree_util.tree_map_with_path(
       lambda k, v: flat_restored.get(jax.tree_util.keystr(k), v), target)

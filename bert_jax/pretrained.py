@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bert_jax import params_checkpoint, workdir
+from bert_jax import workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models import families
+from bert_jax.training import finite
 
 
 def source_kind(path: str) -> str:
@@ -40,7 +41,7 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
     return native.read(path, scan_layers)
   scan = True if scan_layers is None else scan_layers
   converted = hf.read(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
-  params_checkpoint.check_params_finite(converted.params, path)
+  finite.check_params_finite(converted.params, path)
   return converted
 
 
