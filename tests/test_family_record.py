@@ -106,6 +106,15 @@ class MeanSummary(nn.Module):
     return jnp.tanh(nn.Dense(self.config.hidden_size, name="dense")(mean))
 
 
+class DenseTransform(nn.Module):
+  """The toy's token transform before token and span classifiers: relu(dense(every token))."""
+  config: ToyConfig
+
+  @nn.compact
+  def __call__(self, out, attention_mask, deterministic):
+    return jax.nn.relu(nn.Dense(self.config.hidden_size, name="dense")(out.last_hidden_state))
+
+
 def _layer_slots(config):
   return [(i, f"layer_{i}", False) for i in range(config.num_layers)]
 
@@ -148,8 +157,10 @@ TOY = families.Family(
         read_config=_read_hf, write_config=_write_hf, tokenizer_class="BertTokenizer",
         tied={"decoder.weight": "{b}embeddings.tok.weight"},
         task_rows={"classification": hf_only(dense_rows("head/summary/dense", "head.dense", None)
-                                             + dense_rows("head/classifier", "classifier", None), part="task")}),
-    summary_heads=(), summary=MeanSummary)
+                                             + dense_rows("head/classifier", "classifier", None), part="task"),
+                   "token": hf_only(dense_rows("head/token_transform/dense", "head.dense", None)
+                                    + dense_rows("head/classifier", "classifier", None), part="task")}),
+    summary_heads=(), summary=MeanSummary, token_transform=DenseTransform)
 
 
 @pytest.fixture
@@ -214,29 +225,38 @@ def test_toy_family_converts_and_loads_through_the_generic_paths(toy_family, tmp
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
-def test_toy_family_fine_tunes_with_its_own_summary_and_exports_it(toy_family, tmp_path, capsys):
-  config = heads.encoder_config(ToyConfig(), "classification", "pooled")
-  assert not config.mlm_head  # the summary reads no pretraining head: none stays on
-  model = heads.FinetuneModel(config, "classification", 3)
-  params = _random_params(model, seed=1)
-  assert set(params["head"]) == {"summary", "classifier"} and "mlm_bias" not in params
+def _fine_tuned(directory, kind, seed):
+  """A toy `bert-jax finetune` workdir with random weights: (its config.json, params)."""
+  config = heads.encoder_config(ToyConfig(), kind, "pooled")
+  params = _random_params(heads.FinetuneModel(config, kind, 3), seed)
   saved = {"model": config.to_dict(), "head": {"pooling": "pooled", "dropout": 0.1},
-           "task": {"family": "test", "name": "toy_classification", "head": "classification", "num_labels": 3,
-                    "labels": ["a", "b", "c"]},
+           "task": {"family": "test", "name": f"toy_{kind}", "head": kind, "num_labels": 3, "labels": ["a", "b", "c"]},
            "data": {"max_seq_length": LENGTH}, "train": {"eval_batch_size": 4}}
-  params_checkpoint.save_params(str(tmp_path / "ft"), params, saved)
+  params_checkpoint.save_params(str(directory), params, saved)
+  return saved, params
+
+
+@pytest.mark.parametrize("kind", ["classification", "token"])
+def test_toy_family_fine_tunes_with_its_own_pooling_and_exports_it(toy_family, tmp_path, capsys, kind):
+  saved, params = _fine_tuned(tmp_path / "ft", kind, seed=1)
+  assert not saved["model"]["mlm_head"] and "mlm_bias" not in params  # its pooling reads no pretraining head
+  assert set(params["head"]) == {"summary" if kind == "classification" else "token_transform", "classifier"}
   assert cli.main(["convert", "--to", "hf", str(tmp_path / "ft"), str(tmp_path / "hf")]) == 0
   assert "not written" not in capsys.readouterr().out
   written = json.loads((tmp_path / "hf" / "config.json").read_text())
-  assert written["architectures"] == ["ToyForSequenceClassification"] and written["id2label"]["2"] == "c"
+  architecture = {"classification": "ToyForSequenceClassification", "token": "ToyForTokenClassification"}[kind]
+  assert written["architectures"] == [architecture] and written["id2label"]["2"] == "c"
 
   t = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
-  ids = _ids(config.vocab_size)
+  ids = _ids(ToyConfig.vocab_size)
   mask = (np.arange(LENGTH)[None] < np.array([[6], [2], [4]])).astype(np.int32)
   hidden, _ = numpy_toy(t, ids)
-  mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
-  pooled = np.tanh(mean @ t["head.dense.weight"].T + t["head.dense.bias"])
-  reference = pooled @ t["classifier.weight"].T + t["classifier.bias"]
+  if kind == "classification":
+    mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    features = np.tanh(mean @ t["head.dense.weight"].T + t["head.dense.bias"])
+  else:
+    features = np.maximum(hidden @ t["head.dense.weight"].T + t["head.dense.bias"], 0)
+  reference = features @ t["classifier.weight"].T + t["classifier.bias"]
   ours = Predictor.build(saved, params, tokenizer=None).run(
       {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
   np.testing.assert_allclose(ours["logits"], reference, atol=1e-5)

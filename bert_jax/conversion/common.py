@@ -22,7 +22,7 @@ class Tokenizer:
 
 @dataclasses.dataclass(frozen=True)
 class TaskHead:
-  """A fine-tuning head (bert_jax/finetune/heads.py, params["head"]) as the run recorded it.
+  """A fine-tuning head (bert_jax/models/head_kinds.py, params["head"]) as the run recorded it.
 
   kind: classification | regression | token | span; labels: class names by id; pooling: pooled | layer_mix;
   max_seq_length: the input length it was fine-tuned at (0: unknown).

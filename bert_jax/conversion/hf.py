@@ -84,7 +84,8 @@ def _check_all_used(tensors, family: Family, names: dict, known: set[str], confi
   """Tensors of the mapping table that this config leaves unused mean config.json disagrees with the
   weights (e.g. fewer num_hidden_layers than the file holds): refuse rather than drop them silently."""
   global_re = re.compile("|".join(_template_pattern(r.hf, names) for r in family.layout.global_rows if r.hf))
-  layer_re = re.compile("|".join(_template_pattern(r.hf, names) for r in family.layout.layer_rows if r.hf))
+  layer_re = re.compile("|".join(_template_pattern(r.hf, names) for r in family.layout.rows_in_layer(config)
+                                if r.hf))
   unused = sorted(k for k in tensors if k not in known and (global_re.fullmatch(k) or layer_re.fullmatch(k)))
   if not unused:
     return

@@ -10,7 +10,7 @@ loading, fine-tuning and prediction read the record and never name a family them
 What the rest of the code calls:
 
   families.get("roberta")                    the Family (UserError naming the registered ones)
-  families.by_model_type("roberta")          the Family of a HF config.json's model_type
+  families.by_model_type("roberta", source)  the Family of a HF config.json's model_type
   families.model_config(saved["model"])      the config object of a config.json "model" dict: the
                                              dict's "family" picks the config class ("" or no key:
                                              ModelConfig, whose family is read off its switches)
@@ -26,6 +26,7 @@ output_hidden_states=False, head_mask=None) -> ModelOutput` (models/bert.py: las
 hidden_states [L+1, B, T, H] when asked for). The config contract (ModelConfig's): a frozen dataclass
 with `family`, `vocab_size`, `hidden_size`, `num_layers`, `max_position_embeddings`, `scan_layers`,
 `initializer_range`, `compute_dtype` and `weight_dtype` (what the fine-tuning heads build with),
+`hidden_dropout` and `attention_dropout` (which fine-tuning sets from its run config),
 `from_dict(dict)` (UserError on unknown keys), `to_dict()` and `replace(**changes)`.
 
 Adding a family, e.g. ModernBERT (see ARCHITECTURE.md):
@@ -39,6 +40,9 @@ Adding a family, e.g. ModernBERT (see ARCHITECTURE.md):
                                              hf=families.HFNames(model_type="modernbert", ...)))
                                          and one import line in models/records/__init__.py
   configs/modernbert.py                  presets whose model section sets family="modernbert"
+
+tests/test_family_record.py registers a toy family (its own config, module, mapping table and
+summary) in a test and runs it through conversion, loading, fine-tuning and export: a worked example.
 
 Rows of a mapping table (`Row`) relate one bert_jax parameter to its HF and TF names; `dense_rows`,
 `norm_rows` build the usual pairs. Row kinds say how the bert_jax array relates to the canonical 2-D/1-D
@@ -105,7 +109,8 @@ class Layout:
   """A family's mapping table and how it lays over a config.
 
   global_rows: the parameters outside the layers; layer_rows: one layer's (paths relative to the
-  layer's prefix); adapter_rows: Houlsby adapters in one layer (HF names only; () where the family has
+  layer's prefix), or a function of the config giving them (a layer whose parts the config counts,
+  as MobileBERT's stacked feed-forward networks); adapter_rows: Houlsby adapters in one layer (HF names only; () where the family has
   no adapter export). parts(config): the row parts the config has (always "backbone"; the pretraining
   heads switched on; "adapters" where it has adapters). layer_slots(config): where each foreign layer
   sits in the params. constants(config): foreign tensors without a bert_jax parameter, fixed by the
@@ -114,12 +119,17 @@ class Layout:
   layers (None: the family has one arrangement).
   """
   global_rows: tuple[Row, ...]
-  layer_rows: tuple[Row, ...]
+  layer_rows: tuple[Row, ...] | Callable[[Config], tuple[Row, ...]]
   parts: Callable[[Config], frozenset[str]]
   layer_slots: Callable[[Config], list[LayerSlot]]
   adapter_rows: tuple[Row, ...] = ()
   constants: Callable[[Config], list[tuple[Row, np.ndarray]]] = _no_constants
   relayout: Callable[[dict, Config, bool], dict] | None = None
+
+  def rows_in_layer(self, config: Config) -> tuple[Row, ...]:
+    """One layer's rows for `config`, adapters included where it has them."""
+    rows = self.layer_rows(config) if callable(self.layer_rows) else self.layer_rows
+    return tuple(rows) + (self.adapter_rows if "adapters" in self.parts(config) else ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,10 +201,13 @@ class Family:
   family can carry, in the order they are named; heads_of(config): those switched on;
   with_heads(config, heads): the config with exactly those on; pretrained_heads(present): the heads a
   checkpoint holding `present` was pretrained with (what it lacks is named to the user). tokenizer:
-  the kind its checkpoints ship (wordpiece | sentencepiece | bpe). summary_heads: the pretraining
-  heads a sequence-level fine-tuning head reads from the encoder (BERT: its pooler); summary(config):
-  a Flax module (out: ModelOutput, attention_mask, deterministic) -> [B, H] owned by that head
-  (params under head/summary), or None to read `out.pooled_output`.
+  the kind its checkpoints ship (wordpiece | sentencepiece | bpe). Fine-tuning heads
+  (models/head_kinds.py): summary_heads: the pretraining heads a sequence-level head reads from the
+  encoder (BERT: its pooler); summary: a Flax module class, summary(config)(out: ModelOutput,
+  attention_mask, deterministic) -> [B, H], that such a head owns (params under head/summary; XLNet's
+  last-token summary, ModernBERT's head), or None to read `out.pooled_output`; token_transform: the
+  same for token-level heads, -> [B, T, H] (params under head/token_transform; ModernBERT's head
+  before its token and span classifiers), or None to read `out.last_hidden_state`.
   """
   name: str
   config: type
@@ -208,7 +221,8 @@ class Family:
   hf: HFNames | None = None
   tf: TFNames | None = None
   summary_heads: tuple[str, ...] = ("pooler",)
-  summary: Callable[[Config], nn.Module] | None = None
+  summary: Callable[..., nn.Module] | None = None
+  token_transform: Callable[..., nn.Module] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

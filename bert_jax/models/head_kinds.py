@@ -8,8 +8,9 @@ SMART, predict) and conversion/ (export) read the record; a new kind is one `reg
   classification / regression: the family's summary of the sequence (`Family.summary`; BERT: the
     pooled [CLS] vector) or, with pooling=layer_mix, a learned mix of every layer's [CLS] vector,
     dropout, dense -> logits [B, C] (regression: one value [B])
-  token: every position's vector, dropout, dense -> logits [B, T, C]
-  span: every position's vector, dense -> start and end logits [B, T], padding masked out
+  token: every position's vector (through `Family.token_transform` where the family has one),
+    dropout, dense -> logits [B, T, C]
+  span: every position's vector (the same), dense -> start and end logits [B, T], padding masked out
 Token and span heads with pooling=layer_mix read the same mix of every layer's vector at each position
 instead of the last layer's (the BERT paper's feature-based NER mixes layers this way).
 
@@ -59,11 +60,15 @@ class _Head(nn.Module):
   pooling: str = "pooled"
   dropout: float = 0.1
 
-  def tokens(self, out: bert.ModelOutput) -> Array:
-    """[B, T, H]: the last layer's vectors, or the layer mix of every layer's."""
+  def tokens(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
+    """[B, T, H]: the layer mix of every layer's vectors, or the family's token transform of the last
+    layer's (its own module under head/token_transform), or the last layer's as they are."""
     if self.pooling == "layer_mix":
       return LayerMix(name="layer_mix")(out.hidden_states)
-    return out.last_hidden_state
+    transform = families.of(self.config).token_transform
+    if transform is None:
+      return out.last_hidden_state
+    return transform(self.config, name="token_transform")(out, attention_mask, deterministic)
 
 
 class SequenceHead(_Head):
@@ -94,7 +99,7 @@ class TokenHead(_Head):
   @nn.compact
   def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
     drop = Dropout(self.dropout)
-    h = drop(self.tokens(out), deterministic=deterministic)
+    h = drop(self.tokens(out, attention_mask, deterministic), deterministic=deterministic)
     return {"logits": bert.dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(h)
                       .astype(jnp.float32)}
 
@@ -102,7 +107,8 @@ class TokenHead(_Head):
 class SpanHead(_Head):
   @nn.compact
   def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
-    logits = bert.dense(self.config, 2, ("embed", "classes"), "span")(self.tokens(out)).astype(jnp.float32)
+    tokens = self.tokens(out, attention_mask, deterministic)
+    logits = bert.dense(self.config, 2, ("embed", "classes"), "span")(tokens).astype(jnp.float32)
     logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
     return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 

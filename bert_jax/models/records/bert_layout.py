@@ -166,7 +166,7 @@ def hf_activation(name: str, source: str) -> str:
 
 
 def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, source: str, *,
-                   with_heads: Callable, defaults: Mapping[str, Any] = {}, factorised: bool = False,  # noqa: B006
+                   with_heads: Callable, defaults: Mapping[str, Any] | None = None, factorised: bool = False,
                    gelu_mlm: str = "", **fixed) -> ModelConfig:
   """The ModelConfig of a BERT-layout config.json with `heads` on. defaults: the family's own defaults of
   HF keys; factorised: it has embedding_size; gelu_mlm: the family's name when its HF MLM head hard-codes
@@ -176,7 +176,7 @@ def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, s
       return hf_config[key]
     if key in _HF_REQUIRED:
       raise UserError(f"{source}: config.json lacks {key}")
-    return defaults.get(key, _HF_DEFAULTS[key])
+    return (defaults or {}).get(key, _HF_DEFAULTS[key])
 
   if hf_config.get("position_embedding_type", "absolute") != "absolute":
     raise UserError(f"{source}: position_embedding_type={hf_config['position_embedding_type']!r}; "
