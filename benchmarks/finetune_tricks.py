@@ -40,7 +40,7 @@ def run_one(method: str, seed: int, init_from: str, workdir: str) -> dict:
   results = trainer.finetune(config, run_dir)
   with open(os.path.join(run_dir, "config.json")) as f:
     share = json.load(f)["trainable_parameters"]["share"]
-  return {"accuracy": results["accuracy"], "seconds": time.time() - start, "trainable_share": share}
+  return {"accuracy": results["dev"]["accuracy"], "seconds": time.time() - start, "trainable_share": share}
 
 
 def table(done: dict) -> str:

@@ -14,6 +14,7 @@ it from there, so a delta serves wherever a full checkpoint does (init_from, pre
 """
 from __future__ import annotations
 
+import errno
 from typing import Any, Callable, Iterable
 
 import jax
@@ -21,22 +22,29 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax import workdir
-from bert_jax.compress import int8
+from bert_jax import orbax_faults, workdir
 from bert_jax.errors import UserError
-from bert_jax.training import finite
+from bert_jax.ops import finite, int8
 
 
 BASE = "base_checkpoint"
+orbax_faults.install()
 
 
 def save_params(directory: epath.PathLike, params: Any, config: dict,
                 tokenizer_files: dict[str, str] | None = None) -> None:
   """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}.
   A delta's config carries BASE: the location of the checkpoint with the other parameters."""
-  directory = workdir.create(directory)
-  with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
-    ckptr.save(directory / workdir.PARAMS, params, force=True)
+  directory = workdir.create(directory, "the output directory")
+  try:
+    with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
+      ckptr.save(directory / workdir.PARAMS, params, force=True)
+  except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
+    if not orbax_faults.no_space(e):
+      raise
+    for partial in directory.glob(f"{workdir.PARAMS}*"):
+      partial.rmtree(missing_ok=True)
+    raise workdir.write_error(directory / workdir.PARAMS, OSError(errno.ENOSPC, "no space")) from None
   if jax.process_index() == 0:
     workdir.write_json(directory / workdir.CONFIG, config)
     workdir.write_tokenizer(directory, tokenizer_files)
@@ -92,11 +100,21 @@ def _overlay(base: dict, delta: dict) -> dict:
   return out
 
 
+def _completed(base: dict, delta: dict) -> dict:
+  """A delta's parameters with its frozen ones put in from its base's params.
+
+  Each top-level module of the fine-tuned model holds something that trained (a LayerNorm, the pooler,
+  the head), so the delta's top-level keys are the model's: the base's others (its pretraining heads,
+  a pooler the task's head does not read) are no part of it.
+  """
+  return _overlay({key: value for key, value in base.items() if key in delta}, delta)
+
+
 def _restore_on_host(tree_path: epath.Path, keys: tuple[str, ...]) -> Any:
   """The subtree at `keys` (the params of a train state; nothing else is read) as NumPy arrays, whatever
   devices and shardings saved it: a pod's checkpoint loads on a laptop and on a slice of another shape."""
+  wanted = _subtree(_saved_tree(tree_path), keys)
   with ocp.PyTreeCheckpointer() as ckptr:
-    wanted = _subtree(ckptr.metadata(tree_path).item_metadata.tree, keys)
     item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)  # the structure; no buffers
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted)
     for key in reversed(keys):
@@ -115,21 +133,29 @@ def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   if config.get("quantization"):  # `bert-jax quantize`'s int8 weights, back on their grid in float32
     params = int8.dequantize_params(params)
   base = base_checkpoint(location)
-  return (params if base is None else _overlay(load_params(base)[0], params)), config
+  return (params if base is None else _completed(load_params(base)[0], params)), config
+
+
+def _saved_tree(tree_path: epath.Path) -> Any:
+  """The saved tree's metadata. Read through the handler: a Checkpointer would also look for the step's
+  _CHECKPOINT_METADATA, which a CheckpointManager keeps one level up, and log a warning for each read."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(epath.Path(tree_path)).tree
+  finally:
+    handler.close()
 
 
 def _own_metadata(location: epath.PathLike) -> Any:
   tree_path, keys = params_location(location)
-  with ocp.PyTreeCheckpointer() as ckptr:
-    tree = ckptr.metadata(tree_path).item_metadata.tree
-  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(tree, keys))
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(_saved_tree(tree_path), keys))
 
 
 def params_metadata(location: epath.PathLike) -> Any:
   """The checkpoint's params tree with jax.ShapeDtypeStruct leaves: shapes and dtypes, no data read."""
   base = base_checkpoint(location)
   own = _own_metadata(location)
-  return own if base is None else _overlay(params_metadata(base), own)
+  return own if base is None else _completed(params_metadata(base), own)
 
 
 def _flat(tree: Any) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints."""
+"""`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints.
+
+`init_from` takes any of them too: `check_init_from` names a missing or unknown one before a run writes
+anything, and `native_init_from` converts a foreign one into the run's workdir (WORKDIR/init_from, what
+`bert-jax convert --from hf|tf` writes), once: a rerun finds it there.
+"""
 from __future__ import annotations
 
 import os
@@ -6,13 +11,15 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 from etils import epath
+from jax.experimental import multihost_utils
 
 from bert_jax import workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models import families
-from bert_jax.training import finite
+from bert_jax.ops import finite
 
 
 def source_kind(path: str) -> str:
@@ -31,6 +38,48 @@ def source_kind(path: str) -> str:
     return "tf"
   raise UserError(f"{path}: not a Hugging Face directory (config.json with model_type), an original TF "
                   "checkpoint (*.ckpt*.index) or a bert_jax checkpoint (params/ or checkpoints/)")
+
+
+_FOREIGN = {"hf": "a Hugging Face folder", "tf": "an original TF checkpoint"}
+
+
+def check_init_from(config: ml_collections.ConfigDict) -> None:
+  """UserError naming config.init_from when it is set and not a checkpoint (or not there at all)."""
+  if not config.init_from:
+    return
+  location = workdir.path(config.init_from)
+  workdir.check_bucket(location)
+  if not location.exists() and tf_checkpoint.find_prefix(config.init_from) is None:
+    raise UserError(f"init_from: {location} does not exist; give a bert_jax workdir or "
+                    "params checkpoint, a Hugging Face folder or an original TF checkpoint")
+  try:
+    source_kind(config.init_from)
+  except UserError as e:
+    raise UserError(f"init_from: {e}") from None
+
+
+def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> ml_collections.ConfigDict:
+  """`config` with init_from a bert_jax checkpoint: a Hugging Face folder or an original TF checkpoint is
+  converted into run_dir/init_from first, as `bert-jax convert --from hf|tf` does (every process takes
+  part: orbax saves collectively)."""
+  if not config.init_from:
+    return config
+  kind = source_kind(config.init_from)
+  if kind == "bert_jax":
+    return config
+  target = run_dir / workdir.CONVERTED_INIT
+  if not (target / workdir.CONFIG).exists():  # config.json is written last: a complete conversion
+    converted = read_checkpoint(config.init_from, scan_layers=config.model.get("scan_layers"))
+    native.write(os.fspath(target), converted)
+    if jax.process_index() == 0:
+      print(f"init_from={config.init_from} is {_FOREIGN[kind]}: converted it to {target} (as `bert-jax convert "
+            f"--from {kind} {config.init_from} {target}` does)", flush=True)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("bert_jax init_from converted")
+  config = ml_collections.ConfigDict(config.to_dict())  # a copy; locked again below
+  config.init_from = os.fspath(target)
+  config.lock()
+  return config
 
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None,
@@ -98,6 +147,8 @@ def build_tokenizer(info: common.Tokenizer):
     from bert_jax.conversion.bpe import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
     return ByteLevelBPETokenizer(*files)
   from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
+  if info.kind == "wordpiece" and info.max_chars_per_word:
+    return load_vocab(files[0], info.lower_case, max_chars_per_word=info.max_chars_per_word)
   return load_vocab(files[0], info.lower_case)
 
 

@@ -5,9 +5,11 @@ time), instead of both runs replacing each other's checkpoints and interleaving 
 
 Local paths (and NFS, where Linux maps flock to POSIX locks): `fcntl.flock` on WORKDIR/run.lock,
 which holds the holder's host, pid and start time. The kernel releases the lock when the holding
-process ends, however it ends (SIGKILL, OOM kill, a crash): a lock is never stale, and the file left
-behind means nothing by itself. Data worker processes are spawned, not forked, so they never inherit
-the lock.
+process ends, however it ends (SIGKILL, OOM kill, a crash): a lock is never stale, and a file left
+behind by a killed run means nothing by itself. A run that ends (or fails) removes the file while it
+still holds the lock; a run that locked a file just removed that way finds it gone from the path and
+locks the new one instead. Data worker processes are spawned, not forked, so they never inherit the
+lock.
 
 Object stores (gs://...): object storage has no locks, so WORKDIR/run.lock is a lease, held by
 compare-and-swap on the object's generation (google-cloud-storage preconditions; the `gcs` extra).
@@ -15,9 +17,12 @@ A run creates the object only if it does not exist, then rewrites it every LEASE
 a new expiry, each write conditional on the generation it last wrote. Guarantee: while the holder
 keeps renewing, no other run can take the lock; a holder that dies (SIGKILL, a lost VM) blocks the
 workdir until its lease expires (at most LEASE_SECONDS), after which the next run takes over by a
-conditional write. A holder that cannot renew for longer than the lease (frozen, partitioned from
-GCS) may lose the lock to a new run; its next renewal fails and it prints a warning on stderr. The
-guarantee is mutual exclusion of healthy holders, not fencing of a frozen one's writes.
+conditional write. A run started on the machine where the holder died need not wait: the lock records
+the holder's process space (the running kernel's boot id and its pid namespace), and where that is the
+new run's own and the holder's pid is gone, the lease is over. A holder that cannot renew for longer
+than the lease (frozen, partitioned from GCS) may lose the lock to a new run; its next renewal fails
+and it prints a warning on stderr. The guarantee is mutual exclusion of healthy holders, not fencing
+of a frozen one's writes.
 
 Only process 0 of a multi-host run takes the lock: the hosts of one run share the workdir.
 """
@@ -34,15 +39,39 @@ import threading
 import time
 from typing import Any, Iterator
 
+from bert_jax import workdir as workdir_lib
 from bert_jax.errors import UserError, require
 
 LOCK_FILE = "run.lock"
 LEASE_SECONDS = 120.0
 
 
+def _process_space() -> str | None:
+  """This process's kernel boot and pid namespace: where another holder's pid means the same process."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+      return f"{f.read().strip()}/{os.stat('/proc/self/ns/pid').st_ino}"
+  except OSError:
+    return None
+
+
 def _holder() -> dict:
-  return {"host": socket.gethostname(), "pid": os.getpid(),
+  return {"host": socket.gethostname(), "pid": os.getpid(), "space": _process_space(),
           "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+
+
+def _died_here(text: str) -> bool:
+  """Whether the holder recorded in `text` ran in this process space and has ended."""
+  try:
+    info = json.loads(text)
+    if _process_space() is None or info.get("space") != _process_space():
+      return False
+    os.kill(int(info["pid"]), 0)
+  except ProcessLookupError:
+    return True
+  except (ValueError, KeyError, TypeError, AttributeError, OSError):
+    pass
+  return False
 
 
 def _busy(workdir: str, holder: str) -> UserError:
@@ -65,18 +94,39 @@ class LocalLock:
     self.workdir = workdir
     self._fd: int | None = None
 
+  @property
+  def path(self) -> str:
+    return os.path.join(self.workdir, LOCK_FILE)
+
   def acquire(self) -> None:
+    fd = None
+    try:
+      while fd is None:
+        fd = self._lock_file()
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, json.dumps(_holder()).encode(), 0)
+    except OSError as e:
+      raise workdir_lib.write_error(self.path, e) from None
+    self._fd = fd
+
+  def _lock_file(self) -> int | None:
+    """The locked descriptor of the file now at self.path; None when a releasing holder removed it
+    between our open and our flock (then another run may lock a new file there: try again)."""
     os.makedirs(self.workdir, exist_ok=True)
-    fd = os.open(os.path.join(self.workdir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       holder = self._read_holder(fd)
       os.close(fd)
       raise _busy(self.workdir, holder) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(_holder()).encode(), 0)
-    self._fd = fd
+    try:
+      if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+        return fd
+    except FileNotFoundError:
+      pass
+    os.close(fd)
+    return None
 
   @staticmethod
   def _read_holder(fd: int) -> str:
@@ -89,8 +139,11 @@ class LocalLock:
     return "holder unknown"
 
   def release(self) -> None:
+    """Removes the file, then drops the lock (closing the descriptor drops the flock)."""
     if self._fd is not None:
-      os.close(self._fd)  # closing the descriptor drops the flock
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(self.path)
+      os.close(self._fd)
       self._fd = None
 
 
@@ -125,7 +178,10 @@ class LeaseLock:
     except (ValueError, KeyError, TypeError):
       expires = 0.0  # an unreadable lock object holds nothing
     if expires > self._clock():
-      raise _busy(self.workdir, _describe(text) + f", lease until {time.ctime(expires)}")
+      if not _died_here(text):
+        raise _busy(self.workdir, _describe(text) + f", lease until {time.ctime(expires)}")
+      print(f"{self.workdir}: the run that held it ({_describe(text)}) has ended on this machine; taking "
+            "over its lease", flush=True)
     try:
       self._write(if_generation_match=generation)
     except self._failed:

@@ -23,8 +23,17 @@ SIZES = {
     "xxlarge": (12, 4096, 64, 16384),
 }
 
+PRESETS = {
+    "tiny": "2 layers (E=64) on the embedded corpus and its WordPiece vocabulary; minutes on a CPU",
+    "base": "ALBERT-base (Lan et al. 2020): shared layers, E=128, LAMB, batch 4096, 125k steps",
+    "large": "ALBERT-large (Lan et al. 2020), the same recipe",
+    "xlarge": "ALBERT-xlarge (Lan et al. 2020), the same recipe",
+    "xxlarge": "ALBERT-xxlarge (Lan et al. 2020): 12 wide layers, the same recipe",
+}
+
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   c = common.sized_config(SIZES, arg)
   c.model.update(vocab_size=30000, embedding_size=128, share_layers="all", hidden_act="gelu_tanh",
                  hidden_dropout=0.0, attention_dropout=0.0, sentence_head="sop")

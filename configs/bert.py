@@ -27,6 +27,17 @@ SIZES = {
     "large": (24, 1024, 16, 4096),
 }
 
+# What each preset is for (`bert-jax presets` lists them with their sizes).
+PRESETS = {
+    "tiny": "BERT-Tiny (Turc et al. 2019) with BERT's recipe",
+    "mini": "BERT-Mini (Turc et al. 2019) with BERT's recipe; a laptop's pretraining benchmark",
+    "small": "BERT-Small (Turc et al. 2019) with BERT's recipe",
+    "medium": "BERT-Medium (Turc et al. 2019) with BERT's recipe",
+    "base": "BERT-base (Devlin et al. 2019): batch 256, 1M steps; an accelerator's run",
+    "large": "BERT-large, LAMB's 32k batch (You et al. 2020); fits a v4-32 as shipped",
+    "demo": "tiny on the embedded corpus, 1,200 steps: the README's first run, minutes on a CPU",
+}
+
 # name: (optimizer, learning rate, batch, steps, warmup)
 RECIPES = {
     "bert": ("adamw", 1e-4, 256, 1_000_000, 10_000),
@@ -36,8 +47,9 @@ RECIPES = {
 
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   size = "tiny" if arg == "demo" else arg
-  c = common.sized_config(SIZES, size, ("demo",))
+  c = common.sized_config(SIZES, size)
   recipe = "demo" if arg == "demo" else ("lamb32k" if size == "large" else "bert")
   opt, lr, batch, steps, warmup = RECIPES[recipe]
   c.optimizer.update(name=opt, learning_rate=lr, warmup_steps=warmup)

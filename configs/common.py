@@ -80,43 +80,44 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   return c
 
 
+def train_config(**fields) -> ml_collections.ConfigDict:
+  """The `train` block every job shares, with `fields` (a job's own fields among them) set; the meaning
+  and allowed values of each shared field: bert_jax/config_schema.py (README's config reference)."""
+  c = ml_collections.ConfigDict({"batch_size": 32, "grad_accum_steps": 1, "num_steps": 0, "seed": 0,
+                                 "log_every_steps": 50, "eval_every_steps": 0, "eval_batch_size": 0,
+                                 "tensorboard": True, "wandb": "", "skip_nonfinite_steps": 0, "restart": False})
+  c.update(fields)
+  return c
+
+
+def optimizer_config(**fields) -> ml_collections.ConfigDict:
+  """The `optimizer` block every job shares (bert_jax/config_schema.py), with `fields` set."""
+  c = ml_collections.ConfigDict({"learning_rate": 1e-4, "warmup_steps": 0, "warmup_ratio": 0.0, "decay": "linear",
+                                 "decay_power": 1.0, "end_learning_rate": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6,
+                                 "weight_decay": 0.01, "clip_norm": 1.0})
+  c.update(fields)
+  return c
+
+
+def checkpoint_config(**fields) -> ml_collections.ConfigDict:
+  """The `checkpoint` block every job shares (bert_jax/config_schema.py), with `fields` set."""
+  c = ml_collections.ConfigDict({"every_steps": 0, "keep": 1, "async_save": False})
+  c.update(fields)
+  return c
+
+
 def base_config() -> ml_collections.ConfigDict:
   """A complete pretraining config with BERT-base numbers; family files override what differs."""
   c = ml_collections.ConfigDict()
+  c.job = "pretrain"  # the job kind (bert_jax/jobs.py); `bert-jax pretrain` runs it
   c.objective = "bert"  # bert (MLM + nsp/sop/none)
   c.model = model_config()
   c.data = data_config()
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 256  # global, over all hosts and micro-batches
-  c.train.grad_accum_steps = 1
-  c.train.num_steps = 1_000_000
-  c.train.seed = 0
-  c.train.log_every_steps = 100
-  c.train.eval_every_steps = 10_000
-  c.train.eval_steps = 20
-  c.train.eval_batch_size = 0  # 0: same as batch_size
-  c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
-  # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
-  c.train.skip_nonfinite_steps = 0
-
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.name = "adamw"  # adamw | lamb
-  c.optimizer.learning_rate = 1e-4
-  c.optimizer.warmup_steps = 10_000
-  c.optimizer.decay = "linear"  # linear | polynomial | constant
-  c.optimizer.decay_power = 1.0
-  c.optimizer.end_learning_rate = 0.0
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.clip_norm = 1.0
-
-  c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 5_000
-  c.checkpoint.keep = 3
-  c.checkpoint.async_save = True
+  c.train = train_config(num_steps=1_000_000, batch_size=256, log_every_steps=100, eval_every_steps=10_000,
+                         eval_steps=20)
+  c.optimizer = optimizer_config(name="adamw", learning_rate=1e-4, warmup_steps=10_000)
+  c.checkpoint = checkpoint_config(every_steps=5_000, keep=3, async_save=True)
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1
@@ -128,10 +129,14 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def sized_config(sizes: dict, size: str, other_presets: tuple = ()) -> ml_collections.ConfigDict:
+def check_preset(name: str, presets: dict) -> None:
+  """KeyError naming the file's presets (config_utils turns it into one line) for a name not among them."""
+  if name not in presets:
+    raise KeyError(f"choose one of {list(presets)} (`bert-jax presets` says what each is for)")
+
+
+def sized_config(sizes: dict, size: str) -> ml_collections.ConfigDict:
   """base_config() with the model dimensions of `sizes[size]`: (layers, hidden, heads, intermediate, ...)."""
-  if size not in sizes:
-    raise KeyError(f"choose one of {sorted(sizes) + list(other_presets)}")
   layers, hidden, heads, intermediate = sizes[size][:4]
   c = base_config()
   c.model.update(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=intermediate)

@@ -17,12 +17,21 @@ workdir is a pretraining workdir (bert_jax/compress/general.py).
 """
 import ml_collections
 
-from bert_jax.configs import bert, glue
+from bert_jax.configs import bert, common, glue
+
+PRESETS = {
+    "embedded": "task distillation of a teacher fine-tuned on the embedded task: offline, minutes on a CPU",
+    **{task: f"task distillation on {glue.PRESETS[task].split(':')[0]}" for task in glue.GLUE_TASKS},
+    "general-tiny": "general distillation (DistilBERT's loss) of a pretrained teacher on the embedded corpus",
+    **{f"general-{size}": f"general distillation into a student of BERT-{size}'s size, on the pretraining corpus"
+       for size in bert.SIZES if size != "tiny"},
+}
 
 
 def _general(size: str) -> ml_collections.ConfigDict:
   """DistilBERT's recipe on the pretraining corpus: KL to the teacher's masked-LM soft targets + MLM."""
   c = bert.get_config("demo" if size == "tiny" else size)
+  c.job = "general_distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.objective = "distill_mlm"
   c.distill = ml_collections.ConfigDict()
   c.distill.teacher = ""  # a pretraining workdir or a converted checkpoint with an MLM head
@@ -39,9 +48,11 @@ def _general(size: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str = "embedded"):
+  common.check_preset(arg, PRESETS)
   if arg.startswith("general-"):
     return _general(arg[len("general-"):])
   c = glue.get_config(arg)
+  c.job = "distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.distill = ml_collections.ConfigDict()
   c.distill.teacher = ""  # a fine-tuning workdir of the same task
   c.distill.student_layers = ""  # "" (config.model) | "every_other" | teacher layer indices "0,2,4"

@@ -25,6 +25,13 @@ SIZES = {
     "large": (24, 1024, 16, 4096, 1024, 1 / 4),
 }
 
+PRESETS = {
+    "tiny": "2 layers on the embedded corpus; minutes on a CPU",
+    "small": "ELECTRA-Small (Clark et al. 2020): batch 128, 1M steps, seq 128",
+    "base": "ELECTRA-Base (Clark et al. 2020): batch 256, 766k steps, seq 512",
+    "large": "ELECTRA-Large (Clark et al. 2020): batch 2048, 400k steps, seq 512, 25% masked",
+}
+
 # name: (learning rate, batch, steps, warmup, sequence length, mask rate)
 RECIPES = {
     "tiny": (1e-3, 32, 1500, 100, 128, 0.15),
@@ -35,6 +42,7 @@ RECIPES = {
 
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   c = common.sized_config(SIZES, arg)
   embedding, gen_fraction = SIZES[arg][4:]
   lr, batch, steps, warmup, seq, mask_rate = RECIPES[arg]

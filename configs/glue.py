@@ -15,6 +15,18 @@ import ml_collections
 from bert_jax.configs import common
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+PRESETS = {
+    "cola": "GLUE CoLA: grammatical acceptability (8.5k sentences), Matthews correlation",
+    "sst2": "GLUE SST-2: sentiment of movie-review sentences (67k), accuracy",
+    "mrpc": "GLUE MRPC: paraphrase pairs (3.7k), F1 and accuracy",
+    "stsb": "GLUE STS-B: similarity scores 0-5 (5.7k pairs), Pearson and Spearman",
+    "qqp": "GLUE QQP: duplicate Quora questions (364k pairs), F1 and accuracy",
+    "mnli": "GLUE MNLI: 3-way entailment (393k pairs), matched and mismatched accuracy",
+    "qnli": "GLUE QNLI: does the sentence answer the question (105k pairs), accuracy",
+    "rte": "GLUE RTE: entailment (2.5k pairs), accuracy",
+    "wnli": "GLUE WNLI: Winograd entailment (635 pairs), accuracy",
+    "embedded": "word order of embedded-corpus sentences (4k), offline: the README's fine-tuning run",
+}
 
 # The BERT paper's grid, searched by `bert-jax sweep`.
 SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "epochs": (2.0, 3.0, 4.0),
@@ -23,6 +35,7 @@ SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "e
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  c.job = "finetune"  # the job kind (bert_jax/jobs.py); `bert-jax finetune` runs it
   c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte"})
   c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
   c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
@@ -43,24 +56,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.head.pooling = "pooled"  # pooled ([CLS] through the pooler) | layer_mix (weighted all layers)
   c.head.dropout = 0.1
 
-  c.optimizer = ml_collections.ConfigDict()
-  c.optimizer.learning_rate = 2e-5  # for the pretrained weights
+  # Shared fields: bert_jax/config_schema.py; the others are fine-tuning's own.
+  c.optimizer = common.optimizer_config(learning_rate=2e-5, warmup_ratio=0.1)  # the rate of the pretrained weights
   c.optimizer.frozen_learning_rate = 1e-3  # the base rate in train.mode=adapters / feature
   c.optimizer.head_learning_rate = 0.0  # for the new head; 0: same as learning_rate
   c.optimizer.layer_decay = 1.0  # layer-wise decay: layer i trains at lr * decay ** (L + 1 - i)
   c.optimizer.bias_correction = True  # False: the original BERTAdam
-  c.optimizer.warmup_ratio = 0.1
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.999
-  c.optimizer.eps = 1e-6
-  c.optimizer.weight_decay = 0.01
-  c.optimizer.clip_norm = 1.0
 
-  c.train = ml_collections.ConfigDict()
-  c.train.batch_size = 32
-  c.train.grad_accum_steps = 1  # micro-batches per step (the update is the full batch's)
-  c.train.epochs = 3.0
-  c.train.seed = 0
+  c.train = common.train_config(batch_size=32, epochs=3.0, eval_batch_size=64, eval_every_epochs=1.0)
   # Separate streams (Dodge et al. 2020); -1: train.seed. head: the fresh parameters (the head, adapters;
   # the whole model without init_from); data: the order of the training rows; dropout: dropout masks
   # (and SMART's noise).
@@ -69,18 +72,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.dropout_seed = -1
   c.train.mode = "finetune"  # finetune (all) | adapters (Houlsby) | feature (frozen encoder, head only)
   c.train.adapter_size = 64  # the adapters' bottleneck width with train.mode=adapters
-  c.train.eval_batch_size = 64
-  c.train.eval_every_steps = 0  # 0: once per epoch
-  c.train.log_every_steps = 50
-  c.train.tensorboard = True  # TensorBoard event files in the workdir (metrics.jsonl is always written)
-  # N > 0: skip up to N updates whose loss or gradient norm is not finite (each one printed), then stop
-  c.train.skip_nonfinite_steps = 0
   c.train.keep_best = True  # keep the parameters of the best dev evaluation, report those
   c.train.early_stopping_patience = 0  # stop after this many evaluations without improvement (0: never)
   c.train.reinit_layers = 0  # re-initialise the top k encoder layers and the pooler
   # Q8BERT: int8 matmuls in the forward pass (per-channel weights, dynamic activations), straight-through
   # gradients; then `bert-jax quantize` stores the weights in int8. Needs bert_jax[quantize].
   c.train.qat = False
+  # A paused or interrupted run's train state (WORKDIR/state); 0: saved only when it stops or pauses.
+  c.checkpoint = common.checkpoint_config()
 
   # SMART (Jiang et al. 2019), the paper's values; finetune/smart.py.
   c.smart = ml_collections.ConfigDict()
@@ -106,6 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str = "rte"):
+  common.check_preset(arg, PRESETS)
   c = base_config()
   if arg == "embedded":
     c.task = ml_collections.ConfigDict({"family": "embedded", "name": "embedded", "num_train": 4000,
@@ -114,7 +114,5 @@ def get_config(arg: str = "rte"):
     c.optimizer.learning_rate = 1e-4  # a tiny model: the BERT-base rates barely move it
     c.train.update(epochs=3.0, batch_size=32, log_every_steps=25)
     return c
-  if arg not in GLUE_TASKS:
-    raise KeyError(f"choose one of {list(GLUE_TASKS) + ['embedded']}")
   c.task.name = arg
   return c

@@ -25,6 +25,12 @@ SIZES = {
     "large": (24, 1024, 16, 4096),
 }
 
+PRESETS = {
+    "tiny": "2 layers on the embedded corpus (needs a SentencePiece vocabulary first: see above)",
+    "base": "RoBERTa-base (Liu et al. 2019): 8k batch of 512 tokens, 500k steps",
+    "large": "RoBERTa-large (Liu et al. 2019): 8k batch of 512 tokens, 500k steps",
+}
+
 # name: (learning rate, batch, steps, warmup)
 RECIPES = {
     "tiny": (1e-3, 32, 1500, 100),
@@ -34,6 +40,7 @@ RECIPES = {
 
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   c = common.sized_config(SIZES, arg)
   c.model.update(vocab_size=50265, position_style="roberta", pad_token_id=1, max_position_embeddings=514,
                  type_vocab_size=1, layer_norm_eps=1e-5, use_pooler=False, sentence_head="none")

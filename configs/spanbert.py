@@ -20,8 +20,15 @@ SIZES = {
     "large": (24, 1024, 16, 4096),
 }
 
+PRESETS = {
+    "tiny": "2 layers on the embedded corpus; minutes on a CPU",
+    "base": "SpanBERT-base (Joshi et al. 2020): cased, span masking + SBO, batch 256, 2.4M steps",
+    "large": "SpanBERT-large (Joshi et al. 2020), the same recipe",
+}
+
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   c = common.sized_config(SIZES, arg)
   c.objective = "spanbert"
   c.model.update(vocab_size=28996, use_pooler=False, sentence_head="none")

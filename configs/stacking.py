@@ -21,7 +21,7 @@ with a fresh optimizer and warm-up.
 `tiny` (= `tiny-stage1`), `tiny-stage2`, `tiny-stage3`: the same three stages at `demo` size (hidden 128,
 1 -> 2 -> 4 layers) on the embedded corpus, 400 + 400 + 800 steps, in runs/stacking-tiny/ (no $DATA).
 """
-from bert_jax.configs import bert
+from bert_jax.configs import bert, common
 
 # name: (bert.py preset, layers, steps, init_from)
 STAGES = {
@@ -32,12 +32,20 @@ STAGES = {
     "tiny-stage2": ("demo", 2, 400, "runs/stacking-tiny/stage1-grown"),
     "tiny-stage3": ("demo", 4, 800, "runs/stacking-tiny/stage2-grown"),
 }
+PRESETS = {
+    "stage1": "progressive stacking of BERT-base (Gong et al. 2019): 3 layers from scratch, 50k steps",
+    "stage2": "6 layers from stage 1 grown (bert-jax grow), 70k steps",
+    "stage3": "12 layers from stage 2 grown, 280k steps",
+    "tiny-stage1": "the same three stages at demo size on the embedded corpus: 1 layer, 400 steps",
+    "tiny-stage2": "2 layers from tiny-stage1 grown, 400 steps",
+    "tiny-stage3": "4 layers from tiny-stage2 grown, 800 steps",
+    "tiny": "the same as tiny-stage1",
+}
 
 
 def get_config(arg: str = "stage1"):
+  common.check_preset(arg, PRESETS)
   arg = "tiny-stage1" if arg == "tiny" else arg
-  if arg not in STAGES:
-    raise KeyError(f"choose one of {sorted([*STAGES, 'tiny'])}")
   preset, layers, steps, init_from = STAGES[arg]
   c = bert.get_config(preset)
   c.model.num_layers = layers

@@ -17,9 +17,15 @@ English Wikipedia and BookCorpus; 250k steps of 1024 rows are BERT's 40 epochs (
 from bert_jax.configs import bert, common
 
 SIZES = {k: bert.SIZES[k] for k in ("tiny", "base", "large")}  # BERT's encoder
+PRESETS = {
+    "tiny": "2 layers on the embedded corpus; minutes on a CPU",
+    "base": "StructBERT-base (Wang et al. 2019): word and sentence structure objectives, batch 1024",
+    "large": "StructBERT-large (Wang et al. 2019), the same recipe",
+}
 
 
 def get_config(arg: str = "base"):
+  common.check_preset(arg, PRESETS)
   c = common.sized_config(SIZES, arg)
   c.objective = "structbert"
   c.model.update(sentence_head="none")  # the objective adds the 3-way sentence head

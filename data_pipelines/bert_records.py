@@ -16,6 +16,7 @@ drawn from (seeds, shard, epoch) (the records are shuffled when written). A shar
 from __future__ import annotations
 
 import collections
+import posixpath
 import socket
 import uuid
 
@@ -28,6 +29,7 @@ from bert_jax.data_pipelines.masking import mask_batch, row_keys
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, read_states, write_state
 from bert_jax.data_pipelines.tftools import tf
 
+EVAL_DIR = "eval"  # the hold-out's records, in a folder beside the training records (records_glob)
 RECORD_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
                    "masked_lm_weights", "next_sentence_labels")
 
@@ -201,11 +203,22 @@ class RecordInput:
       self._pending = [collections.deque() for _ in self._shards]
     try:
       parts = self._next_shard_batches()
-    except (t.errors.InvalidArgumentError, t.errors.DataLossError) as e:
+    except t.errors.DataLossError as e:
+      raise self._data_loss(e) from None
+    except t.errors.InvalidArgumentError as e:
       raise DataError(f"data.corpus ({self._ctx.source}): {e.message.splitlines()[0]}") from None
     for s, part in zip(self._shards, parts):
       self._states[s] = [int(part["epoch"][-1]), int(part["index"][-1]) + 1]
     return {name: np.concatenate([p[name] for p in parts]) for name in self._ctx.spec}
+
+  def _data_loss(self, error) -> DataError:
+    """TensorFlow names the byte, not the file: the file is found by walking the records' lengths."""
+    cut = next(filter(None, map(corpora.find_truncation, self._files)), None)
+    if cut is None:
+      return DataError(f"data.corpus ({self._ctx.source}): {error.message.splitlines()[0]}")
+    return DataError(f"{cut.describe()}; the run stops here (the checkpoints it saved are intact): write the file "
+                     "again (`bert-jax data prepare --format bert_tfrecord`) or leave it out of data.corpus, and "
+                     "rerun to resume")
 
   def close(self) -> None:
     self._iterator = self._pending = None
@@ -230,13 +243,30 @@ class RecordInput:
     self._states = {s: found[s] for s in self._shards}
 
 
+def records_glob(data_cfg, split: str) -> str:
+  """The glob(s) of a split's records: data.corpus; for eval, data.eval_corpus, else the EVAL_DIR folder
+  beside each data.corpus glob (where `bert-jax data prepare --format bert_tfrecord` writes the hold-out)."""
+  if split != "eval":
+    return data_cfg.corpus
+  if data_cfg.eval_corpus:
+    return data_cfg.eval_corpus
+  return ",".join(posixpath.join(posixpath.dirname(p.strip()), EVAL_DIR, posixpath.basename(p.strip()))
+                  for p in data_cfg.corpus.split(",") if p.strip())
+
+
 def list_record_files(data_cfg, split: str) -> list[str]:
-  if split == "eval":
-    if not data_cfg.eval_corpus:
-      raise DataError("data.format=bert_tfrecord has no hold-out: set data.eval_corpus to a glob of eval "
-                      "records, or train.eval_every_steps=0")
-    return corpora.list_files(data_cfg.eval_corpus, "data.eval_corpus")
-  return corpora.list_files(data_cfg.corpus, "data.corpus")
+  """The split's record files; an eval split found beside data.corpus is announced (once per input)."""
+  pattern = records_glob(data_cfg, split)
+  if split != "eval" or data_cfg.eval_corpus:
+    return corpora.list_files(pattern, "data.eval_corpus" if split == "eval" else "data.corpus")
+  try:
+    files = corpora.list_files(pattern, "data.eval_corpus")
+  except DataError:
+    raise DataError(f"data.format=bert_tfrecord has no hold-out: no records match {pattern!r}, where `bert-jax "
+                    "data prepare --format bert_tfrecord` writes them; set data.eval_corpus to a glob of eval "
+                    "records, or train.eval_every_steps=0") from None
+  print(f"evaluating on the hold-out records beside data.corpus: {pattern} (data.eval_corpus is unset)", flush=True)
+  return files
 
 
 def check_service(address: str) -> None:

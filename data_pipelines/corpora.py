@@ -26,7 +26,7 @@ _BINARY_PROBE_BYTES = 4096
 # A sentence ends at . ! ? (optionally closed by quotes/brackets) followed by space and a capital/digit/quote.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
-Stats = collections.Counter  # skipped_lines, overlong_lines, skipped_files, short_documents, ...
+Stats = collections.Counter  # skipped_lines, overlong_lines, skipped_files, truncated_files, short_documents, ...
 
 
 def split_sentences(text: str) -> list[str]:
@@ -143,19 +143,55 @@ class TextSource:
       yield sentences, next_offset, index + 1
 
 
+def read_unit(source, unit):
+  """Every document of `unit` from its start, with an unreadable file as one DataError naming it."""
+  try:
+    yield from source.read(unit, 0, 0)
+  except OSError as e:
+    raise DataError(f"{unit}: cannot be read ({e.strerror or e}); check the file exists and is readable, "
+                    "or leave it out of the corpus") from None
+  except tf().errors.OpError as e:
+    raise DataError(f"{unit}: cannot be read ({e.message.splitlines()[0]}); leave it out of the corpus") from None
+
+
 def _tfrecords(path: str, offset: int) -> Iterator[tuple[bytes, int]]:
-  """(payload, offset after it) from a TFRecord file, seekable (format: u64 len, u32 crc, data, u32 crc)."""
+  """(payload, offset after it) from a TFRecord file, seekable (format: u64 len, u32 crc, data, u32 crc).
+  A file that ends inside a record raises Truncated after the whole records before it."""
   with open_binary(path) as f:
     f.seek(offset)
     while True:
       header = f.read(12)
-      if len(header) < 12:
+      if not header:
         return
-      (length,) = struct.unpack("<Q", header[:8])
-      payload = f.read(length)
-      f.read(4)
+      length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else None
+      payload = f.read(length) if length is not None else b""
+      footer = f.read(4)
+      if length is None or len(payload) < length or len(footer) < 4:
+        raise Truncated(path, offset, 16 + (length or 0), len(header) + len(payload) + len(footer))
       offset += 16 + length
       yield payload, offset
+
+
+class Truncated(Exception):
+  """A record file ends inside a record: at byte `offset`, `expected` bytes needed, `found` left."""
+
+  def __init__(self, path: str, offset: int, expected: int, found: int):
+    super().__init__(path, offset, expected, found)
+    self.path, self.offset, self.expected, self.found = path, offset, expected, found
+
+  def describe(self) -> str:
+    return (f"{self.path} is truncated: its record at byte {self.offset:,} needs {self.expected:,} bytes, "
+            f"the file holds {self.found:,} more (a copy or a write that was cut short)")
+
+
+def find_truncation(path: str) -> Truncated | None:
+  """Where the record file at `path` is cut short, by walking its records' lengths; None when whole."""
+  try:
+    for _ in _tfrecords(path, 0):
+      pass
+  except Truncated as e:
+    return e
+  return None
 
 
 class RecordSource:
@@ -163,18 +199,27 @@ class RecordSource:
 
   def __init__(self, files: list[str], stats: Stats):
     self.units, self.stats = files, stats
+    self._truncated: set[str] = set()
 
   def read(self, unit: str, offset: int, index: int):
     example_cls = tf().train.Example
-    for payload, offset in _tfrecords(unit, offset):
-      features = example_cls.FromString(payload).features.feature
-      ids = features["ids"].int64_list.value
-      sentences, start = [], 0
-      for length in features["lengths"].int64_list.value:
-        sentences.append(list(ids[start:start + length]))
-        start += length
-      yield sentences, offset, index + 1
-      index += 1
+    try:
+      for payload, offset in _tfrecords(unit, offset):
+        features = example_cls.FromString(payload).features.feature
+        ids = features["ids"].int64_list.value
+        sentences, start = [], 0
+        for length in features["lengths"].int64_list.value:
+          sentences.append(list(ids[start:start + length]))
+          start += length
+        yield sentences, offset, index + 1
+        index += 1
+    except Truncated as e:
+      if unit not in self._truncated:  # once per file, not once per epoch
+        self._truncated.add(unit)
+        self.stats["truncated_files"] += 1
+        logging.warning("%s; this run reads the %d documents before that record and skips the rest of the file "
+                        "(counted in stats as truncated_files); write it again with `bert-jax data prepare` to "
+                        "train on all of it", e.describe(), index)
 
 
 class TfdsSource:

@@ -3,7 +3,9 @@
 Text: the docstrings of the standard library (parsed with `ast`, never imported) and the `pydoc`
 help topics, keeping prose paragraphs only (no doctest or indented code). Documents are one docstring
 or one help topic, shuffled with a fixed seed and written one sentence per line. The vocabulary
-(8192 entries, lower-cased) is trained on it. Both are cached under
+(8192 entries, lower-cased) is trained on it; configs with data.tokenizer=sentencepiece and no data.vocab
+(RoBERTa's `tiny`) get a SentencePiece BPE model learnt from it on first use, in the same folder. All are
+cached under
 $BERT_JAX_CACHE, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax, in a folder keyed by a hash
 of the recipe and the source files; the folder is built aside and renamed into place, so concurrent
 processes never see half a cache.
@@ -95,6 +97,36 @@ def _build(directory: str, files: list[str]) -> None:
   print(f"learning a WordPiece vocabulary (at most {VOCAB_SIZE:,} entries) from its "
         f"{sum(map(len, documents)):,} sentences", flush=True)
   vocab.train_wordpiece((s for d in documents for s in d), VOCAB_SIZE, directory, lower_case=True)
+
+
+def default_vocab(data_cfg) -> str:
+  """data.vocab, or the embedded corpus's vocabulary of data.tokenizer's kind (and data.lower_case's casing
+  for SentencePiece)."""
+  if data_cfg.vocab:
+    return data_cfg.vocab
+  if data_cfg.tokenizer == "sentencepiece":
+    return ensure_sentencepiece(data_cfg.lower_case)
+  return ensure_embedded()[1]
+
+
+def ensure_sentencepiece(lower_case: bool) -> str:
+  """spm-bpe-{cased,uncased}.model: a SentencePiece BPE model (RoBERTa's kind) of at most VOCAB_SIZE pieces
+  learnt from the embedded corpus, built on first use (a few seconds) next to it and cached."""
+  corpus, _ = ensure_embedded()
+  folder = os.path.dirname(corpus)
+  final = os.path.join(folder, f"spm-bpe-{'uncased' if lower_case else 'cased'}.model")
+  if not os.path.exists(final):
+    print(f"learning a SentencePiece BPE vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus "
+          f"(once; cached in {folder})", flush=True)
+    staging = tempfile.mkdtemp(prefix=".building-", dir=folder)
+    try:
+      with open(corpus, encoding="utf-8") as f:
+        built = vocab.train_sentencepiece((line.strip() for line in f if line.strip()), VOCAB_SIZE, staging,
+                                          lower_case, "bpe")
+      os.replace(built, final)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  return final
 
 
 def ensure_embedded() -> tuple[str, str]:

@@ -211,7 +211,7 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
   bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size,
                            data_cfg.packing)
   bert_records.check_shards(files, data_cfg.num_shards, shards)
-  ctx = Context(data_cfg.eval_corpus if split == "eval" else data_cfg.corpus, True, tokenizer, None, masking,
+  ctx = Context(bert_records.records_glob(data_cfg, split), True, tokenizer, None, masking,
                 feature_spec(data_cfg), seeds(data_cfg, split), data_cfg.num_shards, None, 0,
                 data_cfg.max_seq_length, corpora.Stats(), data_cfg.dupe_factor if static else None)
   return bert_records.RecordInput(files, ctx, shards, rows_per_shard, process_index, data_cfg.service_address)

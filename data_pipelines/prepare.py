@@ -1,23 +1,32 @@
-"""`bert-jax data prepare`: raw text -> tokenized document records, one output file per input file.
+"""`bert-jax data prepare`: raw text -> tokenized document records, one output file per input file; and the
+output folder's rules, which both formats and both executors (this module's processes, beam_prepare.py's
+Beam pipeline) share.
 
 Each record is a tf.train.Example per document: `ids` (int64, all sentences concatenated) and
 `lengths` (int64, tokens per sentence). `metadata.json` beside them records the vocabulary's hash and
 casing so a training run with another vocabulary fails at start instead of training on wrong ids.
 Masking is not done here: it stays on the fly at train time.
+
+The output folder: a non-empty one is refused unless `overwrite` (which deletes metadata.json first, then
+the shards); every shard is written as `.tmp` and renamed when complete; metadata.json is written last,
+so a folder without it is incomplete; a run that fails removes the shards it wrote.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora, embedded
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf
 from bert_jax.data_pipelines.tokenizers import load_tokenizer
 
 METADATA = "metadata.json"
+SHARD_GLOB = "part-*-of-*"  # shards and their .tmp files
 
 
 def vocab_fingerprint(path: str) -> str:
@@ -25,13 +34,86 @@ def vocab_fingerprint(path: str) -> str:
     return hashlib.sha256(f.read()).hexdigest()
 
 
-def _record(tf_module, sentences) -> bytes:
+def shard_name(index: int, count: int) -> str:
+  return f"part-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def document_record(tf_module, sentences: list[list[int]]) -> bytes:
+  """A document's token ids (non-empty sentences) as the serialized tf.train.Example of this format."""
   feature = tf_module.train.Feature
   int64s = lambda v: feature(int64_list=tf_module.train.Int64List(value=v))  # noqa: E731
+  # deterministic: the feature map in key order, the same bytes in every process (the default order is not)
   return tf_module.train.Example(features=tf_module.train.Features(feature={
       "ids": int64s([t for s in sentences for t in s]),
       "lengths": int64s([len(s) for s in sentences]),
-  })).SerializeToString()
+  })).SerializeToString(deterministic=True)
+
+
+def document_ids(tokenized: list[list[int]]) -> list[list[int]]:
+  """A tokenized document as the records keep it: its empty sentences dropped (an empty result: no record)."""
+  return [s for s in tokenized if s]
+
+
+def write_records(path: str, records) -> int:
+  """Writes serialized records to `path`.tmp, renames it to `path`; returns how many."""
+  count = 0
+  with tf().io.TFRecordWriter(path + ".tmp") as writer:
+    for record in records:
+      writer.write(record)
+      count += 1
+  tf().io.gfile.rename(path + ".tmp", path, overwrite=True)
+  return count
+
+
+def claim_output(output_dir: str, overwrite: bool) -> None:
+  """Makes `output_dir` ready for a new run: refuses a non-empty folder unless `overwrite`, which removes the
+  previous run's metadata.json (first: the folder stops looking complete) and shards."""
+  gfile = tf().io.gfile
+  present = sorted(gfile.listdir(output_dir)) if gfile.isdir(output_dir) else []
+  if present and not overwrite:
+    raise DataError(f"--output {output_dir}: not empty ({len(present)} entries, e.g. {present[0]}); choose a new "
+                    "folder, or add --overwrite to replace a previous run's shards")
+  if present:
+    metadata = os.path.join(output_dir, METADATA)
+    if gfile.exists(metadata):
+      gfile.remove(metadata)
+    discard_shards(output_dir)
+  gfile.makedirs(output_dir)
+
+
+def discard_shards(output_dir: str) -> None:
+  """Removes the shards (and .tmp files) in `output_dir`: after a failed run, or before an overwrite."""
+  for path in tf().io.gfile.glob(os.path.join(output_dir, SHARD_GLOB)):
+    tf().io.gfile.remove(path)
+
+
+@contextlib.contextmanager
+def discarding_on_failure(output_dir: str):
+  """A run that raises leaves no shards behind (and never wrote metadata.json)."""
+  try:
+    yield
+  except BaseException:
+    discard_shards(output_dir)
+    raise
+
+
+def write_metadata(output_dir: str, metadata: dict) -> None:
+  """metadata.json, the last file of a run: through a temporary name, so it is either whole or absent."""
+  workdir.write_text(workdir.path(os.path.join(output_dir, METADATA)), json.dumps(metadata, indent=1))
+
+
+def read_metadata(output_dir: str) -> dict:
+  with tf().io.gfile.GFile(os.path.join(output_dir, METADATA)) as f:
+    return json.loads(f.read())
+
+
+def documents_metadata(corpus: str, vocab: str, lower_case: bool, documents: int, files: int, stats: dict) -> dict:
+  """The documents format's metadata.json; a corpus that gave no document is an error instead."""
+  if not documents:
+    raise DataError(f"--corpus {corpus!r}: no documents found (skips: {dict(stats)}); "
+                    "check the files are UTF-8 text")
+  return {"vocab": vocab, "vocab_sha256": vocab_fingerprint(vocab), "lower_case": lower_case,
+          "documents": documents, "files": files, "skipped": dict(sorted(stats.items()))}
 
 
 def _prepare_file(job) -> tuple[int, dict]:
@@ -40,14 +122,9 @@ def _prepare_file(job) -> tuple[int, dict]:
   tf_module, stats = tf(), corpora.Stats()
   tokenizer = load_tokenizer(vocab, lower_case)
   source = corpora.TextSource([in_path], corpus_format, stats)
-  count = 0
-  with tf_module.io.TFRecordWriter(out_path + ".tmp") as writer:
-    for sentences, _, _ in source.read(in_path, 0, 0):
-      ids = [s for s in map(tokenizer.encode, sentences) if s]
-      if ids:
-        writer.write(_record(tf_module, ids))
-        count += 1
-  tf_module.io.gfile.rename(out_path + ".tmp", out_path, overwrite=True)
+  documents = (document_ids([tokenizer.encode(s) for s in sentences])
+               for sentences, _, _ in corpora.read_unit(source, in_path))
+  count = write_records(out_path, (document_record(tf_module, ids) for ids in documents if ids))
   return count, dict(stats)
 
 
@@ -68,26 +145,27 @@ def run_jobs(fn, jobs: list, num_workers: int, unit: str, desc: str):
         bar.update()
 
 
+def corpus_files(corpus: str) -> list[str]:
+  return corpora.list_files(corpus, "--corpus") if corpus else [embedded.ensure_embedded()[0]]
+
+
 def prepare(corpus: str, output_dir: str, vocab: str = "", lower_case: bool = True,
-            corpus_format: str = corpora.SENTENCE_PER_LINE, num_workers: int = 0) -> dict:
+            corpus_format: str = corpora.SENTENCE_PER_LINE, num_workers: int = 0, overwrite: bool = False) -> dict:
   """Tokenizes every file of `corpus` (globs) in parallel; returns the metadata it writes."""
-  files = corpora.list_files(corpus, "--corpus") if corpus else [embedded.ensure_embedded()[0]]
+  files = corpus_files(corpus)
   vocab = vocab or embedded.ensure_embedded()[1]
   load_tokenizer(vocab, lower_case)  # fail on a bad vocabulary before starting workers
-  tf().io.gfile.makedirs(output_dir)
-  jobs = [(path, os.path.join(output_dir, f"part-{i:05d}-of-{len(files):05d}.tfrecord"), vocab,
-           lower_case, corpus_format) for i, path in enumerate(files)]
+  corpora.TextSource(files, corpus_format, corpora.Stats())  # and on a bad --corpus-format
+  claim_output(output_dir, overwrite)
+  jobs = [(path, os.path.join(output_dir, shard_name(i, len(files))), vocab, lower_case, corpus_format)
+          for i, path in enumerate(files)]
   total, stats = 0, corpora.Stats()
-  for count, file_stats in run_jobs(_prepare_file, jobs, num_workers, "file", "prepare"):
-    total += count
-    stats.update(file_stats)
-  if not total:
-    raise DataError(f"--corpus {corpus!r}: no documents found (skips: {dict(stats)}); "
-                    "check the files are UTF-8 text")
-  metadata = {"vocab": vocab, "vocab_sha256": vocab_fingerprint(vocab), "lower_case": lower_case,
-              "documents": total, "files": len(jobs), "skipped": dict(stats)}
-  with tf().io.gfile.GFile(os.path.join(output_dir, METADATA), "w") as f:
-    f.write(json.dumps(metadata, indent=1))
+  with discarding_on_failure(output_dir):
+    for count, file_stats in run_jobs(_prepare_file, jobs, num_workers, "file", "prepare"):
+      total += count
+      stats.update(file_stats)
+    metadata = documents_metadata(corpus, vocab, lower_case, total, len(jobs), stats)
+  write_metadata(output_dir, metadata)
   return metadata
 
 
@@ -98,7 +176,7 @@ def check_prepared(files: list[str], data_cfg) -> None:
     raise DataError(f"data.prepared: {path} is missing; write the records with `bert-jax data prepare`")
   with tf().io.gfile.GFile(path) as f:
     metadata = json.loads(f.read())
-  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab = embedded.default_vocab(data_cfg)
   if metadata["vocab_sha256"] != vocab_fingerprint(vocab) or metadata["lower_case"] != data_cfg.lower_case:
     raise DataError(f"data.prepared records were tokenized with {metadata['vocab']} "
                     f"(lower_case={metadata['lower_case']}), not data.vocab={vocab!r} "

@@ -5,8 +5,8 @@ import io
 
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import pipeline
-from bert_jax.data_pipelines.tftools import tf
 
 _SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 
@@ -40,7 +40,6 @@ def preview(config, num_batches: int, output: str) -> str:
   arrays["vocab"] = np.array(tokenizer.vocab)
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
-  with tf().io.gfile.GFile(output, "wb") as f:
-    f.write(buffer.getvalue())
+  workdir.write_bytes(workdir.path(output), buffer.getvalue())
   label = int(batches[0]["next_sentence_labels"][0])
   return f"next_sentence_label={label}\n{render_example(batches[0], 0, tokenizer)}"

@@ -17,6 +17,7 @@ import json
 import numpy as np
 from etils import epath
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora, embedded
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
@@ -32,9 +33,7 @@ STATE_FILE = "data_state.process{:05d}.json"  # one file of input positions per 
 
 def write_state(directory: epath.PathLike, process_index: int, state: dict) -> None:
   """Writes one process's input positions into `directory` (local or gs://, through etils.epath)."""
-  directory = epath.Path(directory)
-  directory.mkdir(parents=True, exist_ok=True)
-  (directory / STATE_FILE.format(process_index)).write_text(json.dumps(state))
+  workdir.write_text(epath.Path(directory) / STATE_FILE.format(process_index), json.dumps(state))
 
 
 def read_states(directory: epath.PathLike) -> list[tuple[epath.Path, dict]]:
@@ -174,11 +173,14 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
 
 
 def make_tokenizer(data_cfg):
-  vocab = data_cfg.vocab or embedded.ensure_embedded()[1]
+  vocab = embedded.default_vocab(data_cfg)
   kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
   if data_cfg.tokenizer != kind:
-    raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} "
-                    "vocabulary (*.model is SentencePiece, anything else a WordPiece vocab.txt)")
+    make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")
+    raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} vocabulary "
+                    f"(*.model is SentencePiece, anything else a WordPiece vocab.txt): make one with `bert-jax "
+                    f"vocab {make} --corpus 'text/*.txt' --output vocab/`, or leave data.vocab empty for the "
+                    "embedded corpus's")
   return load_tokenizer(vocab, data_cfg.lower_case)
 
 

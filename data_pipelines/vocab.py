@@ -1,18 +1,24 @@
 """Training a vocabulary from a corpus: WordPiece (vocab.txt) or SentencePiece unigram/BPE (spm.model).
 
-Both read the corpus as a stream of sentences; SentencePiece falls back to bytes, so any text round-trips. Special tokens come first, in BERT's order for
-WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK] = ids 0..4) and as [PAD]=0, [UNK]=1, control symbols
-[CLS] [SEP] [MASK] = 2..4 for SentencePiece, so `pad_token_id = 0` holds for both.
+Both read the corpus as a stream of sentences (every one, or a uniform sample: `sample_sentences` here,
+beam_vocab.py on a Beam runner, the same sentences); SentencePiece falls back to bytes, so any text
+round-trips. Special tokens come first, in BERT's order for WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK]
+= ids 0..4) and as [PAD]=0, [UNK]=1, control symbols [CLS] [SEP] [MASK] = 2..4 for SentencePiece, so
+`pad_token_id = 0` holds for both.
 """
 from __future__ import annotations
 
 import collections
+import hashlib
+import heapq
 import itertools
 import os
+import posixpath
 import sys
 import tempfile
 from typing import Iterable, Iterator
 
+from bert_jax import workdir
 from bert_jax.data_pipelines import corpora
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import tf, tf_module
@@ -27,8 +33,36 @@ def corpus_sentences(patterns: str, corpus_format: str = corpora.SENTENCE_PER_LI
   stats = corpora.Stats() if stats is None else stats
   source = corpora.TextSource(corpora.list_files(patterns, "--corpus"), corpus_format, stats)
   for unit in source.units:
-    for sentences, _, _ in source.read(unit, 0, 0):
+    for sentences, _, _ in corpora.read_unit(source, unit):
       yield from sentences
+
+
+def sentence_key(seed: int, unit: str, index: int) -> int:
+  """A sentence's draw: a 64-bit hash of (seed, file name, its index among the file's sentences). The `size`
+  smallest draws of a corpus are a uniform sample of its sentences, whoever computes them in whatever order."""
+  name = posixpath.basename(str(unit).rstrip("/"))
+  return int.from_bytes(hashlib.blake2b(f"{seed}\0{name}\0{index}".encode(), digest_size=8).digest(), "little")
+
+
+def unit_sample(source: corpora.TextSource, position: int, size: int, seed: int) -> list[tuple]:
+  """One file's reservoir: its `size` sentences of smallest draw, as (draw, file position, index, sentence)."""
+  unit = source.units[position]
+  sentences = (s for doc, _, _ in corpora.read_unit(source, unit) for s in doc)
+  return heapq.nsmallest(size, ((sentence_key(seed, unit, i), position, i, s) for i, s in enumerate(sentences)))
+
+
+def in_corpus_order(candidates) -> list[str]:
+  """The sampled sentences in the corpus' order (file, then place in it), so the trainers see the same input."""
+  return [sentence for _, _, _, sentence in sorted(candidates, key=lambda c: c[1:3])]
+
+
+def sample_sentences(patterns: str, size: int, seed: int = 0, corpus_format: str = corpora.SENTENCE_PER_LINE,
+                     stats: corpora.Stats | None = None) -> list[str]:
+  """`size` sentences drawn uniformly from the corpus without replacement (all of them when it has fewer)."""
+  source = corpora.TextSource(corpora.list_files(patterns, "--corpus"), corpus_format,
+                              corpora.Stats() if stats is None else stats)
+  reservoirs = (unit_sample(source, position, size, seed) for position in range(len(source.units)))
+  return in_corpus_order(heapq.nsmallest(size, itertools.chain.from_iterable(reservoirs)))
 
 
 def _nonempty(sentences: Iterator[str], patterns: str, stats: corpora.Stats) -> Iterator[str]:
@@ -106,21 +140,30 @@ def train_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, lo
 
 
 def _write(path: str, data: bytes) -> None:
-  gfile = tf().io.gfile
-  gfile.makedirs(os.path.dirname(path))
-  with gfile.GFile(path, "wb") as f:
-    f.write(data)
+  workdir.write_bytes(workdir.path(path), data)
 
 
 def train_vocab(corpus: str, kind: str, size: int, output_dir: str, lower_case: bool = True,
-                corpus_format: str = corpora.SENTENCE_PER_LINE, model_type: str = "unigram") -> str:
-  """`bert-jax vocab`: trains a `kind` vocabulary of about `size` entries from text files."""
+                corpus_format: str = corpora.SENTENCE_PER_LINE, model_type: str = "unigram", sample: int = 0,
+                seed: int = 0, beam_args: list[str] | None = None) -> str:
+  """`bert-jax vocab`: trains a `kind` vocabulary of about `size` entries from text files: all their sentences,
+  or `sample` of them drawn uniformly with `seed` (on a Beam runner with `beam_args`)."""
   if kind not in KINDS:
     raise DataError(f"--type={kind!r}; choose one of {KINDS}")
   if size < len(SPECIAL_TOKENS) + 1:
     raise DataError(f"--size={size} is too small; use at least a few hundred")
+  if sample < 0 or (beam_args is not None and not sample):
+    raise DataError(f"--sample-sentences={sample}; a Beam runner samples the corpus: give how many sentences "
+                    "the trainer reads, e.g. --sample-sentences 10000000")
   stats = corpora.Stats()
-  sentences = _nonempty(corpus_sentences(corpus, corpus_format, stats), corpus, stats)
+  if beam_args is not None:
+    from bert_jax.data_pipelines import beam_vocab  # pylint: disable=import-outside-toplevel
+    drawn = iter(beam_vocab.sample_sentences(corpus, sample, seed, corpus_format, output_dir, beam_args))
+  elif sample:
+    drawn = iter(sample_sentences(corpus, sample, seed, corpus_format, stats))
+  else:
+    drawn = corpus_sentences(corpus, corpus_format, stats)
+  sentences = _nonempty(drawn, corpus, stats)
   if kind == "wordpiece":
     return train_wordpiece(sentences, size, output_dir, lower_case)
   return train_sentencepiece(sentences, size, output_dir, lower_case, model_type)

@@ -1,6 +1,53 @@
-"""Test setup: 8 host CPU devices for mesh tests (set before JAX starts), TF kept off accelerators."""
+"""Test setup: 8 host CPU devices for mesh tests (set before JAX starts), TF kept off accelerators, and one
+persistent XLA compilation cache per session, so that runs differing only in workdir or seed (and the
+processes tests start, which inherit it) compile each program once."""
 import os
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+  import jax  # pylint: disable=import-outside-toplevel
+  directory = str(tmp_path_factory.mktemp("xla_cache"))
+  options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.5}
+  previous = {k: getattr(jax.config, k) for k in options}
+  names = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  saved_env = {k: os.environ.get(k) for k in names}
+  for k, v in options.items():
+    jax.config.update(k, v)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=directory, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+  yield directory
+  for k, v in previous.items():
+    jax.config.update(k, v)
+  for k, v in saved_env.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+# The learnable sst2-format task (tests/data_fixtures.py: the label is written in the first word) at tiny
+# sizes: 2 layers of width 32, length 32, batch 16, 4 epochs of 16 steps, a dev evaluation each epoch.
+SST2_TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.num_heads=2",
+                "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
+                "--config.data.max_seq_length=32", "--config.train.batch_size=16",
+                "--config.train.eval_batch_size=32", "--config.train.log_every_steps=4",
+                "--config.optimizer.learning_rate=3e-3", "--config.train.tensorboard=false", "--config.train.epochs=4"]
+
+
+@pytest.fixture(scope="session")
+def sst2_finetuned(tmp_path_factory):
+  """One fine-tuned model of the first-word sst2 task for the tests that need one (fine-tuning's own,
+  compression's teacher): (data_dir, workdir, the overrides of its run, data_dir included)."""
+  import data_fixtures  # pylint: disable=import-outside-toplevel
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_dev=64)
+  workdir = str(tmp_path_factory.mktemp("sst2-finetuned"))
+  overrides = SST2_TEACHER + [f"--config.data.data_dir={data}"]
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
+  return data, workdir, overrides

@@ -1,5 +1,8 @@
-"""Small configs and batches shared by the core tests."""
+"""Small configs and batches shared by the core tests, and the marker of the slow chains."""
+import os
+
 import numpy as np
+import pytest
 
 from bert_jax.config_utils import load_config
 
@@ -24,3 +27,8 @@ def random_batch(seed=0, batch=8, seq=16, predictions=4, vocab=128):
           "masked_lm_ids": rng.randint(5, vocab, (batch, predictions)).astype(np.int32),
           "masked_lm_weights": (rng.rand(batch, predictions) < 0.8).astype(np.float32),
           "next_sentence_labels": rng.randint(0, 2, batch).astype(np.int32)}
+
+
+# Long end-to-end chains, run weekly (README: "Tests"): BERT_JAX_SLOW_TESTS=1 python3 -m pytest ...
+slow = pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"),
+                          reason="a long end-to-end chain; set BERT_JAX_SLOW_TESTS=1 (the weekly run)")

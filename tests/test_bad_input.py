@@ -3,6 +3,7 @@ problems counted, and fatal with data.strict=true."""
 import contextlib
 import json
 import logging
+import os
 import re
 import signal
 
@@ -218,3 +219,67 @@ def test_pruned_heads_on_the_command_line(tmp_path, capsys, value, message):
   line = one_error_line(capsys, ["pretrain", "--config", "configs/bert.py:demo", "--workdir", str(tmp_path),
                                  "--config.model.scan_layers=False", f"--config.model.pruned_heads={value}"])
   assert message in line
+
+
+@pytest.mark.parametrize("unlabelled", ["train.tsv", "dev.tsv"])
+def test_glue_tsv_without_a_label_column(tmp_path, capsys, vocab, unlabelled):
+  """Before: the run went to exit 0 and reported `score nan`."""
+  for name in ("train.tsv", "dev.tsv"):
+    rows = ["the cat\t1", "a dog\t0"] * 8
+    if name == unlabelled:
+      rows = [r.split("\t")[0] for r in rows]
+    (tmp_path / name).write_text("sentence" + ("" if name == unlabelled else "\tlabel") + "\n" + "\n".join(rows) + "\n")
+  line = one_error_line(capsys, finetune(tmp_path / "run", "configs/glue.py:sst2", f"--config.data.vocab={vocab}",
+                                         f"--config.data.data_dir={tmp_path}", "--config.train.batch_size=4"))
+  assert line.endswith(f"{tmp_path}/{unlabelled}: no label column 'label' (header: ['sentence']); training and "
+                       "dev files need one (only test files go without)")
+
+
+def test_glue_test_tsv_without_labels_stays_valid(tmp_path):
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  (tmp_path / "test.tsv").write_text("index\tsentence\n0\tthe cat\n1\ta dog\n")
+  config = load_config("configs/glue.py:sst2", [f"--config.data.data_dir={tmp_path}"])
+  assert glue._read_split(config, glue.SPECS["sst2"], "test") == [  # pylint: disable=protected-access
+      ("the cat", None, None), ("a dog", None, None)]
+
+
+def test_ner_tag_outside_the_labels_names_file_and_line(tmp_path, capsys, vocab):
+  (tmp_path / "train.txt").write_text("-DOCSTART- O\n\nthe B-ORG\ncat B-ANIMAL\n\n")
+  (tmp_path / "valid.txt").write_text("the O\n\n")
+  line = one_error_line(capsys, finetune(tmp_path / "run", "configs/ner.py:conll2003", f"--config.data.vocab={vocab}",
+                                         f"--config.data.data_dir={tmp_path}"))
+  assert line.endswith(f"{tmp_path}/train.txt:4: NER tag 'B-ANIMAL' is not one of task.labels ('O', 'B-PER', "
+                       "'I-PER', 'B-ORG', 'I-ORG', 'B-LOC', 'I-LOC', 'B-MISC', 'I-MISC'); fix the line, or add the "
+                       "tag to task.labels")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOBS = {"pretrain": ["pretrain", "--config", os.path.join(ROOT, "configs/bert.py:demo")],
+        "finetune": ["finetune", "--config", os.path.join(ROOT, "configs/glue.py:embedded")]}
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_an_empty_workdir_writes_nothing_here(tmp_path, capsys, monkeypatch, job):
+  """Before: config.json, vocab.txt, run.lock and checkpoints/ landed in the current folder."""
+  monkeypatch.chdir(tmp_path)
+  line = one_error_line(capsys, [*JOBS[job], "--workdir", ""])
+  assert line.endswith("--workdir is an empty path; name a directory (e.g. runs/demo)")
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_a_workdir_that_is_a_file(tmp_path, capsys, job):
+  (tmp_path / "run").write_text("notes\n")
+  line = one_error_line(capsys, [*JOBS[job], "--workdir", str(tmp_path / "run")])
+  assert line.endswith(f"--workdir {tmp_path}/run is a file; name a directory")
+  assert (tmp_path / "run").read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_init_from_that_does_not_exist_names_it_and_leaves_nothing(tmp_path, capsys, job):
+  """Before: "no config.json", and a run.lock left in the workdir."""
+  line = one_error_line(capsys, [*JOBS[job], "--workdir", str(tmp_path / "run"),
+                                 f"--config.init_from={tmp_path}/nowhere/ckpt"])
+  assert line.endswith(f"init_from: {tmp_path}/nowhere/ckpt does not exist; give a bert_jax workdir or params "
+                       "checkpoint, a Hugging Face folder or an original TF checkpoint")
+  assert not os.path.exists(tmp_path / "run")

@@ -165,3 +165,57 @@ def test_clark_statistics_on_hand_made_maps():
   np.testing.assert_allclose(got["self"][0], [(1 + 1) / tokens, 2 / tokens], rtol=1e-6)
   np.testing.assert_allclose(got["entropy"][0], [(6 * np.log(6) + 7 * np.log(7)) / tokens, 0.0], rtol=1e-6,
                              atol=1e-7)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  """The figures the plots draw, kept open instead of written (matplotlib's Agg backend)."""
+  pytest.importorskip("matplotlib")
+  from bert_jax.analysis import plots
+  drawn = []
+  monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+  yield plots, drawn
+  plots.pyplot().close("all")
+
+
+def _labels(ax, axis):
+  return [t.get_text() for t in getattr(ax, f"get_{axis}ticklabels")()]
+
+
+def test_figures_read_like_the_papers(figures):
+  """Layers and heads numbered from 1 in whole numbers, colour bars with units, the tokens on the maps,
+  dots that the legend explains, and the head dimension marked on the effective-attention plot."""
+  plots, drawn = figures
+  table = np.arange(12.0).reshape(3, 4) / 12
+  table[1, 2] = np.nan  # a pruned head
+  plots.heatmaps({"[CLS]": table, "entropy": 3 * table}, "unused.png", "title", limits={"[CLS]": (0, 1)},
+                 units={"[CLS]": "attention mass", "entropy": "nats"})
+  heat = drawn.pop()
+  main_axes = [ax for ax in heat.axes if ax.get_title()]
+  assert [ax.get_title() for ax in main_axes] == ["[CLS]", "entropy"]
+  assert _labels(main_axes[0], "x") == ["1", "2", "3", "4"] and _labels(main_axes[0], "y") == ["1", "2", "3"]
+  bars = [ax for ax in heat.axes if ax not in main_axes]
+  assert [b.get_ylabel() for b in bars] == ["attention mass", "nats"] and bars[0].get_ylim() == (0, 1)
+  assert "grey: pruned head" in heat._suptitle.get_text()  # pylint: disable=protected-access
+
+  plots.per_layer({"[CLS]": table, "[SEP]": table / 2}, "unused.png", "special", "mean attention")
+  ax = drawn.pop().axes[0]
+  assert [t for t in ax.get_xticks()] == [1, 2, 3] and ax.get_xlim() == (0.5, 3.5)
+  assert ax.get_legend().get_title().get_text() == "line: layer mean; dots: heads"
+  assert len(ax.collections) == 2 and len(ax.collections[0].get_offsets()) == 12  # one dot per head
+
+  tokens = ["[CLS]", "the", "cat", "[SEP]"]
+  maps = np.full((2, 3, 4, 4), 0.25)
+  plots.attention_grid(maps, tokens, "unused.png")
+  grid = drawn.pop()
+  panels = [ax for ax in grid.axes if ax.get_title()]
+  assert len(panels) == 6 and panels[0].get_title() == "layer 1, head 1" and panels[-1].get_title() == "layer 2, head 3"
+  assert _labels(panels[0], "y") == tokens and _labels(panels[3], "x") == tokens and _labels(panels[1], "y") == []
+  assert [ax.get_ylabel() for ax in grid.axes if not ax.get_title()] == ["attention weight"]
+
+  bins = [{"lengths": [1, 8], "by_layer": [1.0, 1.0], "correlation": 1.0},
+          {"lengths": [65, 72], "by_layer": [0.7, 0.5], "correlation": 0.6}]
+  plots.effective_by_length(bins, 64, "unused.png")
+  ax = drawn.pop().axes[0]
+  assert [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [64]
+  assert "head dimension 64" in ax.texts[0].get_text() and ax.get_ylim() == (0.0, 1.05)

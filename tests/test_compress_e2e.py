@@ -16,7 +16,6 @@ MODEL = ["--config.model.num_heads=2", "--config.model.max_position_embeddings=3
          "--config.data.max_seq_length=32", "--config.train.batch_size=16",
          "--config.train.eval_batch_size=32", "--config.train.log_every_steps=16",
          "--config.optimizer.learning_rate=3e-3", "--config.train.tensorboard=false"]
-TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
 STUDENT = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.intermediate_size=64"]
 
 
@@ -26,11 +25,9 @@ def _results(workdir):
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_dev=64)
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *MODEL, *TEACHER,
-                   f"--config.data.data_dir={data}", "--config.train.epochs=4"]) == 0
+def teacher(sst2_finetuned):
+  """The session's fine-tuned sst2 model (tests/conftest.py; 2 layers): (data_dir, workdir)."""
+  data, workdir, _ = sst2_finetuned
   assert _results(workdir)["accuracy"] >= 0.95
   return data, workdir
 

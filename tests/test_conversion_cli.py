@@ -40,7 +40,8 @@ def converted(tmp_path_factory):
 def test_params_checkpoint_fits_init_from(converted):
   root, _ = converted
   params, config = checkpoint.load_params(str(root / "ours"))
-  assert config["data"] == {"vocab": "vocab.txt", "tokenizer": "wordpiece", "lower_case": False}
+  assert config["data"] == {"vocab": "vocab.txt", "tokenizer": "wordpiece", "lower_case": False,
+                            "max_chars_per_word": 100}
   assert config["heads"] == ["pooler", "mlm", "sentence"]
   model = BertModel(ModelConfig.from_dict(config["model"]))
   abstract = jax.eval_shape(lambda: model.init(jax.random.key(1), jnp.ones((1, 4), jnp.int32)))["params"]
@@ -52,6 +53,22 @@ def test_tokenizer_travels(converted):
   tokenizer = bert_jax.load_tokenizer(str(root / "ours"))
   assert tokenizer.encode("Dog sat on the cats.") == [9, 7, 11, 5, 6, 8, 10]
   assert tokenizer.vocab == VOCAB
+
+
+def test_a_tokenizer_keeps_the_word_limit_of_where_it_came_from(converted):
+  """HF's BertTokenizer makes a word over 100 characters [UNK]; Google's tokenizer (and a plain vocab.txt
+  here) allows 200. The converted checkpoint keeps HF's limit, in its config.json."""
+  from bert_jax.conversion import native
+  root, _ = converted
+  text = "the cat" + "s" * 147 + " sat"  # a 150-character word: cat ##s ##s ... under Google's limit
+  hf = transformers.BertTokenizer(str(root / "hf" / "vocab.txt"), do_lower_case=False)
+  assert hf.tokenize(text) == ["the", "[UNK]", "sat"]
+  converted_tokenizer = bert_jax.load_tokenizer(str(root / "ours"))
+  assert [VOCAB[i] for i in converted_tokenizer.encode(text)] == ["the", "[UNK]", "sat"]
+  google = bert_jax.load_tokenizer(str(root / "hf" / "vocab.txt"))
+  assert [VOCAB[i] for i in google.encode(text)] == ["the", "cat"] + ["##s"] * 147 + ["sat"]
+  assert google.encode("the cat" + "s" * 198 + " sat") == [5, 1, 7]  # 201 characters: past Google's 200
+  assert native.tokenizer(str(root / "ours")).max_chars_per_word == 100
 
 
 def test_own_checkpoint_loads_in_either_layout(converted):

@@ -4,9 +4,12 @@ import io
 import json
 import os
 import pickle
+import re
+import struct
 import subprocess
 import sys
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -333,3 +336,135 @@ def test_half_a_head_is_refused_and_foreign_heads_are_noted(tmp_path, capsys):
   with pytest.raises(UserError, match=r"leaves unused: cls\.predictions\.bias, "
                                       r"cls\.predictions\.transform\.LayerNorm\.bias, .*dense\.bias$"):
     bert_jax.load_pretrained(directory)
+
+
+def _deflated_zeros(mib):
+  """A raw deflate stream of `mib` MiB of zeros, built in milliseconds: one MiB compressed and fully
+  flushed (which resets the compressor), that block repeated, then an empty final block."""
+  compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+  block = compressor.compress(bytes(1 << 20)) + compressor.flush(zlib.Z_FULL_FLUSH)
+  return block * mib + b"\x03\x00"
+
+
+def write_zip(path, members):
+  """A zip archive written by hand, so that a member's header can declare any uncompressed size.
+
+  members: (name, stored bytes, compression method (0 stored, 8 deflated), declared size). A deflated
+  member's CRC is left 0: zipfile checks it only once the member is read to its end."""
+  local, central = b"", b""
+  for name, stored, method, declared in members:
+    name, crc = name.encode(), zlib.crc32(stored) if method == 0 else 0
+    central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0, crc, len(stored),
+                           declared, len(name), 0, 0, 0, 0, 0, len(local)) + name
+    local += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0, crc, len(stored), declared,
+                         len(name), 0) + name + stored
+  end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members), len(central), len(local), 0)
+  with open(path, "wb") as f:
+    f.write(local + central + end)
+
+
+def _index(views):
+  buffer = io.BytesIO()
+  _Pickler(buffer, protocol=2).dump(collections.OrderedDict(views))
+  return buffer.getvalue()
+
+
+def _hostile_bins(directory):
+  """{case: (pytorch_model.bin, the error it must end in)}: the issue's cases, each a few MB on disk."""
+  one_kib = _index({"w": _float_view("0", 1024, 0, (1024,), (1,))})
+  bomb = _deflated_zeros(2048)  # 2 GiB of zeros in 2 MB
+  cases = {
+      "member inflates to 2 GiB": (
+          [("archive/data.pkl", one_kib, 0, len(one_kib)), ("archive/data/0", bomb, 8, 2 << 30)],
+          r"storage 0 \(1024 x float32\) should take 4,096 bytes, but its zip member archive/data/0 declares "
+          r"2,147,483,648 \(stored in 2,\d{3},\d{3}\): the file is damaged or crafted"),
+      "member header lies": (  # zipfile inflates only the 4 KB declared, then finds the CRC wrong
+          [("archive/data.pkl", one_kib, 0, len(one_kib)), ("archive/data/0", bomb, 8, 4096)],
+          r"cannot read the PyTorch checkpoint \(BadZipFile: Bad CRC-32 for file 'archive/data/0'\)"),
+      "stride 0 over one float": (
+          [("archive/data.pkl", _index({"w": _float_view("0", 1, 0, (1 << 28,), (0,))}), 0, None),
+           ("archive/data/0", b"\0" * 4, 0, 4)],
+          r"a tensor of size \(268435456,\) \(stride \(0,\)\) has 268435456 elements over a storage holding 1: "
+          r"it would take 1,073,741,824 bytes"),
+      "declared size past the stored bytes": (
+          [("archive/data.pkl", _index({"w": _float_view("0", 1 << 33, 0, (1 << 33,), (1,))}), 0, None),
+           ("archive/data/0", b"\0" * 4, 0, 4)],
+          r"storage 0 \(8589934592 x float32\) should take 34,359,738,368 bytes, but its zip member "
+          r"archive/data/0 declares 4"),
+      "index declares 128 MiB": (
+          [("archive/data.pkl", _deflated_zeros(128), 8, 128 << 20)],
+          r"its archive/data.pkl declares 134,217,728 bytes, more than a state dict's index ever takes "
+          r"\(67,108,864\): the file is crafted"),
+  }
+  files = {}
+  for number, (case, (members, message)) in enumerate(cases.items()):
+    path = os.path.join(directory, str(number), "pytorch_model.bin")
+    os.makedirs(os.path.dirname(path))
+    write_zip(path, [(n, b, m, len(b) if size is None else size) for n, b, m, size in members])
+    files[case] = (path, message)
+  return files
+
+
+def test_deflated_zeros_inflate_to_zeros():
+  assert zlib.decompress(_deflated_zeros(3), -15) == bytes(3 << 20)
+
+
+LOAD_UNDER_1_GIB = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # address space: the whole process, 1 GiB
+from bert_jax.conversion.torch_zip import load_torch_zip
+from bert_jax.errors import UserError
+for path in sys.argv[1:]:
+  try:
+    load_torch_zip(path)
+    print("loaded", path)
+  except UserError as e:
+    print(e)
+"""
+
+
+def test_hostile_bins_are_refused_in_under_1_gib(tmp_path):
+  """Before the checks: 4.3 GB for the inflating member, 1.25 GB for the stride-0 view. Now every case
+  ends in its one line with the process's address space capped at 1 GiB."""
+  files = _hostile_bins(tmp_path)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-c", LOAD_UNDER_1_GIB, *(p for p, _ in files.values())],
+                        capture_output=True, text=True, timeout=120, cwd=root,
+                        env=dict(os.environ, PYTHONPATH=root, OPENBLAS_NUM_THREADS="1"))
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = done.stdout.splitlines()
+  assert len(lines) == len(files), done.stdout
+  for line, (case, (path, message)) in zip(lines, files.items()):
+    assert line.startswith(f"{path}: ") and re.search(message, line), (case, line)
+
+
+def test_convert_refuses_an_inflating_bin_in_one_line(tmp_path):
+  """The CLI path: one line, exit 2, nothing written, and the process's peak RSS far under 1 GB."""
+  path, message = _hostile_bins(tmp_path)["member inflates to 2 GiB"]
+  build_hf("bert").config.save_pretrained(os.path.dirname(path))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import resource, sys\nfrom bert_jax import cli\ncode = cli.main(sys.argv[1:])\n"
+          "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\nsys.exit(code)")
+  done = subprocess.run([sys.executable, "-c", code, "convert", "--from", "hf", os.path.dirname(path),
+                         str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=root,
+                        env=dict(os.environ, PYTHONPATH=root))
+  assert done.returncode == 2, done.stderr[-3000:]
+  error = [line for line in done.stderr.splitlines() if "error" in line]
+  assert len(error) == 1 and error[0].startswith(f"bert-jax convert: error: {path}: ") and \
+      re.search(message, error[0]), done.stderr[-3000:]
+  assert int(done.stdout.split()[-1]) < 1 << 20  # ru_maxrss, KiB
+  assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("tensor, header_size, message", [
+    ({"dtype": "F32", "shape": [1 << 28], "data_offsets": [0, 4]}, None, "invalid shape, data type, or offset"),
+    ({"dtype": "F32", "shape": [1 << 28], "data_offsets": [0, 1 << 30]}, None, "file not fully covered"),
+    ({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, 1 << 40, "header too large"),
+])
+def test_hostile_safetensors_are_refused(tmp_path, tensor, header_size, message):
+  """safetensors checks declared shapes and offsets against the file before it allocates: one line each."""
+  header = json.dumps({"w": tensor}).encode()
+  path = tmp_path / "model.safetensors"
+  path.write_bytes(struct.pack("<Q", header_size or len(header)) + header + b"\0" * 4)
+  with pytest.raises(UserError, match=f"model.safetensors: cannot read safetensors .*{message}"):
+    hf.read_weights(str(tmp_path))

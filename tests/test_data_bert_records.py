@@ -166,3 +166,25 @@ def test_a_short_pretraining_run_reads_them(records, tmp_path):
   result = trainer.pretrain(config, str(tmp_path / "run"))
   assert result["step"] == 3 and np.isfinite(result["train"]["loss"]) and result["train"]["loss"] > 5
   assert os.path.exists(tmp_path / "run" / "checkpoints" / "3" / "data" / "data_state.process00000.json")
+
+
+def test_a_truncated_file_is_named_with_its_bytes(tmp_path):
+  """TensorFlow says only "truncated record at <byte>"; the error names the file, the bytes the record needs
+  and those left, and what the run does."""
+  _write(tmp_path, num_files=1, per_file=40)
+  path = tmp_path / "part-0.tfrecord"
+  data, sizes, offset = path.read_bytes(), [], 0
+  while offset < len(data):  # each record: u64 length, u32 crc, payload, u32 crc
+    sizes.append(16 + int.from_bytes(data[offset:offset + 8], "little"))
+    offset += sizes[-1]
+  start = sum(sizes[:20])
+  path.write_bytes(data[:start + 40])
+  inputs = _input(_cfg(str(path), num_shards=1))
+  next(inputs)  # records 0..15
+  with pytest.raises(DataError) as info:
+    next(inputs)
+  assert str(info.value) == (
+      f"{path} is truncated: its record at byte {start:,} needs {sizes[20]:,} bytes, the file holds 40 more (a "
+      "copy or a write that was cut short); the run stops here (the checkpoints it saved are intact): write the "
+      "file again (`bert-jax data prepare --format bert_tfrecord`) or leave it out of data.corpus, and rerun to "
+      "resume")

@@ -10,6 +10,7 @@ from bert_jax.data_pipelines import corpora, features, prepare, shards
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import Row
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
+from bert_jax.data_pipelines.tftools import tf
 
 BATCH = 16
 
@@ -228,3 +229,30 @@ def test_static_masking_repeats_rows_and_masks_with_the_dupe_period(tmp_path):
   assert static[0] != static[1]
   dynamic, _ = _epochs(_cfg(glob, num_shards=1), 3)
   assert [ids for ids, _ in dynamic[0]] != [ids for ids, _ in dynamic[2]]  # rows rebuilt every epoch
+
+
+def _record_file(path, documents):
+  """A prepared-records file of `documents` (lists of sentences of ids); returns each record's byte size."""
+  t = tf()
+  payloads = [prepare.document_record(t, document) for document in documents]
+  with t.io.TFRecordWriter(str(path)) as writer:
+    for payload in payloads:
+      writer.write(payload)
+  return [16 + len(p) for p in payloads]  # u64 length, u32 crc, payload, u32 crc
+
+
+def test_a_truncated_record_file_is_named_with_its_bytes_and_the_rest_skipped(tmp_path, caplog):
+  documents = [[[5 + d, 6 + d], [7 + d]] for d in range(6)]
+  sizes = _record_file(tmp_path / "part.tfrecord", documents)
+  start = sum(sizes[:4])  # the file now ends 12 + 3 bytes into the fifth record
+  (tmp_path / "part.tfrecord").write_bytes((tmp_path / "part.tfrecord").read_bytes()[:start + 15])
+  stats = corpora.Stats()
+  source = corpora.RecordSource([str(tmp_path / "part.tfrecord")], stats)
+  for _ in range(2):  # a second epoch reads the same four documents and warns no more
+    assert [d for d, _, _ in source.read(str(tmp_path / "part.tfrecord"), 0, 0)] == documents[:4]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"{tmp_path / 'part.tfrecord'} is truncated: its record at byte {start:,} needs {sizes[4]:,} bytes, the "
+      "file holds 15 more (a copy or a write that was cut short); this run reads the 4 documents before that "
+      "record and skips the rest of the file (counted in stats as truncated_files); write it again with "
+      "`bert-jax data prepare` to train on all of it"]
+  assert stats["truncated_files"] == 1

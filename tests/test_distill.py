@@ -1,14 +1,22 @@
-"""Distillation: KD losses against NumPy, DistilBERT's layer init, bad input, and distillation end to end."""
+"""Distillation: KD losses against NumPy, DistilBERT's layer init, and the task distillation job on the one
+loop: SIGTERM saves and the same command resumes exactly, a busy workdir and an int8 teacher are refused."""
 import json
+import os
+import signal
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import cli
-from bert_jax.compress import distill, losses
+import data_fixtures
+from bert_jax import cli, params_checkpoint, run_lock
+from bert_jax.finetune import heads
+from bert_jax.training import checkpoint, metrics
+from bert_jax.compress import distill, teacher as teacher_lib
 from bert_jax.models.config import ModelConfig
+from bert_jax.ops import distill_losses as losses
 
 RNG = np.random.default_rng(0)
 
@@ -49,21 +57,20 @@ def test_pkd_loss_compares_unit_vectors():
 
 
 def test_layer_maps():
-  assert distill.chosen_layers("every_other", 6) == (0, 2, 4)
+  assert teacher_lib.chosen_layers("every_other", 6) == (0, 2, 4)
   assert distill.layer_map(3, 6, (0, 2, 4)) == (1, 3, 5)
   assert distill.layer_map(2, 6, None) == (3, 6)  # TinyBERT's uniform map, top to top
 
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_student_layers_equal_the_teachers_chosen_layers(scan):
-  from bert_jax.finetune import heads  # pylint: disable=import-outside-toplevel
   cfg = ModelConfig(vocab_size=50, hidden_size=16, num_layers=5, num_heads=2, intermediate_size=32,
                     max_position_embeddings=16, scan_layers=scan)
   ids = jnp.ones((1, 8), jnp.int32)
   teacher = heads.FinetuneModel(heads.encoder_config(cfg, "classification", "pooled"), "classification", 2)
-  params = teacher.init(jax.random.key(1), ids, ids, ids * 0)["params"]
+  params = jax.jit(lambda r: teacher.init(r, ids, ids, ids * 0)["params"])(jax.random.key(1))
   chosen = (0, 2, 4)
-  student_params = distill.take_layers(params, cfg, chosen)
+  student_params = teacher_lib.take_layers(params, cfg, chosen)
   student = heads.FinetuneModel(heads.encoder_config(cfg.replace(num_layers=3), "classification", "pooled"),
                                 "classification", 2)
   abstract = jax.eval_shape(lambda: student.init(jax.random.key(0), ids, ids, ids * 0)["params"])
@@ -77,3 +84,94 @@ def test_student_layers_equal_the_teachers_chosen_layers(scan):
     jax.tree.map(np.testing.assert_array_equal, got, want)
   np.testing.assert_array_equal(student_params["head"]["classifier"]["kernel"],
                                 params["head"]["classifier"]["kernel"])
+
+
+TEACHER = ModelConfig(vocab_size=8192, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                      max_position_embeddings=32)
+STUDENT = ["--config.model.vocab_size=8192", "--config.model.num_layers=1", "--config.model.hidden_size=32",
+           "--config.model.num_heads=2", "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
+           "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
+           "--config.train.log_every_steps=1", "--config.train.epochs=1", "--config.train.tensorboard=false",
+           "--config.train.keep_best=false", "--config.distill.hidden_weight=1"]
+
+
+@pytest.fixture(scope="module")
+def task_teacher(tmp_path_factory):
+  """A fine-tuning workdir of sst2 with random 2-layer parameters and the embedded vocabulary, and 64
+  training rows of the first-word task: (teacher, data)."""
+  directory = tmp_path_factory.mktemp("distill") / "teacher"
+  model = heads.encoder_config(TEACHER, "classification", "pooled")
+  ids = jnp.ones((1, 8), jnp.int32)
+  params = nn.meta.unbox(jax.jit(lambda r: heads.FinetuneModel(model, "classification", 2).init(
+      r, ids, ids, ids * 0)["params"])(jax.random.key(0)))
+  vocab = data_fixtures.embedded_paths()[1]
+  params_checkpoint.save_params(directory, params, {
+      "task": {"family": "glue", "name": "sst2", "head": "classification", "num_labels": 2, "labels": ["0", "1"]},
+      "model": model.to_dict(), "head": {"pooling": "pooled", "dropout": 0.1},
+      "data": {"vocab": "vocab.txt", "tokenizer": "wordpiece", "lower_case": True}}, {"vocab.txt": vocab})
+  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_train=64, n_dev=32)
+  return str(directory), data
+
+
+def _command(workdir, teacher, data, *extra):
+  return ["distill", "--config", "configs/distill.py:sst2", "--workdir", str(workdir), *STUDENT,
+          f"--config.distill.teacher={teacher}", f"--config.data.data_dir={data}", *extra]
+
+
+def test_sigterm_during_distill_saves_says_where_and_the_same_command_resumes(task_teacher, tmp_path, monkeypatch,
+                                                                               capsys):
+  """SIGTERM while step 2's row is written: the student's state is saved at step 3, the run says so and
+  exits 143; the same command resumes there and ends with the parameters of a run never stopped, and
+  with a `done:` line like every job."""
+  teacher, data = task_teacher
+  assert cli.main(_command(tmp_path / "straight", teacher, data)) == 0
+  log_train = metrics.MetricsLogger.log_train
+
+  def terminate_at_2(self, step, *args, **kwargs):
+    row = log_train(self, step, *args, **kwargs)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return row
+
+  capsys.readouterr()
+  with monkeypatch.context() as m:
+    m.setattr(metrics.MetricsLogger, "log_train", terminate_at_2)
+    assert cli.main(_command(tmp_path / "student", teacher, data)) == 143
+  out = capsys.readouterr().out
+  assert "SIGTERM: saved a checkpoint at step 3; rerun the same command to resume" in out
+  assert out.strip().splitlines()[-1] == (f"stopped at step 3/4 by SIGTERM | train state in {tmp_path}/student/state | "
+                                          "next: the same command resumes")
+  assert cli.main(_command(tmp_path / "student", teacher, data)) == 0
+  out = capsys.readouterr().out
+  assert f"resumed from {tmp_path}/student/state/3" in out
+  assert out.strip().splitlines()[-1].startswith("done: dev accuracy ")
+  assert f"next: bert-jax predict --model {tmp_path}/student --input FILE" in out
+  rows = [json.loads(line) for line in open(tmp_path / "student" / "metrics.jsonl")]
+  assert [r["step"] for r in rows if not r.get("eval")] == [1, 2, 3, 4]
+  a, _ = checkpoint.load_params(tmp_path / "straight")
+  b, _ = checkpoint.load_params(tmp_path / "student")
+  assert "distill" not in b  # the projection stays out of the student's params
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+
+
+@pytest.mark.parametrize("config", ["configs/distill.py:sst2", "configs/distill.py:general-tiny"])
+def test_a_second_distill_in_a_busy_workdir_is_refused(tmp_path, capsys, config):
+  with run_lock.hold(str(tmp_path)):
+    code = cli.main(["distill", "--config", config, "--workdir", str(tmp_path),
+                     f"--config.distill.teacher={tmp_path / 'teacher'}"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and f"workdir {tmp_path} is in use by another run (host " in err and "\n" not in err, err
+  assert sorted(os.listdir(tmp_path)) == ["run.lock"]
+
+
+@pytest.mark.parametrize("config, task", [("configs/distill.py:sst2", {"task": {"name": "sst2"}}),
+                                          ("configs/distill.py:general-tiny", {})])
+def test_an_int8_teacher_is_refused_before_anything_else(tmp_path, capsys, config, task):
+  (tmp_path / "int8").mkdir()
+  (tmp_path / "int8" / "config.json").write_text(json.dumps(
+      {**task, "model": {"vocab_size": 99}, "quantization": {"weights": "int8", "source": "runs/float"}}))
+  code = cli.main(["distill", "--config", config, "--workdir", str(tmp_path / "s"),
+                   f"--config.distill.teacher={tmp_path / 'int8'}"])
+  err = capsys.readouterr().err.strip()
+  assert code == 2 and err.endswith(f"distill.teacher={tmp_path / 'int8'} holds int8 weights (bert-jax quantize); "
+                                    "distil from the float model it came from (runs/float)"), err

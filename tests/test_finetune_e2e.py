@@ -1,7 +1,10 @@
 """End to end: a learnable task through the CLI must reach 95% dev accuracy; then eval-only,
-two-stage fine-tuning, early stopping with the best checkpoint kept, pause/resume and a sweep."""
+two-stage fine-tuning, early stopping with the best checkpoint kept, pause/resume, SIGTERM and resume,
+a finished run run again, and a sweep."""
 import json
 import os
+import shutil
+import signal
 
 import jax
 import numpy as np
@@ -10,21 +13,10 @@ import pytest
 import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
+from bert_jax.errors import UserError
 from bert_jax.finetune import sweep, trainer
-from bert_jax.training import finite
+from bert_jax.training import finite, metrics
 
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """Runs that differ only in seed or workdir compile the same programs: compile each once."""
-  options = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("xla_cache")),
-             "jax_persistent_cache_min_compile_time_secs": 0.0}
-  previous = {k: getattr(jax.config, k) for k in options}
-  for k, v in options.items():
-    jax.config.update(k, v)
-  yield
-  for k, v in previous.items():
-    jax.config.update(k, v)
 
 TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
         "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
@@ -47,14 +39,9 @@ def _glue_dir(directory, name, labels, header, n_train=256, n_dev=64):
 
 
 @pytest.fixture(scope="module")
-def sst2_run(tmp_path_factory):
-  data = _glue_dir(tmp_path_factory.mktemp("sst2"), lambda i, s, y: f"{s}\t{y}", ("0", "1"),
-                   ("sentence", "label"))
-  workdir = str(tmp_path_factory.mktemp("sst2-run"))
-  overrides = TINY + [f"--config.data.data_dir={data}", "--config.optimizer.learning_rate=3e-3",
-                      "--config.train.epochs=6"]
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
-  return data, workdir, overrides
+def sst2_run(sst2_finetuned):
+  """The session's fine-tuned sst2 model (tests/conftest.py: 4 epochs of 16 steps, through the CLI)."""
+  return sst2_finetuned
 
 
 def test_learnable_task_reaches_95_percent(sst2_run):
@@ -63,20 +50,30 @@ def test_learnable_task_reaches_95_percent(sst2_run):
     assert json.load(f)["accuracy"] >= 0.95
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
-  assert [r["step"] for r in records if not r.get("eval")] == list(range(4, 97, 4))  # 6 epochs of 16 steps
-  assert [r["step"] for r in records if r.get("eval") and "accuracy" in r] == [16, 32, 48, 64, 80, 96]
+  assert [r["step"] for r in records if not r.get("eval")] == list(range(4, 65, 4))  # 4 epochs of 16 steps
+  assert [r["step"] for r in records if r.get("eval") and "accuracy" in r] == [16, 32, 48, 64]
   with open(os.path.join(workdir, "predictions", "SST-2.dev.tsv")) as f:
     lines = f.read().splitlines()
   assert lines[0] == "index\tprediction" and len(lines) == 65 and lines[1].split("\t")[1] in ("0", "1")
 
 
-def test_eval_only_reproduces_results(sst2_run, tmp_path):
+def test_eval_only_reproduces_results(sst2_run, tmp_path, capsys):
   data, workdir, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [f"--config.init_from={workdir}",
                                                             "--config.eval_only=true"])
-  results = trainer.finetune(config, str(tmp_path))
+  result = trainer.finetune(config, str(tmp_path))
   with open(os.path.join(workdir, "eval_results.json")) as f:
-    assert results == json.load(f)
+    assert result["dev"] == json.load(f)
+  assert os.path.exists(tmp_path / "predictions" / "SST-2.dev.tsv")
+  out = capsys.readouterr().out
+  assert f"eval_only: evaluating the " in out and f"parameters of {workdir}" in out and "parameters train" not in out
+  line = trainer.summary(config, str(tmp_path), result)
+  assert line.startswith("done: dev accuracy ") and f"predictions in {tmp_path}/predictions" in line
+  assert line.endswith(f"next: bert-jax predict --model {workdir} --input FILE"), line
+  config = load_config("configs/glue.py:embedded", TINY + ["--config.predict_split=test", "--config.data.train_limit=32",
+                                                          "--config.data.eval_limit=32"])
+  with pytest.raises(UserError, match="task embedded has no test split to predict: set --config.predict_split=dev"):
+    trainer.finetune(config, str(tmp_path / "test"))
 
 
 def test_two_stage_takes_encoder_and_drops_other_head(sst2_run, tmp_path):
@@ -93,35 +90,80 @@ def test_two_stage_takes_encoder_and_drops_other_head(sst2_run, tmp_path):
                             saved["head"]["classifier"]["kernel"])
 
 
-def test_early_stopping_keeps_best(sst2_run, tmp_path):
+def test_early_stopping_keeps_best_and_says_so(sst2_run, tmp_path, capsys):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [
       f"--config.data.data_dir={data}", "--config.train.eval_every_steps=2", "--config.train.epochs=2",
       "--config.train.early_stopping_patience=2", "--config.optimizer.learning_rate=1e-9",
       "--config.data.train_limit=64"])
-  run = trainer.Run(config, str(tmp_path))
-  run.advance()
+  result = trainer.finetune(config, str(tmp_path))
   # lr ~ 0: the score never improves on the first evaluation, so two more evaluations stop the run
-  assert run.progress.stopped_early and run.progress.best_step == 2 and run.step == 6
-  assert run.finish()["accuracy"] == pytest.approx(run.progress.best_score)
+  assert result["stopped_early"] and result["best_step"] == 2 and result["step"] == 6
+  assert result["dev"]["accuracy"] == pytest.approx(result["best_score"])
+  best = f"{result['best_score']:.4g}"
+  assert (f"early stopping at step 6 of 8: 2 evaluation(s) without a better dev accuracy than {best} (step 2)"
+          in capsys.readouterr().out)
+  assert trainer.summary(config, str(tmp_path), result).startswith(
+      f"done: stopped early at step 6 of 8 (best dev accuracy {best} at step 2) | dev accuracy {best}")
 
 
-def test_paused_run_continues_exactly(sst2_run, tmp_path):
+def test_paused_and_sigterm_stopped_runs_continue_exactly(sst2_run, tmp_path, monkeypatch, capsys):
+  """A run paused at step 1 (as a sweep pauses), continued by the CLI, stopped there by SIGTERM (sent while
+  step 2's row is written: saved at step 3, exit 143), and continued again by the same command ends with
+  the parameters and dev results of the run that was never stopped."""
   data, _, overrides = sst2_run
-  config = load_config("configs/glue.py:sst2", overrides + [
-      f"--config.data.data_dir={data}", "--config.train.epochs=1", "--config.data.train_limit=64",
-      "--config.train.keep_best=false"])
-  straight = trainer.Run(config, str(tmp_path / "straight"))
-  straight.advance()
+  overrides = overrides + [f"--config.data.data_dir={data}", "--config.train.epochs=1",
+                           "--config.data.train_limit=64", "--config.train.keep_best=false",
+                           "--config.train.log_every_steps=1"]
+  config = load_config("configs/glue.py:sst2", overrides)
+  straight = trainer.finetune(config, str(tmp_path / "straight"))
   paused = trainer.Run(config, str(tmp_path / "paused"))
-  paused.advance(2)
+  paused.advance(1)
   paused.pause()
-  resumed = trainer.Run(config, str(tmp_path / "paused"))
-  assert resumed.step == 2
-  resumed.advance()
-  close = jax.tree.map(lambda a, b: np.allclose(a, b, atol=1e-6), jax.device_get(straight.state.params),
-                       jax.device_get(resumed.state.params))
-  assert all(jax.tree.leaves(close))
+  command = ["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(tmp_path / "paused"), *overrides]
+  log_train = metrics.MetricsLogger.log_train
+
+  def terminate_at_2(self, step, *args, **kwargs):
+    row = log_train(self, step, *args, **kwargs)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return row
+
+  capsys.readouterr()
+  with monkeypatch.context() as m:
+    m.setattr(metrics.MetricsLogger, "log_train", terminate_at_2)
+    assert cli.main(command) == 143
+  out = capsys.readouterr().out
+  assert f"resumed from {tmp_path}/paused/state/1" in out and "SIGTERM: saved a checkpoint at step 3" in out
+  assert f"stopped at step 3/4 by SIGTERM | train state in {tmp_path}/paused/state" in out, out
+  assert cli.main(command) == 0
+  assert f"resumed from {tmp_path}/paused/state/3" in capsys.readouterr().out
+  with open(tmp_path / "paused" / "eval_results.json") as f:
+    assert json.load(f) == straight["dev"]
+  a, _ = trainer.checkpoint.load_params(tmp_path / "straight")
+  b, _ = trainer.checkpoint.load_params(tmp_path / "paused")
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+  assert not os.path.exists(tmp_path / "paused" / "state")
+
+
+def test_a_finished_run_says_so_and_restarts_only_when_asked(sst2_run, tmp_path, capsys):
+  data, workdir, overrides = sst2_run
+  run = tmp_path / "run"
+  shutil.copytree(workdir, run)
+  before = (run / "metrics.jsonl").read_bytes()
+  finished = json.loads((run / "finished.json").read_text())
+  command = ["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(run), *overrides]
+  assert cli.main(command) == 0
+  out = capsys.readouterr().out
+  assert (f"{run}: this run finished at step 64 of 64 (best dev accuracy {finished['best_score']:.4g} at step "
+          f"{finished['best_step']}); nothing to train" in out), out
+  assert "--config.train.restart=true" in out and "step 4/64" not in out
+  assert (run / "metrics.jsonl").read_bytes() == before
+  assert cli.main(command + ["--config.train.restart=true", "--config.train.epochs=1",
+                             "--config.data.train_limit=64"]) == 0
+  assert f"the finished run's files are now in {run}/previous-1" in capsys.readouterr().out
+  assert (run / "previous-1" / "metrics.jsonl").read_bytes() == before
+  assert json.loads((run / "finished.json").read_text())["num_steps"] == 4
 
 
 def test_divergence_stops_a_finetuning_run(sst2_run, tmp_path):
@@ -147,17 +189,17 @@ def test_sweep_halves_and_reports(sst2_run, tmp_path):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [
       f"--config.data.data_dir={data}", "--config.sweep.learning_rates=(3e-3, 1e-9)",
-      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(6.0,)", "--config.sweep.seeds=(0, 1)",
+      "--config.sweep.batch_sizes=(16,)", "--config.sweep.epochs=(4.0,)", "--config.sweep.seeds=(0, 1)",
       "--config.sweep.min_fraction=0.5", "--config.sweep.eta=2"])
-  table = sweep.sweep(config, str(tmp_path))
+  table = sweep.sweep(config, str(tmp_path))["table"]
   with open(tmp_path / "sweep_results.json") as f:
     results = json.load(f)
   fractions = {r["setting"]: r["fraction"] for r in results["settings"]}
-  assert fractions == {"lr0.003_bs16_ep6": 1.0, "lr1e-09_bs16_ep6": 0.5}  # the useless rate stopped early
+  assert fractions == {"lr0.003_bs16_ep4": 1.0, "lr1e-09_bs16_ep4": 0.5}  # the useless rate stopped early
   assert all(r["dev_loss"] > 0 for r in results["settings"])  # read back from each run's best evaluation
-  assert "lr0.003_bs16_ep6" in table.splitlines()[1] and "significance test" in table
-  assert os.path.exists(tmp_path / "lr0.003_bs16_ep6" / "seed1" / "eval_results.json")
-  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep6" / "seed0" / "state")  # paused, not finished
+  assert "lr0.003_bs16_ep4" in table.splitlines()[1] and "significance test" in table
+  assert os.path.exists(tmp_path / "lr0.003_bs16_ep4" / "seed1" / "eval_results.json")
+  assert os.path.exists(tmp_path / "lr1e-09_bs16_ep4" / "seed0" / "state")  # paused, not finished
 
 
 # The audit's case (issue 16): at the first rung every learning rate sits at the majority class
@@ -223,7 +265,7 @@ def _squad_files(directory, n=16):
 def test_squad_v2_runs_end_to_end(tmp_path):
   overrides = TINY + [f"--config.data.data_dir={_squad_files(tmp_path)}", "--config.train.epochs=1",
                       "--config.task.doc_stride=8", "--config.task.max_query_length=8"]
-  results = trainer.finetune(load_config("configs/squad.py:v2", overrides), str(tmp_path / "run"))
+  results = trainer.finetune(load_config("configs/squad.py:v2", overrides), str(tmp_path / "run"))["dev"]
   assert set(results) == {"exact_match", "f1"} and 0.0 <= results["f1"] <= 100.0
   with open(tmp_path / "run" / "predictions" / "predictions.dev.json") as f:
     assert set(json.load(f)) == {f"q{i}" for i in range(16)}
@@ -237,7 +279,7 @@ def test_ner_runs_end_to_end(tmp_path):
   for name in ("train.txt", "valid.txt"):
     (tmp_path / name).write_text("\n".join(lines))
   overrides = TINY + [f"--config.data.data_dir={tmp_path}", "--config.train.epochs=1"]
-  results = trainer.finetune(load_config("configs/ner.py:conll2003", overrides), str(tmp_path / "run"))
+  results = trainer.finetune(load_config("configs/ner.py:conll2003", overrides), str(tmp_path / "run"))["dev"]
   assert set(results) == {"precision", "recall", "f1"}
   with open(tmp_path / "run" / "predictions" / "ner.dev.txt") as f:
     assert len(f.read().split("\n\n")) >= 16

@@ -14,6 +14,7 @@ from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, optim
 from bert_jax.models import bert
 from bert_jax.models.config import ModelConfig
+from bert_jax.training.optim import learning_rate_schedule
 
 TINY = dict(vocab_size=40, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=16,
             max_position_embeddings=16)
@@ -21,7 +22,8 @@ TINY = dict(vocab_size=40, hidden_size=8, num_layers=2, num_heads=2, intermediat
 
 def _opt_cfg(**kw):
   values = dict(learning_rate=0.1, head_learning_rate=0.0, layer_decay=1.0, bias_correction=True,
-                warmup_ratio=0.0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip_norm=0.0)
+                warmup_steps=0, warmup_ratio=0.0, decay="linear", decay_power=1.0, end_learning_rate=0.0,
+                b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, clip_norm=0.0)
   values.update(kw)
   return ml_collections.ConfigDict(values)
 
@@ -107,9 +109,12 @@ def test_multipliers_scale_updates_per_layer_slice():
   assert np.allclose(updates["head"]["classifier"]["bias"], -2.0, atol=1e-4)
 
 
-def test_warmup_ratio_then_linear_decay():
-  schedule = optim.warmup_linear_decay(1.0, 100, 0.1)
+def test_warmup_ratio_then_linear_decay_and_warmup_steps_win():
+  """optimizer.warmup_ratio of the run's steps; warmup_steps > 0 wins over it (config_schema's one rule)."""
+  schedule = learning_rate_schedule(_opt_cfg(learning_rate=1.0, warmup_ratio=0.1), 100)
   assert [float(schedule(s)) for s in (0, 5, 10, 55, 100)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
+  schedule = learning_rate_schedule(_opt_cfg(learning_rate=1.0, warmup_ratio=0.1, warmup_steps=20), 100)
+  assert [float(schedule(s)) for s in (0, 10, 20, 60, 100)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0])
 
 
 @pytest.mark.parametrize("scan", [True, False])

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 
+from core_helpers import slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNTIME_DIRS = ("bert_jax", "configs", "data_pipelines")
 TEST_ONLY = ("tokenizers", "torch", "transformers", "sklearn")
@@ -102,6 +104,7 @@ def test_the_demo_path_runs_without_test_only_packages(tmp_path):
   assert os.listdir(tmp_path / "cache")  # the embedded corpus and vocabulary were built here
 
 
+@slow  # two cold builds of the corpus and vocabulary, a few minutes on 2 cores
 def test_embedded_vocabulary_is_byte_identical_across_processes(tmp_path):
   """Two fresh builds in separate processes (different hash seeds) write the same vocab.txt bytes."""
   built = []

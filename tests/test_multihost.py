@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from core_helpers import slow
+
 COMMON = ["pretrain", "--config", "configs/bert.py:demo", "--config.data.max_seq_length=64",
           "--config.data.max_predictions_per_seq=10", "--config.train.batch_size=16",
           "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
@@ -52,6 +54,7 @@ def test_two_processes_equal_one(tmp_path):
   assert {"data_state.process00000.json", "data_state.process00001.json"} <= saved
 
 
+@slow
 def test_general_distillation_on_two_processes_equals_one(tmp_path):
   """`bert-jax distill` of a general-* config across two processes: process 0 alone writes the student's
   init (every other layer of the teacher) while process 1 waits for it, and the run equals one process."""

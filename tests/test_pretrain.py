@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import cli
-from bert_jax.training import checkpoint, trainer
+from bert_jax.training import checkpoint, metrics, trainer
 
 FAST = ["--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
         "--config.train.batch_size=16", "--config.train.log_every_steps=1",
@@ -42,18 +42,36 @@ def test_loss_falls_on_the_embedded_corpus(tmp_path):
   assert saved["model"]["hidden_size"] == 128 and os.path.exists(tmp_path / saved["data"]["vocab"])
 
 
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch):
-  overrides = ("--config.train.num_steps=6", "--config.checkpoint.every_steps=100")
+def test_ctrl_c_saves_and_the_same_command_resumes_exactly(tmp_path, monkeypatch, capsys):
+  """Ctrl-C while step 2's row is written (rows every 2 steps): the run saves step 3, says so, exits 130;
+  the same command resumes to the uninterrupted run's parameters and rows, and its first row, which
+  averages step 4 alone, says so."""
+  overrides = ["--config.train.num_steps=6", "--config.checkpoint.every_steps=100",
+               "--config.train.log_every_steps=2"]
   trainer.pretrain(_config(*overrides), str(tmp_path / "straight"))
+  command = ["pretrain", "--config", "configs/bert.py:demo", "--workdir", str(tmp_path / "resumed"), *FAST,
+             *overrides]
+  log_train = metrics.MetricsLogger.log_train
+
+  def interrupt_at_2(self, step, *args, **kwargs):
+    row = log_train(self, step, *args, **kwargs)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGINT)
+    return row
+
   with monkeypatch.context() as m:
-    m.setattr(trainer._Preemption, "reached", lambda self, step: step == 3)
-    first = trainer.pretrain(_config(*overrides), str(tmp_path / "resumed"))
-  assert first["preempted"] and first["step"] == 3
-  second = trainer.pretrain(_config(*overrides), str(tmp_path / "resumed"))
-  assert second["step"] == 6
-  straight = [r["loss"] for r in _train_rows(tmp_path / "straight")]
-  resumed = [r["loss"] for r in _train_rows(tmp_path / "resumed")]
-  np.testing.assert_allclose(resumed, straight, rtol=1e-6)
+    m.setattr(metrics.MetricsLogger, "log_train", interrupt_at_2)
+    assert cli.main(command) == 130
+  out = capsys.readouterr().out
+  assert "Ctrl-C: saving a checkpoint at step 3" in out and "Ctrl-C: saved a checkpoint at step 3" in out, out
+  assert f"stopped at step 3/6 by Ctrl-C | checkpoint {tmp_path / 'resumed'}/checkpoints/3" in out
+  assert cli.main(command) == 0
+  assert "step 4/6 (mean of the 1 steps since the resume at 3)" in capsys.readouterr().out
+  straight, resumed = _train_rows(tmp_path / "straight"), _train_rows(tmp_path / "resumed")
+  assert [r["step"] for r in resumed] == [2, 3, 4, 6]
+  assert [r.get("averaged_steps") for r in resumed] == [None, None, 1, None] and resumed[2]["resumed"]
+  np.testing.assert_allclose([resumed[0]["loss"], resumed[3]["loss"]], [straight[0]["loss"], straight[2]["loss"]],
+                             rtol=1e-6)
   a, _ = checkpoint.load_params(str(tmp_path / "straight"))
   b, _ = checkpoint.load_params(str(tmp_path / "resumed"))
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)

@@ -12,7 +12,7 @@ from bert_jax.finetune.tasks import Task
 from bert_jax.models.config import ModelConfig
 
 pytest.importorskip("qwix")
-from bert_jax.compress import int8  # noqa: E402  pylint: disable=wrong-import-position
+from bert_jax.ops import int8  # noqa: E402  pylint: disable=wrong-import-position
 
 RNG = np.random.default_rng(0)
 

@@ -14,7 +14,6 @@ import pytest
 from bert_jax.cli import main
 from bert_jax.errors import UserError
 from bert_jax.tpu import hlo, slices
-from bert_jax.training import distributed
 from core_helpers import TINY
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -138,7 +137,16 @@ def _hand_count_params(cfg):
 def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
   from bert_jax.config_utils import load_config
   status, report, err = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *SMALL)
-  assert status == 0 and err == "" and report["fits"]
+  assert status == 0 and report["fits"]
+  # Progress on stderr while it compiles: what, for which batch and sequence length, and when each ends.
+  progress = [line for line in err.splitlines() if not line.startswith("  still compiling")]
+  assert progress == [
+      "compiling the train step for v4-8 (4 devices, mesh data=4 fsdp=1 tensor=1): batch 8 (2 rows per device at "
+      "a time), sequence length 128, 20 predictions per row",
+      f"compiled the train step in {report['train_step']['compile_seconds']:.1f} s; compiling the eval step: "
+      "batch 8 (2 rows per device at a time), sequence length 128, 20 predictions per row",
+      f"compiled the eval step in {report['eval_step']['compile_seconds']:.1f} s"]
+  assert (report["batch_size"], report["eval_batch_size"], report["seq_length"]) == (8, 8, 128)
   for key in ("topology", "chips", "hosts", "mesh", "fits", "hbm_per_chip_bytes", "hbm_capacity_bytes",
               "compile_seconds", "collectives", "estimated_step_seconds", "estimated_mfu"):
     assert key in report
@@ -166,12 +174,30 @@ def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
   assert not {"TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "CLOUD_TPU_TASK_ID"} & set(os.environ)
 
 
-def test_a_cpu_only_process_is_not_a_tpu_vm_whatever_it_inherited(monkeypatch):
-  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "WARNING: could not determine TPU worker hostnames")
-  monkeypatch.setenv("JAX_PLATFORMS", "")
-  assert distributed.on_tpu_vm()  # a TPU VM's worker, as far as the environment says
-  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  assert not distributed.on_tpu_vm()
+@pytest.mark.parametrize("overrides,topology,step_ms,needed,shards,cores,fed", [
+    # BENCHMARKS.md's first row: BERT-large's 32k batch on v4-32 at its 1,871 ms roofline step:
+    # 32768 x 128 tokens / 1.871 s / 4 hosts = 0.56M tokens/s per host = 2.4 workers of 0.23M; the default
+    # 8 shards give each of the 4 hosts 2, so 16 (a multiple of 4 dividing the batch) are needed.
+    (["--config.train.batch_size=32768"], "v4-32", 1871, 3, 16, 1, None),
+    (["--config.train.batch_size=32768", "--config.data.num_shards=32"], "v4-32", 1871, 3, None, 1, None),
+    # The notebook's tiny model on v4-8 at a 0.1 ms step: 32 x 128 / 1e-4 s = 41M tokens/s, 179 workers'
+    # worth, but 32 rows allow at most 32 shards (and so workers): 32 x 0.23M / 4096 tokens = 1,797 steps/s.
+    (["--config.train.batch_size=32"], "v4-8", 0.1, 179, 32, 14, 1796.9),
+    (["--config.train.batch_size=32", "--config.data.format=bert_tfrecord"], "v4-8", 0.1, 0, None, 14, None),
+])
+def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, step_ms, needed, shards, cores, fed):
+  from bert_jax.config_utils import load_config
+  from bert_jax.tpu import aot
+  need = aot.input_need(load_config("configs/bert.py:tiny", overrides), slices.parse(topology), step_ms / 1e3)
+  assert (need["input_workers_needed"], need["input_num_shards"], need["input_cores_per_host"]) == (
+      needed, shards, cores)
+  workers = 32 if fed else needed
+  assert need["input_workers_per_host"] == workers
+  assert need["input_steps_per_second"] == (pytest.approx(fed, abs=0.1) if fed else None)
+  line = aot._input_line(need)  # pylint: disable=protected-access
+  assert ("INPUT-BOUND" in line) == bool(fed)
+  assert (f"--config.data.num_workers={workers}" in line) == (workers > 0)
+  assert (f"--config.data.num_shards={shards}" in line) == bool(shards)
 
 
 @needs_libtpu
@@ -240,7 +266,8 @@ def test_bert_large_8k_by_512_without_remat_does_not_fit_on_8_chips(capsys):
       "--config.train.eval_batch_size=256")
   assert status == 1 and not report["fits"]
   assert report["hbm_per_chip_bytes"] > report["hbm_capacity_bytes"] == 32 * 2 ** 30
-  assert len(err.strip().splitlines()) == 1 and "--config." in err
+  last = err.strip().splitlines()[-1]  # after the compile's progress lines
+  assert "does not fit" in last and "--config." in last
   assert report["chips"] == 8 and report["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
 
 
@@ -265,7 +292,8 @@ def test_pruned_heads_shrink_the_compiled_step_and_its_flop_count(capsys):
   full = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *unrolled)[1]
   status, pruned, err = _compile_json(capsys, "--config", "configs/bert.py:tiny", "--topology", "v4-8", *unrolled,
                                       f"--config.model.pruned_heads={pruned_heads}")
-  assert status == 0 and err == "" and pruned["fits"]
+  assert status == 0 and pruned["fits"]
+  assert all(line.startswith(("compil", "  still compiling")) for line in err.splitlines())  # progress only
   # FLOPs by hand (3 x forward): hidden 256, heads of 64, FFN 1024, 8 rows of 128 tokens, 20 predictions,
   # vocab 1024. Layer 0 keeps 2 heads (128 columns), layer 1 keeps 3 (192).
   h, i, seq, tokens = 256, 1024, 128, 8 * 128

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.analysis import inputs, plots
 from bert_jax.errors import UserError
 
@@ -74,10 +75,9 @@ def analyze_change(pretrained: str, fine_tuned: str, text: str, out_dir: str, *,
       "embeddings_weight_cosine_distance": cosine_distance(flat(before.params["embeddings"]),
                                                            flat(after.params["embeddings"])),
   }
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "change.json"), "w", encoding="utf-8") as f:
-    json.dump(report, f, indent=1)
-  plots.lines(list(layers), {"attention maps": report["attention_cosine_distance"],
+  workdir.create(out_dir, "--out")
+  workdir.write_text(os.path.join(out_dir, "change.json"), json.dumps(report, indent=1))
+  plots.lines([i + 1 for i in layers], {"attention maps": report["attention_cosine_distance"],
                              "weights": report["weight_cosine_distance"]},
               os.path.join(out_dir, "change.png"), "layer", "cosine distance", "pretrained -> fine-tuned")
   return report

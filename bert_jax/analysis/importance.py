@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.analysis import finetuned, plots
 from bert_jax.analysis.maps import tolist
 from bert_jax.errors import UserError
@@ -95,9 +96,8 @@ def analyze_heads(checkpoint: str, out_dir: str, *, eval_limit: int = 0, ablatio
                           "best_head": [int(np.nanargmax(row)) for row in keep_one_deltas],
                           "best_delta": [float(np.nanmax(row)) for row in keep_one_deltas]}
   report["pruning_curve"], report["pruning_order"] = pruning_curve(ft, active, step)
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "heads.json"), "w", encoding="utf-8") as f:
-    json.dump(report, f, indent=1)
+  workdir.create(out_dir, "--out")
+  workdir.write_text(os.path.join(out_dir, "heads.json"), json.dumps(report, indent=1))
   plots.heatmaps(tables, os.path.join(out_dir, "importance.png"), f"heads of {ft.task.name}")
   curve = report["pruning_curve"]
   plots.lines([100 * p["fraction"] for p in curve], {"dev score": [p["score"] for p in curve]},

@@ -5,11 +5,15 @@ Writes to the output directory:
                           Kovaleva et al.'s pattern classes (patterns.py: the rule, each head's share of
                           inputs per class, its majority class) and Brunner et al.'s effective attention
                           (effective.py: Pearson correlation with raw attention by token length and layer)
-  statistics.png          heatmaps [layer x head] of the statistics
-  special_tokens.png      mean attention to [CLS], [SEP] and punctuation per layer (Clark et al.'s Fig. 2)
-  patterns.png            heatmaps of each class's share
-  effective_attention.png correlation of effective and raw attention against token length
-  attention_maps.png      every head's map for one sentence (--sentence, else the first input)
+  statistics.png          heatmaps [layer x head] of the statistics (attention mass on a 0..1 scale)
+  special_tokens.png      attention to [CLS], [SEP] and punctuation by layer, each head a dot and the
+                          layer mean a line (Clark et al.'s Fig. 2)
+  patterns.png            each layer's mix of pattern classes, and each class's share per head
+  effective_attention.png correlation of effective and raw attention against input length, per layer,
+                          with the head dimension marked (below it the two are equal)
+  attention_maps.png      every head's map for one sentence (--sentence, else the first input), tokens on
+                          the axes
+Figures number layers and heads from 1, as the papers do; the JSON's lists are indexed from 0.
 Pruned heads (model.pruned_heads) are null in the JSON.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.analysis import effective, inputs, patterns, plots, statistics
 from bert_jax.training import prune
 
@@ -95,18 +100,22 @@ def _report(subject: inputs.Subject, totals: _Totals, count: int) -> dict:
   }
 
 
+_STATISTIC_TITLES = {"cls": "[CLS]", "sep": "[SEP]", "punctuation": "punctuation", "previous": "previous token",
+                     "next": "next token", "self": "the token itself", "entropy": "entropy"}
+
+
 def _plot(report: dict, subject: inputs.Subject, sentence_row: dict, out_dir: str) -> None:
-  stats = {k: np.asarray(v, float) for k, v in report["statistics"].items()}
-  plots.heatmaps(stats, os.path.join(out_dir, "statistics.png"), "attention statistics per head")
-  by_layer = report["statistics_by_layer"]
-  plots.lines(range(subject.config.num_layers), {k: by_layer[k] for k in ("cls", "sep", "punctuation")},
-              os.path.join(out_dir, "special_tokens.png"), "layer", "mean attention", "attention to special tokens")
-  plots.heatmaps({k: np.asarray(v, float) for k, v in report["patterns"]["shares"].items()},
-                 os.path.join(out_dir, "patterns.png"), "share of inputs per pattern class")
-  bins = report["effective_attention"]["by_length"]
-  plots.lines([b["lengths"][1] for b in bins], {"all layers": [b["correlation"] for b in bins]},
-              os.path.join(out_dir, "effective_attention.png"), "token length (bin end)",
-              "Pearson r(effective, raw)", "effective vs raw attention")
+  stats = {_STATISTIC_TITLES[k]: np.asarray(report["statistics"][k], float) for k in statistics.STATISTICS}
+  masses = {name: (0.0, 1.0) for name in stats if name != "entropy"}  # shares of a query's attention
+  plots.heatmaps(stats, os.path.join(out_dir, "statistics.png"), "what each head attends to (mean over inputs)",
+                 limits=masses, units={**{name: "attention mass" for name in masses}, "entropy": "nats"})
+  plots.per_layer({_STATISTIC_TITLES[k]: np.asarray(report["statistics"][k], float)
+                   for k in ("cls", "sep", "punctuation")},
+                  os.path.join(out_dir, "special_tokens.png"), "attention to special tokens", "mean attention")
+  plots.class_shares({k: np.asarray(v, float) for k, v in report["patterns"]["shares"].items()},
+                     os.path.join(out_dir, "patterns.png"), "attention pattern classes (patterns.RULE)")
+  plots.effective_by_length(report["effective_attention"]["by_length"], subject.config.head_dim,
+                            os.path.join(out_dir, "effective_attention.png"))
   out = inputs.run(subject.config, subject.params, inputs.as_jnp(sentence_row))
   n = int(sentence_row["attention_mask"][0].sum())
   tokens = [subject.tokenizer.id_to_token(int(i)) for i in sentence_row["input_ids"][0][:n]]
@@ -130,9 +139,8 @@ def analyze_attention(checkpoint: str, text: str, out_dir: str, *, max_inputs: i
     if (i + 1) % 10 == 0 or i + 1 == num_batches:
       print(f"analyze attention: batch {i + 1}/{num_batches}", flush=True)
   report = _report(subject, totals, len(rows))
-  os.makedirs(out_dir, exist_ok=True)
+  workdir.create(out_dir, "--out")
   row = inputs.encode(subject.tokenizer, [(sentence, None)] if sentence else rows[:1], max_length)
   _plot(report, subject, row, out_dir)
-  with open(os.path.join(out_dir, "attention.json"), "w", encoding="utf-8") as f:
-    json.dump({"text": text, **report}, f, indent=1)
+  workdir.write_text(os.path.join(out_dir, "attention.json"), json.dumps({"text": text, **report}, indent=1))
   return report

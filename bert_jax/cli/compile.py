@@ -21,11 +21,12 @@ def _compile(args) -> int:
   import jax  # pylint: disable=import-outside-toplevel
   if not jax.config.jax_platforms:  # compiling for the slice needs no accelerator here: never claim one
     jax.config.update("jax_platforms", "cpu")
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.tpu import aot  # pylint: disable=import-outside-toplevel
-  from bert_jax.compress import general  # pylint: disable=import-outside-toplevel
-  config = general.run_config(load_config(args.config, args.config_overrides))
-  report = aot.compile_for_slice(config, args.topology)
+  config = load_config(args.config, args.config_overrides)
+  report = aot.compile_for_slice(config, args.topology, jobs.with_step(config, args.config, "compile").step,
+                                 say=lambda line: print(line, file=sys.stderr, flush=True))
   print(json.dumps(report) if args.json else aot.format_report(report), flush=True)
   if not report["fits"]:
     print(f"bert-jax compile: {args.topology}: does not fit ({report['hbm_per_chip_bytes'] / 2 ** 30:.1f} GiB per "

@@ -7,20 +7,8 @@ from bert_jax.cli.pretrain import add_distributed_args
 
 
 def _distill(args):
-  from bert_jax.compress import distill, general  # pylint: disable=import-outside-toplevel
-  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-  config = load_config(args.config, args.config_overrides)
-  # A pretraining config (objective distill_mlm) distils on the corpus; a fine-tuning one on its task.
-  if config.get("objective") == "distill_mlm":  # a pretraining run: multi-host like `pretrain`
-    import jax  # pylint: disable=import-outside-toplevel
-    from bert_jax.training import distributed  # pylint: disable=import-outside-toplevel
-    distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    results = general.distill(config, args.workdir)
-    if jax.process_index() != 0:
-      return
-  else:
-    results = distill.distill(config, args.workdir)
-  print(json.dumps(results, indent=1, sort_keys=True))
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  return cli.run_job(args, "distill")
 
 
 def _quantize(args):

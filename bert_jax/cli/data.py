@@ -2,16 +2,31 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
+from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
+
+_SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
+
+
+def _beam_args(args) -> list[str] | None:
+  """Beam's flags for `--runner` (and its options), or None for the in-process path."""
+  if not args.runner:
+    if args.beam_option or args.beam_flags:
+      raise UserError("--beam-option and flags after -- go to a Beam runner: add --runner, e.g. --runner DirectRunner")
+    return None
+  from bert_jax.data_pipelines import beam_runner  # pylint: disable=import-outside-toplevel
+  return beam_runner.pipeline_args(args.runner, args.workers, tuple(args.beam_option), tuple(args.beam_flags))
 
 
 def _vocab(args):
-  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
-  print(vocab.train_vocab(args.corpus, args.type, args.size, args.output, args.lower_case,
-                          args.corpus_format, args.model_type))
+  from bert_jax.data_pipelines import embedded, vocab  # pylint: disable=import-outside-toplevel
+  corpus = args.corpus or embedded.ensure_embedded()[0]
+  print(vocab.train_vocab(corpus, args.type, args.size, args.output, args.lower_case,
+                          args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
 
 
 def _tokenize(args):
@@ -23,20 +38,42 @@ def _tokenize(args):
 
 
 def _prepare(args):
+  beam_args = _beam_args(args)
   if args.format == "bert_tfrecord":
     from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
     if not args.config:
       raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
-    metadata = prepare_rows.prepare_rows(load_config(args.config, args.config_overrides), args.output,
-                                         args.epochs, args.split, args.workers)
+    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
+    config = load_config(args.config, args.config_overrides)
+    if beam_args is None:
+      write = functools.partial(prepare_rows.prepare_rows, num_workers=args.workers, overwrite=args.overwrite)
+    else:
+      from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
+      write = functools.partial(beam_prepare.prepare_rows_on_beam, args=beam_args, overwrite=args.overwrite)
+    metadata = write(config, args.output, epochs=args.epochs, split=args.split)
+    held_out = prepare_rows.held_out_output(config.data, args.output, args.split)
+    if held_out:  # one epoch of the held-out documents' rows, where pretrain looks for its evaluation records
+      try:
+        metadata["eval"] = {"output": held_out, "rows": write(config, held_out, epochs=1, split="eval")["rows"]}
+      except DataError as e:  # a hold-out too small for every shard: the training rows stand without it
+        print(f"no hold-out records in {held_out} ({e}); pretrain on these rows with data.eval_corpus, or with "
+              "train.eval_every_steps=0", file=sys.stderr)
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
     raise UserError("--config goes with --format bert_tfrecord; tokenized documents take --corpus and --vocab")
-  from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
-  print(json.dumps(prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case,
-                                   args.corpus_format, args.workers), indent=1))
+  if beam_args is None:
+    from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
+    metadata = prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case, args.corpus_format,
+                               args.workers, args.overwrite)
+  else:
+    from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
+    metadata = beam_prepare.prepare_documents(args.corpus, args.output, beam_args, args.vocab, args.lower_case,
+                                              args.corpus_format, args.overwrite)
+  print(json.dumps(metadata, indent=1))
+  if metadata["skipped"]:  # on a runner the workers' own warnings are in their logs: one line here
+    counts = ", ".join(f"{n} {_SKIPS.get(kind, kind)}" for kind, n in metadata["skipped"].items())
+    print(f"bert-jax data prepare: warning: skipped {counts}; the rest is prepared", file=sys.stderr)
 
 
 def _preview(args):
@@ -77,13 +114,28 @@ def _add_text_args(parser):
                       choices=("sentence_per_line", "document_per_line"))
 
 
+def _add_beam_args(parser):
+  parser.add_argument("--runner", default="", help="run as an Apache Beam pipeline on this runner (DirectRunner, "
+                      "PrismRunner, DataflowRunner, FlinkRunner, SparkRunner); default: processes on this machine")
+  parser.add_argument("--beam-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="a pipeline option for the runner, e.g. project=my-project (repeat); "
+                      "or Beam's own flags after --")
+  parser.add_argument("beam_flags", nargs="*", help=argparse.SUPPRESS)
+
+
 def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
-  p.add_argument("--corpus", required=True, help="glob(s) of text files, comma separated")
+  p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
+                                             "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
   p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
   p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
+  p.add_argument("--sample-sentences", type=int, default=0, metavar="N",
+                 help="learn from N sentences drawn uniformly from the corpus (0: all of them; needed with --runner)")
+  p.add_argument("--seed", type=int, default=0, help="the draw of --sample-sentences")
+  p.add_argument("--workers", type=int, default=0, help="--runner DirectRunner: its worker processes (0: one per CPU)")
+  _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_vocab)
 
@@ -100,11 +152,15 @@ def register(subparsers) -> None:
                  help="documents: tokenized documents (data.prepared); bert_tfrecord: rows (data.format=bert_tfrecord)")
   p.add_argument("--config", default="", help="--format bert_tfrecord: the config whose data section builds the rows")
   p.add_argument("--epochs", type=int, default=1, help="--format bert_tfrecord: epochs of rows to write")
-  p.add_argument("--split", default="train", choices=("train", "eval"), help="--format bert_tfrecord: which split")
+  p.add_argument("--split", default="train", choices=("train", "eval"), help="--format bert_tfrecord: which split (train also writes the hold-out's rows "
+                      "to OUTPUT/eval/, where pretrain finds them)")
   p.add_argument("--corpus", default="", help="glob(s) of text files; default: the embedded corpus")
   p.add_argument("--vocab", default="", help="vocab.txt or *.model; default: the embedded vocabulary")
   p.add_argument("--output", required=True)
-  p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU)")
+  p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU); with --runner DirectRunner, "
+                 "its worker processes")
+  p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous run in --output")
+  _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_prepare)
   p = sub.add_parser("preview", help="write batches as the model gets them to .npz; print one")

@@ -1,35 +1,28 @@
 """`bert-jax finetune` and `bert-jax sweep`: thin wrappers over bert_jax.finetune."""
 from __future__ import annotations
 
-import json
-
 
 def _finetune(args):
-  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-  from bert_jax.finetune import trainer  # pylint: disable=import-outside-toplevel
-  config = load_config(args.config, args.config_overrides)
-  results = trainer.finetune(config, args.workdir)
-  print(json.dumps(results, indent=1, sort_keys=True))
-  print(_summary(config, args.config, args.workdir.rstrip("/"), results), flush=True)
-
-
-def _summary(config, spec: str, workdir: str, results: dict) -> str:
-  """The line a run ends with: its final metrics, where its outputs are, the next command."""
-  shown = [f"dev {k} {v:.4g}" for k, v in results.items()]
-  if not config.eval_only:
-    shown.append(f"params in {workdir} ({'the best evaluation' if config.train.keep_best else 'the last step'})")
-  if config.predict_split:
-    shown.append(f"predictions in {workdir}/predictions")
-  return (f"done: {' | '.join(shown)} | next: bert-jax finetune --config {spec} --config.init_from={workdir} "
-          f"--config.eval_only=true --config.predict_split=test --workdir {workdir}-test")
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  return cli.run_job(args, "finetune")
 
 
 def _sweep(args):
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.finetune import sweep  # pylint: disable=import-outside-toplevel
-  print(sweep.sweep(load_config(args.config, args.config_overrides), args.workdir))
+  from bert_jax.training import loop  # pylint: disable=import-outside-toplevel
+  config = load_config(args.config, args.config_overrides)
+  jobs.for_command(config, "finetune", args.config)  # a sweep runs fine-tuning runs
+  result = sweep.sweep(config, args.workdir)
+  if result["stopped_by"]:
+    print(f"stopped by {result['stopped_by']} | the interrupted run's state is saved | next: the same command "
+          "continues the sweep", flush=True)
+    return loop.exit_code(result["stopped_by"])
+  print(result["table"])
   print(f"done: every run in {args.workdir.rstrip('/')}/<setting>/seed<N>, the table and tests in "
         f"{args.workdir.rstrip('/')}/sweep_results.json", flush=True)
+  return 0
 
 
 def register(subparsers) -> None:

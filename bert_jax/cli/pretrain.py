@@ -27,6 +27,9 @@ def register(subparsers) -> None:
 
   p = subparsers.add_parser("info", help="parameter count and per-device memory, nothing allocated")
   _add_config(p)
+  p.add_argument("--devices", type=int, default=0,
+                 help="devices to size config.mesh for (a pod's, on any machine; 0: this machine's when the "
+                      "mesh fits them, else the fewest it takes)")
   p.add_argument("--json", action="store_true")
   p.set_defaults(handler=_info)
 
@@ -41,35 +44,17 @@ def register(subparsers) -> None:
 
 
 def _pretrain(args) -> int:
-  import jax
-  from bert_jax.training import distributed, trainer
-  distributed.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  config = trainer.load_run_config(args.config, args.config_overrides)
-  result = trainer.pretrain(config, args.workdir)
-  if jax.process_index() == 0:
-    print(_summary(config, args.workdir, result), flush=True)
-  return 143 if result.get("preempted") else 0
-
-
-def _summary(config, workdir: str, result: dict) -> str:
-  """The line a run ends with: where the checkpoint is, the final metrics, the next command."""
-  step = result["step"]
-  where = f"checkpoint {workdir.rstrip('/')}/checkpoints/{step}"
-  if result.get("preempted"):
-    return f"stopped at step {step}/{config.train.num_steps} | {where} | next: the same command resumes"
-  shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
-  shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
-  embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
-  task = "embedded" if embedded else "TASK"
-  return (f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
-          f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir.rstrip('/')}-ft")
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  return cli.run_job(args, "pretrain")
 
 
 def _info(args) -> int:
-  from bert_jax.config_utils import load_config
-  from bert_jax.training import info
-  from bert_jax.compress import general
-  result = info.model_info(general.run_config(load_config(args.config, args.config_overrides)))
+  from bert_jax import jobs  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import info  # pylint: disable=import-outside-toplevel
+  config = load_config(args.config, args.config_overrides)
+  job = jobs.with_step(config, args.config, "info")
+  result = info.model_info(*job.step(config, info.sizing_mesh(config.mesh, args.devices)))
   print(json.dumps(result) if args.json else info.format_info(result))
   return 0
 
@@ -78,8 +63,8 @@ def _benchmark(args) -> int:
   for flag in ("batch_size", "seq_length", "steps", "repeats"):
     if getattr(args, flag) < 1:
       raise UserError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be >= 1")
-  from bert_jax.config_utils import load_config
-  from bert_jax.training import benchmark
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import benchmark  # pylint: disable=import-outside-toplevel
   config = load_config(args.config, args.config_overrides)
   r = benchmark.run_benchmark(config, args.batch_size, args.seq_length, args.steps, repeats=args.repeats)
   if args.json:

@@ -7,17 +7,18 @@ architecture in config.model (fresh, or from config.init_from). The loss is a we
 attention-map MSE (TinyBERT) and PKD's normalised [CLS] loss, over a layer mapping; a learned
 projection (params["distill"]) maps the student's width to the teacher's.
 
-It is a fine-tuning run (finetune/trainer.py:Run) whose step is the shared one
-(training/step.py:teacher_step) with the frozen teacher's params as an extra, non-trained, sharded
-input; the teacher's forward runs inside the same jitted step. The workdir it writes is a normal
-fine-tuning workdir (config.json, params/ without the projection, tokenizer): predict, convert and
-finetune take it. Pausing and resuming work as in fine-tuning.
+It is the fine-tuning job (finetune/trainer.py: `run_job`, so the workdir lock, the one loop, SIGTERM
+and Ctrl-C, resume, early stopping and the ending are fine-tuning's) with another learner,
+`Distillation`: its step is the shared one (training/step.py:teacher_step) with the frozen teacher's
+params as an extra, non-trained, sharded input, so the teacher's forward runs inside the same jitted
+step. The teacher is read and checked in compress/teacher.py, as general distillation's is. The
+workdir it writes is a normal fine-tuning workdir (config.json, params/ without the projection,
+tokenizer): predict, convert and finetune take it.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -26,17 +27,17 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from bert_jax import params_checkpoint
-from bert_jax import workdir as workdir_lib
-from bert_jax.compress import losses
+from bert_jax import params_checkpoint, workdir as workdir_lib
+from bert_jax.compress.teacher import Teacher, chosen_layers
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, optim, trainer
 from bert_jax.finetune.features import MODEL_INPUTS
 from bert_jax.finetune.objective import predict_step
-from bert_jax.finetune.task_registry import build_task
+from bert_jax.finetune.tasks import Task
 from bert_jax.models.config import ModelConfig
-from bert_jax.training import checkpoint, finite, partitioning
-from bert_jax.training.step import sharded_setup, teacher_step
+from bert_jax.ops import distill_losses as losses
+from bert_jax.training import partitioning
+from bert_jax.training.step import TrainSetup, sharded_setup, teacher_step
 
 LOSSES = ("hard", "soft", "hidden", "attention", "pkd")
 
@@ -141,64 +142,6 @@ class DistillObjective:
     return bound
 
 
-def chosen_layers(spec: str, teacher_layers: int) -> tuple[int, ...] | None:
-  """distill.student_layers: "" (config.model), "every_other" (0, 2, 4, ...) or "0,2,5"."""
-  if not spec:
-    return None
-  if spec == "every_other":
-    return tuple(range(0, teacher_layers, 2))
-  try:
-    layers = tuple(int(x) for x in spec.split(","))
-  except ValueError:
-    raise UserError(f"distill.student_layers={spec!r} must be '', 'every_other' or teacher layer "
-                    "indices like '0,2,4'") from None
-  if not layers or sorted(set(layers)) != list(layers) or not 0 <= layers[0] <= layers[-1] < teacher_layers:
-    raise UserError(f"distill.student_layers={spec!r} must be increasing teacher layer indices in "
-                    f"[0, {teacher_layers})")
-  return layers
-
-
-def take_layers(teacher_params: dict, teacher: ModelConfig, layers: tuple[int, ...]) -> dict:
-  """The teacher's params with only `layers` of its encoder (renumbered 0..k-1): DistilBERT's init."""
-  encoder = teacher_params["encoder"]
-  if teacher.scan_layers:
-    new_encoder = {**encoder, "layers": jax.tree.map(lambda x: x[jnp.asarray(layers)], encoder["layers"])}
-  else:
-    new_encoder = {k: v for k, v in encoder.items() if not k.startswith("layer_")}
-    new_encoder.update({f"layer_{j}": encoder[f"layer_{i}"] for j, i in enumerate(layers)})
-  return {**teacher_params, "encoder": new_encoder}
-
-
-@dataclasses.dataclass
-class Teacher:
-  location: str
-  saved: dict  # its config.json
-  model: ModelConfig
-
-  @classmethod
-  def load(cls, location: str, config: ml_collections.ConfigDict) -> "Teacher":
-    if not location:
-      raise UserError("distill.teacher is empty: give a fine-tuning workdir of this task")
-    saved = workdir_lib.read_config(location)
-    task = saved.get("task", {}).get("name")
-    if task != config.task.name:
-      raise UserError(f"the teacher {location} was fine-tuned on task {task!r}, not {config.task.name!r}; "
-                      "distill with a teacher of the same task")
-    return cls(location, saved, ModelConfig.from_dict(saved["model"]))
-
-
-def _check_vocab(config: ml_collections.ConfigDict, teacher: Teacher, tokenizer, student: ModelConfig):
-  if config.data.vocab:
-    own = workdir_lib.vocab_file(teacher.location, teacher.saved)
-    if own is None or own.read_bytes() != workdir_lib.path(config.data.vocab).read_bytes():
-      raise UserError(f"data.vocab={config.data.vocab} is not the teacher's vocabulary; leave it empty "
-                      "to use the teacher's")
-  if student.vocab_size != teacher.model.vocab_size:
-    raise UserError(f"the student's vocab_size {student.vocab_size} differs from the teacher's "
-                    f"{teacher.model.vocab_size}: the student must use the teacher's vocabulary")
-  del tokenizer
-
-
 def student_config(config: ml_collections.ConfigDict, teacher: Teacher, layers) -> ModelConfig:
   if layers is not None:
     if teacher.model.share_layers != "none":
@@ -230,56 +173,57 @@ def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: Mode
                     f"the teacher ({teacher.num_heads})")
 
 
-class DistillRun(trainer.Run):
-  """A fine-tuning Run whose objective distills from the teacher (see the module docstring)."""
+class Distillation:
+  """The learner of task distillation (finetune/trainer.py asks it the same five things as plain
+  fine-tuning's): the student and its start, the teacher's frozen params inside the step."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):  # pylint: disable=super-init-not-called
-    self.config, self.workdir = config, workdir_lib.path(workdir)
-    self.workdir.mkdir(parents=True, exist_ok=True)
+  def __init__(self, config: ml_collections.ConfigDict):
     if config.train.mode != "finetune":
       raise UserError(f"distill trains every student parameter: train.mode={config.train.mode!r} is not "
                       "supported here (use train.mode=finetune)")
-    self.teacher = Teacher.load(config.distill.teacher, config)
-    with config.unlocked():
-      tokenizer_config = ml_collections.ConfigDict(config.to_dict())
-    tokenizer_config.init_from = config.init_from or config.distill.teacher
-    self.tokenizer = init.load_tokenizer(tokenizer_config)
-    self.task = build_task(config, self.tokenizer, need_train=True)
+    self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name)
     self.layers = chosen_layers(config.distill.student_layers, self.teacher.model.num_layers)
     if self.layers is not None and config.init_from:
       raise UserError("set either distill.student_layers (init from the teacher) or init_from, not both")
-    pooling = config.head.pooling
-    self.model_config = heads.encoder_config(student_config(config, self.teacher, self.layers),
-                                             self.task.head, pooling)
-    teacher_config = heads.encoder_config(self.teacher.model, self.task.head,
-                                          self.teacher.saved.get("head", {}).get("pooling", "pooled"))
-    _check_vocab(config, self.teacher, self.tokenizer, self.model_config)
-    validate(config.distill, self.model_config, teacher_config, self.task.head)
-    if len(self.task.train["input_ids"]) < config.train.batch_size:
-      raise UserError(f"{len(self.task.train['input_ids'])} training examples are fewer than "
-                      f"train.batch_size={config.train.batch_size}")
-    self._build(teacher_config)
-    self.saved_config = trainer._saved_config(config, self.model_config, self.tokenizer, self.task)  # pylint: disable=protected-access
-    self.seeds, self.trainable = trainer.seeds(config.train), None
-    self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
-    self.state, self.progress = self._start(None)
+    self.teacher_params: Any = None
 
-  def _build(self, teacher_config: ModelConfig) -> None:
-    config, head = self.config, self.task.head
-    make = lambda model, pooling, attn: InnerModel(model, head, self.task.num_labels, pooling,  # noqa: E731
+  def tokenizer(self, config: ml_collections.ConfigDict):
+    """init_from's tokenizer, else the teacher's (its vocabulary is the student's)."""
+    with config.unlocked():
+      tokenizer_config = ml_collections.ConfigDict(config.to_dict())
+    tokenizer_config.init_from = config.init_from or config.distill.teacher
+    return init.load_tokenizer(tokenizer_config)
+
+  def _teacher_config(self, task: Task) -> ModelConfig:
+    return heads.encoder_config(self.teacher.model, task.head, self._teacher_pooling)
+
+  @property
+  def _teacher_pooling(self) -> str:
+    return self.teacher.saved.get("head", {}).get("pooling", "pooled")
+
+  def model_config(self, config: ml_collections.ConfigDict, task: Task) -> ModelConfig:
+    student = heads.encoder_config(student_config(config, self.teacher, self.layers), task.head,
+                                   config.head.pooling)
+    self.teacher.check_vocab(config.data.vocab, student.vocab_size)
+    validate(config.distill, student, self._teacher_config(task), task.head)
+    return student
+
+  def setup(self, config: ml_collections.ConfigDict, model_config: ModelConfig, task: Task, num_train: int
+            ) -> tuple[TrainSetup, int]:
+    """The student's setup; its train step reads the teacher's params (loaded here, sharded)."""
+    teacher_config = self._teacher_config(task)
+    make = lambda model, pooling, attn: InnerModel(model, task.head, task.num_labels, pooling,  # noqa: E731
                                                    config.head.dropout, attentions=attn)
     attn = bool(config.distill.attention_weight)
-    student = make(self.model_config, config.head.pooling, attn)
-    teacher = make(teacher_config, self.teacher.saved.get("head", {}).get("pooling", "pooled"), attn)
-    mapping = layer_map(self.model_config.num_layers, teacher_config.num_layers, self.layers)
+    student = make(model_config, config.head.pooling, attn)
+    teacher = make(teacher_config, self._teacher_pooling, attn)
+    mapping = layer_map(model_config.num_layers, teacher_config.num_layers, self.layers)
     objective = DistillObjective(config.distill, student, teacher, mapping)
     dummy = jnp.zeros((1, config.data.max_seq_length), jnp.int32)
     init_batch = {"input_ids": dummy, "attention_mask": dummy + 1, "token_type_ids": dummy}
-    num_train = len(self.task.train["input_ids"])
-    self.steps_per_epoch = max(num_train // config.train.batch_size, 1)
-    num_steps = max(int(math.ceil(config.train.epochs * self.steps_per_epoch)), 1)
+    num_steps, steps_per_epoch = trainer.run_length(config.train, num_train)
     make_tx = lambda abstract: optim.make_optimizer(config.optimizer, num_steps,  # noqa: E731
-                                                    nn.meta.unbox(abstract), self.model_config)
+                                                    nn.meta.unbox(abstract), model_config)
     mesh = partitioning.make_mesh(config.mesh)
     rules = partitioning.rules(config.mesh)
     teacher_boxed = jax.eval_shape(lambda: teacher.init(jax.random.key(0), *(init_batch[k] for k in MODEL_INPUTS))
@@ -290,36 +234,26 @@ class DistillRun(trainer.Run):
                           eval_out_sharding=partitioning.batch_sharding, extra_shardings=(teacher_shardings,))
     abstract_teacher = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                     nn.meta.unbox(teacher_boxed), teacher_shardings)
-    self.teacher_params = params_checkpoint.load_params_into(self.teacher.location, abstract_teacher)
+    self.teacher_params = self.teacher.load_params_into(abstract_teacher)
     jitted = setup.train_step
-    self.setup = dataclasses.replace(
-        setup, train_step=lambda state, batch, rng: jitted(state, batch, rng, self.teacher_params))
+    with_teacher = lambda state, batch, rng: jitted(state, batch, rng, self.teacher_params)  # noqa: E731
+    return dataclasses.replace(setup, train_step=with_teacher), steps_per_epoch
 
-  def _start(self, saved_config):
-    """Own paused state > the teacher's layers (student_layers) > init_from > fresh init."""
-    if (self.workdir / workdir_lib.PAUSED).exists() or self.layers is None:
-      return super()._start(workdir_lib.read_config(self.config.init_from) if self.config.init_from else None)
-    fresh = self.setup.init_params(jax.random.key(self.seeds["head"]))
-    student = take_layers(jax.device_get(self.teacher_params), self.teacher.model, self.layers)
-    params = {**student, "distill": fresh["distill"]}
+  def initial_params(self, run: trainer.Run) -> Any:
+    """The teacher's layers (student_layers), else init_from's encoder or a fresh init (fine-tuning's)."""
+    if self.layers is None:
+      return trainer.FineTuning().initial_params(run)
+    fresh = run.setup.init_params(jax.random.key(run.seeds["head"]))
+    params = {**self.teacher.layers_of(self.teacher_params, self.layers), "distill": fresh["distill"]}
     params_checkpoint.check_shapes(params, fresh, f"the teacher's layers {list(self.layers)}")
-    return (self.setup.make_state(jax.device_put(params, self.setup.state_shardings.params)),
-            trainer.Progress())
+    return params
 
-  def save_params(self, params: Any) -> None:
-    super().save_params({k: v for k, v in params.items() if k != "distill"})
-
-  def final_params(self) -> Any:
-    if self.config.train.keep_best and self.progress.best_step >= 0:
-      abstract = {k: v for k, v in self.setup.abstract_state.params.items() if k != "distill"}
-      return {**checkpoint.load_params_into(self.workdir, abstract), "distill": self.state.params["distill"]}
-    return self.state.params
+  def exported(self, params: Any) -> Any:
+    """What params/ holds: the student without its projection to the teacher's width."""
+    return {k: v for k, v in params.items() if k != "distill"}
 
 
-def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Distills into `workdir` and returns the student's final dev metrics."""
-  trainer.validate(config)
-  run = DistillRun(config, workdir)
-  workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
-  run.advance()
-  return run.finish()
+def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """The task distillation job (`bert-jax distill` with configs/distill.py:<task>): the fine-tuning job
+  with the `Distillation` learner; returns what finetune/trainer.py:run_job returns."""
+  return trainer.run_job(config, workdir, Distillation)

@@ -23,7 +23,7 @@ import numpy as np
 
 import bert_jax
 from bert_jax import params_checkpoint, workdir as workdir_lib
-from bert_jax.compress import int8
+from bert_jax.ops import int8
 from bert_jax.errors import UserError
 from bert_jax.finetune import predict
 from bert_jax.finetune.task_registry import build_task

@@ -14,10 +14,13 @@ TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model"
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """kind: wordpiece | sentencepiece | bpe; files: {name in a converted dir: source path}."""
+  """kind: wordpiece | sentencepiece | bpe; files: {name in a converted dir: source path};
+  max_chars_per_word: WordPiece's longest word ([UNK] beyond): None is Google's 200, a Hugging Face
+  tokenizer's is its own (100 unless its tokenizer.json says otherwise)."""
   kind: str
   lower_case: bool
   files: dict[str, str]
+  max_chars_per_word: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
+from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
 from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
@@ -123,8 +124,19 @@ def tokenizer(directory: str) -> common.Tokenizer | None:
   family = family_of(workdir.read_json(epath.Path(directory) / "config.json"), directory)
   path = epath.Path(directory) / "tokenizer_config.json"
   settings = workdir.read_json(path) if path.exists() else {}
-  return common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
-                                     family.tokenizer)
+  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
+                                      family.tokenizer)
+  return _with_word_limit(found, directory)
+
+
+def _with_word_limit(found: common.Tokenizer | None, directory: str) -> common.Tokenizer | None:
+  """A WordPiece tokenizer keeps HF's longest word: tokenizer.json's model.max_input_chars_per_word,
+  else BertTokenizer's 100 (Google's tokenizer, and so bert_jax's by default, allows 200)."""
+  if found is None or found.kind != "wordpiece":
+    return found
+  fast = epath.Path(directory) / "tokenizer.json"
+  model = workdir.read_json(fast).get("model") or {} if fast.exists() else {}
+  return dataclasses.replace(found, max_chars_per_word=int(model.get("max_input_chars_per_word", HF_MAX_CHARS)))
 
 
 def _architecture(family: Family, heads: set[str]) -> families.Architecture:
@@ -195,11 +207,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
                **family.hf.write_config(export.config), **export.extra_config}
   tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)
   out = workdir.create(directory)
-  (out / "model.safetensors").write_bytes(safetensors.numpy.save(tensors, metadata={"format": "pt"}))
+  workdir.write_bytes(out / "model.safetensors", safetensors.numpy.save(tensors, metadata={"format": "pt"}))
   workdir.write_json(out / "config.json", hf_config)
   if "adapters" in family.layout.parts(export.config):
     modeling = epath.Path(__file__).parent / "hf_adapter_modeling.py"
-    (out / f"{_ADAPTER_MODULE}.py").write_text(modeling.read_text())
+    workdir.write_text(out / f"{_ADAPTER_MODULE}.py", modeling.read_text())
   left = params_lib.unwritten(export.config, family, converted.params, export.extra_rows)
   notes = list(export.notes)
   if left:

@@ -25,7 +25,7 @@ def tokenizer(path: str) -> common.Tokenizer | None:
     files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
   else:
     files = {common.TOKENIZER_FILES[kind][0]: str(located)}
-  return common.Tokenizer(kind, data.get("lower_case", True), files)
+  return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))
 
 
 def read(path: str, scan_layers: bool | None = None) -> common.Converted:
@@ -54,6 +54,8 @@ def write(directory: str, converted: common.Converted) -> None:
   """A params checkpoint that `--config.init_from` and `load_pretrained` accept."""
   tok = converted.tokenizer
   data = {"vocab": next(iter(tok.files)), "tokenizer": tok.kind, "lower_case": tok.lower_case} if tok else {}
+  if tok and tok.max_chars_per_word:  # travels with the checkpoint (a Hugging Face tokenizer's 100)
+    data["max_chars_per_word"] = tok.max_chars_per_word
   config = {"objective": "bert", "model": converted.config.to_dict(), "data": data,
             "heads": list(converted.record.heads_of(converted.config))}
   params_checkpoint.save_params(directory, converted.params, config, tok.files if tok else None)

@@ -3,10 +3,19 @@
 The pickle inside names classes it wants constructed; a restricted unpickler allows only the few that
 rebuild a tensor from raw storage bytes and the OrderedDict holding them. Anything else (arbitrary
 code in a malicious file) is refused.
+
+Every size the file declares is checked against what it stores before anything is allocated, so memory
+stays within a small multiple of the file's size: a storage's element count against its zip member's
+size (a member that inflates to gigabytes is refused from its header, and zipfile inflates no member
+past the size its header declares: one whose header lies fails its CRC), a tensor's offset, size and stride against its
+storage, and a tensor's element count against its storage's (torch.save writes each view's whole
+storage, so a view larger than its storage is an `expand`ed tensor, which weights never are, or a
+crafted file).
 """
 from __future__ import annotations
 
 import collections
+import io
 import pickle
 import zipfile
 from typing import BinaryIO
@@ -16,6 +25,8 @@ import numpy as np
 
 from bert_jax.errors import UserError
 
+# data.pkl holds only the tensors' names and views: some hundred bytes per tensor.
+MAX_PICKLE_BYTES = 64 << 20
 _STORAGE_DTYPES = {
     "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
     "BFloat16Storage": ml_dtypes.bfloat16, "LongStorage": np.int64, "IntStorage": np.int32,
@@ -46,6 +57,11 @@ def _rebuild_tensor(storage, offset, size, stride, *unused):
     if last >= storage.size:
       raise UserError(f"a tensor of size {size} (offset {offset}, stride {stride}) reaches element {last} "
                       f"of a storage holding {storage.size}: the file is damaged or crafted")
+    elements = int(np.prod(size, dtype=object))
+    if elements > storage.size:
+      raise UserError(f"a tensor of size {size} (stride {stride}) has {elements} elements over a storage "
+                      f"holding {storage.size}: it would take {elements * storage.dtype.itemsize:,} bytes "
+                      "from fewer stored; the file is crafted (weights are never expanded views)")
   itemsize = storage.dtype.itemsize
   view = np.lib.stride_tricks.as_strided(storage[offset:], shape=size,
                                          strides=tuple(s * itemsize for s in stride))
@@ -88,13 +104,25 @@ class _Unpickler(pickle.Unpickler):
       if self.storages[key].dtype != dtype:
         raise UserError(f"{self.source}: storage {key} is read as {self.storages[key].dtype} and as {dtype}")
       return self.storages[key]
-    data = self.archive.read(f"{self.root}/data/{key}")
-    storage = np.frombuffer(data, dtype=dtype)
-    if storage.size < numel:
-      raise UserError(f"{self.source}: storage {key} holds {storage.size} of {numel} elements "
-                      "(truncated file?)")
-    self.storages[key] = storage[:numel]
+    self.storages[key] = np.frombuffer(self._read_member(f"{self.root}/data/{key}", numel * dtype.itemsize,
+                                                         f"storage {key} ({numel} x {dtype})"), dtype=dtype)
     return self.storages[key]
+
+  def _read_member(self, name: str, size: int, what: str) -> bytes:
+    """The `size` bytes of zip member `name`, which must declare exactly that many."""
+    info = self.archive.getinfo(name)
+    if info.file_size != size:
+      raise UserError(f"{self.source}: {what} should take {size:,} bytes, but its zip member {name} "
+                      f"declares {info.file_size:,} (stored in {info.compress_size:,}): the file is damaged or "
+                      "crafted")
+    return _read_declared(self.archive, info)
+
+
+def _read_declared(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+  """A member's bytes, inflated in steps bounded by its declared size (zipfile's read() without a size
+  asks zlib for a 2 GiB buffer at once); a member holding more fails its CRC at the declared end."""
+  with archive.open(info) as f:
+    return f.read(info.file_size)
 
 
 def load_torch_zip(path: str, data: BinaryIO | None = None) -> dict[str, np.ndarray]:
@@ -109,10 +137,13 @@ def load_torch_zip(path: str, data: BinaryIO | None = None) -> dict[str, np.ndar
         raise UserError(f"{path}: not a torch.save archive (no data.pkl)")
       root = pickles[0][:-len("/data.pkl")]
       byteorder = f"{root}/byteorder"
-      if byteorder in archive.namelist() and archive.read(byteorder) != b"little":
+      if byteorder in archive.namelist() and archive.open(byteorder).read(16) != b"little":
         raise UserError(f"{path}: big-endian tensors are not supported")
-      with archive.open(pickles[0]) as f:
-        state = _Unpickler(f, archive, root, path).load()
+      if archive.getinfo(pickles[0]).file_size > MAX_PICKLE_BYTES:
+        raise UserError(f"{path}: its {pickles[0]} declares {archive.getinfo(pickles[0]).file_size:,} bytes, "
+                        f"more than a state dict's index ever takes ({MAX_PICKLE_BYTES:,}): the file is crafted")
+      index = io.BytesIO(_read_declared(archive, archive.getinfo(pickles[0])))
+      state = _Unpickler(index, archive, root, path).load()
   except UserError as e:
     raise UserError(str(e) if str(e).startswith(path) else f"{path}: {e}") from None
   except (zipfile.BadZipFile, EOFError, OSError, pickle.UnpicklingError, KeyError, ValueError,

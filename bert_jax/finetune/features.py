@@ -10,6 +10,7 @@ Eval sets add example_weight float32[N] (0 on rows that only pad the last batch)
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from typing import Iterator
 
 import numpy as np
@@ -17,18 +18,61 @@ import numpy as np
 from bert_jax.errors import UserError
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_PROBE_HOSTS = 3  # download servers asked before a download starts (each within _PROBE_TIMEOUT_S)
+_PROBE_TIMEOUT_S = 10
 
 
-def tfds_examples(name: str, split: str, data_dir: str = "") -> Iterator[dict]:
-  """The examples of a tfds split as numpy dicts (TF kept off the accelerators JAX uses)."""
+def tfds_examples(name: str, split: str, data_dir: str = "", local_files: str = "the task's files") -> Iterator[dict]:
+  """The examples of a tfds split as numpy dicts (TF kept off the accelerators JAX uses).
+
+  A dataset not yet prepared in `data_dir` is downloaded and prepared first; `local_files` names what
+  `data.data_dir` would hold instead, for the message when that download cannot start.
+  """
   from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
   tfds = tf_module("tensorflow_datasets")
   try:
-    dataset = tfds.load(name, split=split, data_dir=data_dir or None, shuffle_files=False)
+    builder = tfds.builder(name, data_dir=data_dir or None)
+    try:
+      dataset = builder.as_dataset(split=split, shuffle_files=False)
+    except AssertionError:  # tfds' "could not find data": not prepared in data_dir yet
+      _download(builder, name, local_files)
+      dataset = builder.as_dataset(split=split, shuffle_files=False)
+  except UserError:
+    raise
   except Exception as e:  # tfds raises several types for "not prepared" / "no such split"
     raise UserError(f"cannot load tfds {name!r} split {split!r}: {e}; prepare it with tfds or set "
-                    "--config.data.data_dir to local files") from None
+                    f"--config.data.data_dir to {local_files}") from None
   yield from tfds.as_numpy(dataset)
+
+
+def _download(builder, name: str, local_files: str) -> None:
+  """Downloads and prepares a tfds dataset, after one bounded look at whether its servers answer.
+
+  tfds retries a failed connection ten times with growing pauses (about 3.5 minutes offline) and
+  sets no timeout, so a machine without a network would sit there before hearing why.
+  """
+  import requests  # pylint: disable=import-outside-toplevel  (tfds' HTTP client, so its proxy settings hold)
+  urls = sorted(builder.url_infos or ()) or [builder.info.homepage]
+  hosts = list(dict.fromkeys(urllib.parse.urlsplit(u)[:2] for u in urls if u))[:_PROBE_HOSTS]
+  failures = []
+  for scheme, host in hosts:
+    try:
+      requests.head(f"{scheme}://{host}/", timeout=_PROBE_TIMEOUT_S, allow_redirects=False)
+      break
+    except requests.RequestException as e:
+      failures.append(f"{host}: {type(e).__name__}")
+  else:
+    if failures:
+      raise UserError(
+          f"tfds {name!r} is not prepared in {builder.data_dir_root} and its download failed (no answer from "
+          f"{', '.join(failures)}): offline, set --config.data.data_dir to {local_files}, or prepare it where "
+          f"there is a network (`tfds build {name} --data_dir DIR`) and set --config.data.tfds_data_dir=DIR")
+  try:
+    builder.download_and_prepare()
+  except Exception as e:  # network, checksum and disk errors alike end the job here
+    reason = (str(e).splitlines() or [""])[0]
+    raise UserError(f"downloading tfds {name!r} into {builder.data_dir_root} failed ({type(e).__name__}: {reason}); "
+                    f"set --config.data.data_dir to {local_files}") from None
 
 
 def report(source: str, count: int, problem: str, where: list[str], strict: bool) -> None:

@@ -73,11 +73,13 @@ def _check_label(spec: GlueSpec, label: str, where: str) -> None:
       raise UserError(f"{where}: score {label!r} is not a number")
 
 
-def read_tsv(path: str, spec: GlueSpec, strict: bool = False) -> list[tuple[str, str | None, str | None]]:
+def read_tsv(path: str, spec: GlueSpec, strict: bool = False,
+             labelled: bool = False) -> list[tuple[str, str | None, str | None]]:
   """(text a, text b, label string or None) rows of a GLUE TSV file.
 
   Rows with too few fields are dropped and counted (an error with `strict`); a label outside the task's
-  labels, or a score that is not a number, is an error naming the line.
+  labels, or a score that is not a number, is an error naming the line. `labelled` (train and dev
+  files): a file without the label column is an error naming it; test files go without.
   """
   csv.field_size_limit(sys.maxsize)
   try:
@@ -96,6 +98,9 @@ def read_tsv(path: str, spec: GlueSpec, strict: bool = False) -> list[tuple[str,
   a, b, label = (columns.get(name) if name else None for name in spec.tsv_columns)
   if a is None:
     raise UserError(f"{path}: no column {spec.tsv_columns[0]!r} (header: {header})")
+  if labelled and label is None:
+    raise UserError(f"{path}: no label column {spec.tsv_columns[2]!r} (header: {header}); training and dev "
+                    "files need one (only test files go without)")
   width = max(i for i in (a, b, label) if i is not None) + 1
   kept, short = [], []
   for line, row in rows:
@@ -112,7 +117,8 @@ def read_tsv(path: str, spec: GlueSpec, strict: bool = False) -> list[tuple[str,
 def read_tfds(name: str, split: str, spec: GlueSpec, data_dir: str):
   field_a, field_b = spec.tfds_fields
   rows = []
-  for ex in feats.tfds_examples(f"glue/{name}", split, data_dir):
+  files = f"a folder with the GLUE {name} TSVs (train.tsv, dev{spec.splits[0]}.tsv)"
+  for ex in feats.tfds_examples(f"glue/{name}", split, data_dir, files):
     if spec.labels:  # tfds marks unlabelled (test) rows with -1
       label = spec.labels[int(ex["label"])] if ex["label"] >= 0 else None
     else:
@@ -129,7 +135,7 @@ def _read_split(config: ml_collections.ConfigDict, spec: GlueSpec, split: str):
     if not epath.Path(path).exists():
       raise UserError(f"{path} not found: data.data_dir must hold the GLUE {name} TSVs "
                       f"(train.tsv, dev{spec.splits[0]}.tsv, ...)")
-    rows = read_tsv(path, spec, config.data.strict)
+    rows = read_tsv(path, spec, config.data.strict, labelled=not split.startswith("test"))
   else:
     path = f"tfds glue/{name} {split}"
     rows = read_tfds(name, split.replace("dev", "validation"), spec, config.data.tfds_data_dir)

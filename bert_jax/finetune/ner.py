@@ -27,16 +27,20 @@ _FILES = {"train": ("train.txt", "eng.train"), "dev": ("valid.txt", "dev.txt", "
 Sentence = tuple[list[str], list[str]]  # words, tags
 
 
-def read_conll(path: str) -> list[Sentence]:
+def read_conll(path: str, labels: tuple[str, ...] | None = None) -> list[Sentence]:
+  """The sentences of a CoNLL file; with `labels`, a tag outside them is an error naming file and line."""
   sentences, words, tags = [], [], []
   with open_text(path) as f:
-    for line in _utf8_lines(f, path):
+    for number, line in enumerate(_utf8_lines(f, path), 1):
       columns = line.split()
       if not columns or columns[0] == "-DOCSTART-":
         if words:
           sentences.append((words, tags))
         words, tags = [], []
         continue
+      if labels is not None and columns[-1] not in labels:
+        raise UserError(f"{path}:{number}: NER tag {columns[-1]!r} is not one of task.labels {tuple(labels)}; "
+                        "fix the line, or add the tag to task.labels")
       words.append(columns[0])
       tags.append(columns[-1])
   if words:
@@ -53,7 +57,8 @@ def _utf8_lines(f, path: str):
 
 def read_tfds(split: str, labels: tuple[str, ...], data_dir: str) -> list[Sentence]:
   sentences = []
-  for ex in feats.tfds_examples("conll2003", split, data_dir):
+  files = "a folder with the CoNLL files (train.txt, valid.txt, test.txt)"
+  for ex in feats.tfds_examples("conll2003", split, data_dir, files):
     n = min(len(ex["tokens"]), len(ex["ner"]))
     sentences.append(([feats.text(w) for w in ex["tokens"][:n]], [labels[int(t)] for t in ex["ner"][:n]]))
   return sentences
@@ -64,7 +69,7 @@ def _read_split(config: ml_collections.ConfigDict, split: str) -> list[Sentence]
     paths = [os.fspath(p) for p in (epath.Path(config.data.data_dir) / n for n in _FILES[split]) if p.exists()]
     if not paths:
       raise UserError(f"no {split} file in {config.data.data_dir}: expected one of {_FILES[split]}")
-    source, sentences = paths[0], read_conll(paths[0])
+    source, sentences = paths[0], read_conll(paths[0], tuple(config.task.labels))
   else:
     source = f"tfds conll2003 {split}"
     sentences = read_tfds(split, tuple(config.task.labels), config.data.tfds_data_dir)

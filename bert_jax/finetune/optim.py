@@ -1,5 +1,6 @@
 """Fine-tuning optimizers: Adam with or without bias correction, per-parameter learning-rate multipliers
-(a larger rate for the new head, layer-wise decay down the encoder), warmup ratio then linear decay.
+(a larger rate for the new head, layer-wise decay down the encoder), and every job's schedule (warmup,
+then decay: training/optim.py:learning_rate_schedule).
 
 Order of the chain: clip by global norm -> Adam moments -> decoupled weight decay (not on LayerNorm or
 biases) -> per-parameter multiplier -> -learning rate. The multiplier scales the decay term too, as
@@ -19,7 +20,7 @@ import numpy as np
 import optax
 
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.optim import decay_mask
+from bert_jax.training.optim import decay_mask, learning_rate_schedule
 
 
 class BertAdamState(NamedTuple):
@@ -95,14 +96,6 @@ def lr_multipliers(params: Any, model: ModelConfig, layer_decay: float, head_mul
   return jax.tree_util.tree_map_with_path(multiplier, params)
 
 
-def warmup_linear_decay(learning_rate: float, num_steps: int, warmup_ratio: float) -> optax.Schedule:
-  """0 -> learning_rate over warmup_ratio * num_steps, then linearly to 0 at num_steps (BERT's)."""
-  warmup = int(round(warmup_ratio * num_steps))
-  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, max(warmup, 1)),
-                               optax.linear_schedule(learning_rate, 0.0, max(num_steps - warmup, 1))],
-                              [warmup])
-
-
 def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, model: ModelConfig,
                    trainable: Any = None, learning_rate: float | None = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -110,7 +103,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, 
   trainable: a tree of bools like params (None: all train); learning_rate: the base rate
   (default optimizer.learning_rate)."""
   learning_rate = learning_rate or cfg.learning_rate
-  schedule = warmup_linear_decay(learning_rate, num_steps, cfg.warmup_ratio)
+  schedule = learning_rate_schedule(cfg, num_steps, learning_rate)
   head_multiplier = cfg.head_learning_rate / learning_rate if cfg.head_learning_rate else 1.0
   moments = (optax.scale_by_adam(cfg.b1, cfg.b2, cfg.eps) if cfg.bias_correction
              else scale_by_bert_adam(cfg.b1, cfg.b2, cfg.eps))

@@ -21,6 +21,7 @@ fine-tuning default, so predictions match the run's dev evaluation on the same m
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import sys
@@ -34,12 +35,13 @@ import numpy as np
 import tqdm
 from etils import epath
 
-from bert_jax import params_checkpoint, pretrained
+from bert_jax import params_checkpoint, pretrained, workdir
 from bert_jax.configs import common
 from bert_jax.errors import UserError
 from bert_jax.finetune import embedded, glue, heads, ner, squad
 from bert_jax.finetune import features as feats
 from bert_jax.models import families, head_kinds
+from bert_jax.ops import int8
 from bert_jax.training import partitioning
 
 Decode = Callable[[dict[str, np.ndarray]], list[dict]]
@@ -85,7 +87,6 @@ class Predictor:
     model = heads.FinetuneModel(families.model_config(config["model"]), kind, num_labels,
                                 config["head"]["pooling"], config["head"]["dropout"])
     if (config.get("quantization") or {}).get("activations") == "int8":
-      from bert_jax.compress import int8  # pylint: disable=import-outside-toplevel
       model = int8.int8_model(model)
     dummy = jnp.zeros((1, config["data"]["max_seq_length"]), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"])
@@ -301,14 +302,9 @@ _EXAMPLES = {"classification": _SENTENCES, "regression": _SENTENCES,
 def write_records(records: Iterable[dict], output: str | None) -> int:
   """JSON lines to `output` (stdout when None), written as they come; returns how many."""
   count = 0
-  stream = epath.Path(output).open("w", encoding="utf-8") if output else sys.stdout
-  try:
+  with workdir.atomic_open(output) if output else contextlib.nullcontext(sys.stdout) as stream:
     for record in records:
       stream.write(json.dumps(record, ensure_ascii=False) + "\n")
       count += 1
-  finally:
-    if output:
-      stream.close()
-    else:
-      stream.flush()
+    stream.flush()
   return count

@@ -111,7 +111,8 @@ def check_answers(examples: list[Example], source: str, strict: bool) -> list[Ex
 
 def read_tfds(version: str, split: str, data_dir: str) -> list[Example]:
   examples = []
-  for ex in feats.tfds_examples(f"squad/{version}", split, data_dir):
+  files = f"a folder with SQuAD's {_files(version)['train']} and {_files(version)['dev']}"
+  for ex in feats.tfds_examples(f"squad/{version}", split, data_dir, files):
     answers = list(zip((feats.text(t) for t in ex["answers"]["text"]),
                        (int(s) for s in ex["answers"]["answer_start"])))
     examples.append(Example(feats.text(ex["id"]), feats.text(ex["question"]), feats.text(ex["context"]),

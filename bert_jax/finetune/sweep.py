@@ -22,13 +22,13 @@ import itertools
 import json
 import math
 
-import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import run_lock, workdir as workdir_lib
+from bert_jax import pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune.trainer import Run, validate
+from bert_jax.training import loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,24 +72,23 @@ def expected_max(scores, n: int) -> float:
   return float(np.sum(v * (i ** n - (i - 1 / len(v)) ** n)))
 
 
-def _loss_at_best(run: Run) -> float:
-  """The dev loss logged with the run's best evaluation; nan where the task logs none."""
-  key = "loss" if len(run.task.evals) == 1 else f"{run.task.evals[0].name}/loss"
-  rows = [json.loads(line) for line in (run.workdir / workdir_lib.METRICS).read_text().splitlines()]
-  at_best = [r for r in rows if r.get("eval") and r["step"] == run.progress.best_step]
-  return float(at_best[-1].get(key, math.nan)) if at_best else math.nan
-
-
-def _train_rung(config, workdir: str, setting: Setting, seed: int, fraction: float) -> tuple[float, float]:
-  """(best dev score, dev loss at that evaluation) after training to `fraction` of the run."""
-  run = Run(run_config(config, setting, seed), workdir_lib.path(workdir) / setting.name / f"seed{seed}")
+def _train_rung(config, workdir: str, setting: Setting, seed: int, fraction: float,
+                signals: loop.StopRequests) -> tuple[float, float] | None:
+  """(best dev score, dev loss at that evaluation) after training to `fraction` of the run (a run that
+  finished at an earlier rung, by early stopping, as it finished); None when a signal stopped it."""
+  location = workdir_lib.path(workdir) / setting.name / f"seed{seed}"
+  finished = loop.read_finished(location)
+  if finished is not None:
+    return finished["best_score"], finished["best_loss"]
+  run = Run(run_config(config, setting, seed), location, signals=signals)
   best = run.advance(math.ceil(fraction * run.setup.num_steps))
-  loss = _loss_at_best(run)
+  if run.stopped_by:
+    return None
   if run.finished:
     run.finish()
   else:
     run.pause()
-  return best, loss
+  return best, run.progress.best_loss
 
 
 def _grid_position(settings: list[Setting]) -> dict[Setting, np.ndarray]:
@@ -120,9 +119,10 @@ def survivors(results: dict[Setting, dict], alive: list[Setting], keep: int) -> 
   return kept
 
 
-def successive_halving(config: ml_collections.ConfigDict, workdir: str
-                       ) -> dict[Setting, dict]:
-  """{setting: {"scores": best dev score per seed, "losses": dev loss there, "fraction": the last rung}}."""
+def successive_halving(config: ml_collections.ConfigDict, workdir: str, signals: loop.StopRequests
+                       ) -> dict[Setting, dict] | None:
+  """{setting: {"scores": best dev score per seed, "losses": dev loss there, "fraction": the last rung}};
+  None when a signal stopped a run (its state saved: the same command continues the sweep)."""
   s = config.sweep
   settings = [Setting(float(lr), int(b), float(e))
               for lr, b, e in itertools.product(s.learning_rates, s.batch_sizes, s.epochs)]
@@ -131,7 +131,12 @@ def successive_halving(config: ml_collections.ConfigDict, workdir: str
     for index, setting in enumerate(alive):
       print(f"sweep rung {rung + 1} ({fraction:g} of each run): setting {index + 1}/{len(alive)} "
             f"{setting.name}, {len(s.seeds)} seeds", flush=True)
-      scores, losses = zip(*(_train_rung(config, workdir, setting, seed, fraction) for seed in s.seeds))
+      runs = []
+      for seed in s.seeds:
+        runs.append(_train_rung(config, workdir, setting, seed, fraction, signals))
+        if runs[-1] is None:
+          return None
+      scores, losses = zip(*runs)
       results[setting] = {"scores": list(scores), "losses": list(losses), "fraction": fraction}
       loss = f", dev loss {np.mean(losses):.4f}" if np.isfinite(np.mean(losses)) else ""
       print(f"rung {fraction:g}: {setting.name} mean dev score {np.mean(scores):.4f}{loss}", flush=True)
@@ -192,16 +197,20 @@ def format_table(rows: list[dict], test: dict) -> str:
   return "\n".join(lines)
 
 
-def sweep(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """Runs the sweep, writes WORKDIR/sweep_results.json, returns the table; holds `workdir` locked."""
+def sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Runs the sweep, which holds `workdir` locked, and writes WORKDIR/sweep_results.json; returns
+  {"table": the report, "stopped_by": None} or, when SIGTERM or Ctrl-C stopped one of its runs (saved:
+  the same command continues), {"table": None, "stopped_by": "SIGTERM" or "Ctrl-C"}."""
   validate(config)
   if config.sweep.vary_seed not in SEED_KINDS:
     raise UserError(f"sweep.vary_seed={config.sweep.vary_seed!r} is not one of {SEED_KINDS}")
-  with run_lock.hold(workdir_lib.create(workdir), jax.process_index()):
-    results = successive_halving(config, workdir)
+  pretrained.check_init_from(config)
+  with loop.hold(workdir) as (run_dir, signals):
+    results = successive_halving(pretrained.native_init_from(config, run_dir), workdir, signals)
+    if results is None:
+      return {"table": None, "stopped_by": signals.name}
     rows = summarize(results)
     finalists = [r for r in rows if r["fraction"] == rows[0]["fraction"]]
     test = compare(finalists[0]["scores"], finalists[1]["scores"]) if len(finalists) > 1 else {}
-    workdir_lib.write_json(workdir_lib.path(workdir) / "sweep_results.json", {"settings": rows, "test": test},
-                           indent=1)
-  return format_table(rows, test)
+    workdir_lib.write_json(run_dir / "sweep_results.json", {"settings": rows, "test": test}, indent=1)
+  return {"table": format_table(rows, test), "stopped_by": None}

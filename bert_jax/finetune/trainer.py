@@ -1,24 +1,28 @@
-"""The fine-tuning run: build, (resume or init), train with periodic dev evaluation, keep the best
+"""The fine-tuning job: build, (resume or init), train with periodic dev evaluation, keep the best
 parameters, stop early, then evaluate and write predictions.
 
 It runs on the same skeleton as pretraining: `training.step.sharded_setup` (mesh, shardings, donation,
-micro-batches), `training.checkpoint.Checkpointer` (a paused run's state and progress),
-`training.metrics.MetricsLogger` (progress line, metrics.jsonl, TensorBoard) and the workdir layout of
-bert_jax/workdir.py:
+micro-batches), the one loop `training.loop` (cadence, progress line, metrics.jsonl, TensorBoard,
+SIGTERM and Ctrl-C), `training.checkpoint.Checkpointer` (a paused or interrupted run's state and
+progress) and the workdir layout of bert_jax/workdir.py:
   config.json, params/, <vocab>   the kept (best, or last) parameters as a params checkpoint, so the
                                   workdir is itself a valid init_from (two-stage fine-tuning); with
                                   train.mode=adapters only the trained parameters, config.json naming
                                   the base checkpoint (a delta: bert_jax/params_checkpoint.py)
   run_config.json                 the config as given, written when the run starts
   state/<step>/                   the train state and progress of a paused run (sweeps stop runs and
-                                  continue some)
+                                  continue some) or of one stopped by SIGTERM or Ctrl-C
   metrics.jsonl, events.*         one JSON object per logged step and per evaluation; TensorBoard
   eval_results.json               the final dev metrics
+  finished.json                   where the run ended: step, best dev score and its step, early stop
   predictions/                    GLUE leaderboard TSVs or SQuAD JSON
-Start order: own paused state > init_from > fresh init.
-What trains is train.mode's (finetune/modes.py), SMART's terms come from the objective
-(finetune/smart.py); both run inside the shared step. Three seeds (head, data, dropout) default to
-train.seed, so that a sweep may vary one of them at a time (Dodge et al. 2020).
+Start order: own paused state > init_from > fresh init. A finished workdir is not trained again: the
+job says so, unless train.restart, which moves the finished run's files aside first (training/loop.py).
+What a run trains is its learner's: `FineTuning` here (the task's model; what trains is train.mode's,
+finetune/modes.py; SMART's terms come from the objective, finetune/smart.py), or a student and its
+teacher (compress/distill.py); everything else (the loop, evaluation, keeping the best, pausing) is
+`Run`'s. Three seeds (head, data, dropout) default to train.seed, so that a sweep may vary one of them
+at a time (Dodge et al. 2020).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import dataclasses
 import functools
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -34,14 +38,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import params_checkpoint, run_lock, workdir as workdir_lib
+from bert_jax import config_schema, params_checkpoint, pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, init, modes, optim, smart
 from bert_jax.finetune.features import MODEL_INPUTS
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
-from bert_jax.training import checkpoint, finite, partitioning
+from bert_jax.ops import int8
+from bert_jax.training import checkpoint, finite, loop, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, sharded_setup
 
@@ -52,14 +57,12 @@ def build_train_setup(config: ml_collections.ConfigDict, model_config, task: Tas
   model = heads.FinetuneModel(model_config, task.head, task.num_labels, config.head.pooling,
                               config.head.dropout)
   if config.train.qat:
-    from bert_jax.compress import int8  # pylint: disable=import-outside-toplevel
     model = int8.int8_model(model)
   objective = FinetuneObjective(model, config.smart if config.smart.enabled else None)
   dummy = jnp.zeros((1, config.data.max_seq_length), jnp.int32)
   init_batch = {"input_ids": dummy, "attention_mask": dummy + 1, "token_type_ids": dummy}
   init_params = functools.partial(objective.init, batch=init_batch)
-  steps_per_epoch = max(num_train // config.train.batch_size, 1)
-  num_steps = max(int(math.ceil(config.train.epochs * steps_per_epoch)), 1)
+  num_steps, steps_per_epoch = run_length(config.train, num_train)
   trainable = modes.trainable_mask(nn.meta.unbox(jax.eval_shape(init_params, jax.random.key(0))),
                                    config.train.mode)
   learning_rate = (config.optimizer.learning_rate if config.train.mode == "finetune"
@@ -73,6 +76,12 @@ def build_train_setup(config: ml_collections.ConfigDict, model_config, task: Tas
                         trainable=None if config.train.mode == "finetune" else trainable,
                         teacher_momentum=smart.momentum(config.smart, num_steps) if teacher else None)
   return setup, steps_per_epoch
+
+
+def run_length(train: ml_collections.ConfigDict, num_train: int) -> tuple[int, int]:
+  """(the run's steps, steps per epoch) over `num_train` training rows (the remainder is dropped)."""
+  steps_per_epoch = max(num_train // train.batch_size, 1)
+  return config_schema.run_steps(train, steps_per_epoch), steps_per_epoch
 
 
 def seeds(train: ml_collections.ConfigDict) -> dict[str, int]:
@@ -123,6 +132,8 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
   saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
                        lower_case=tokenizer.lower_case)
+  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
+    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved
@@ -137,43 +148,85 @@ class Progress:
   """What a paused run must remember besides its train state."""
   best_score: float = -math.inf
   best_step: int = -1
+  best_loss: float = math.nan  # the dev loss of the best evaluation (nan for tasks without one)
   last_score: float = math.nan
   bad_evals: int = 0
   stopped_early: bool = False
 
 
-class Run:
-  """One fine-tuning run in a workdir; `advance(to_step)` trains until then or until it stops."""
+class FineTuning:
+  """The learner of plain fine-tuning: the task's model on the encoder of init_from (or fresh), trained
+  as train.mode says. compress/distill.py's Distillation is the other learner; `Run` asks a learner
+  only these five things: its tokenizer, its model, its setup, where its parameters start and what
+  params/ keeps of them."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config, self.workdir = config, workdir_lib.create(workdir)
-    saved_config = workdir_lib.read_config(config.init_from) if config.init_from else None
-    encoder_config = init.model_config(config, saved_config)  # checks data.max_seq_length before any data work
-    self.tokenizer = init.load_tokenizer(config)
+  def tokenizer(self, config: ml_collections.ConfigDict):
+    return init.load_tokenizer(config)
+
+  def model_config(self, config: ml_collections.ConfigDict, task: Task) -> Any:
+    saved = workdir_lib.read_config(config.init_from) if config.init_from else None
+    encoder = init.model_config(config, saved)
+    return modes.model_config(heads.encoder_config(encoder, task.head, config.head.pooling), config.train)
+
+  def setup(self, config: ml_collections.ConfigDict, model_config, task: Task, num_train: int
+            ) -> tuple[TrainSetup, int]:
+    return build_train_setup(config, model_config, task, num_train)
+
+  def initial_params(self, run: "Run") -> Any:
+    """init_from's encoder (and its head, for the same task) over a fresh init; top layers reset."""
+    config = run.config
+    fresh = run.setup.init_params(jax.random.key(run.seeds["head"]))
+    saved = workdir_lib.read_config(config.init_from) if config.init_from else None
+    params = init.initial_params(config, fresh, saved, run.task.name)
+    return init.reinit_top_layers(params, fresh, run.model_config, config.train.reinit_layers)
+
+  def exported(self, params: Any) -> Any:
+    """What params/ holds of the trained parameters: all of them."""
+    return params
+
+
+class Run:
+  """One fine-tuning run in a workdir; `advance(to_step)` trains until then or until it stops, `pause`
+  keeps its state for a later Run on the same workdir, `finish` evaluates and writes the outputs.
+  A signal (`signals`, training/loop.py) stops `advance` with the state saved (`stopped_by`)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, learner: Any = None,
+               signals: loop.StopRequests | None = None):
+    self.config, self.workdir = config, workdir_lib.path(workdir)
+    self.learner = learner or FineTuning()
+    self.signals = signals or loop.StopRequests()
+    self.stopped_by: str | None = None
+    self.tokenizer = self.learner.tokenizer(config)
     self.task = build_task(config, self.tokenizer, need_train=not config.eval_only)
-    self.model_config = modes.model_config(heads.encoder_config(encoder_config, self.task.head,
-                                                                config.head.pooling), config.train)
+    if config.predict_split == "test" and not self.task.tests:
+      raise UserError(f"task {self.task.name} has no test split to predict: set --config.predict_split=dev "
+                      "(or '' for no prediction files)")
+    self.model_config = self.learner.model_config(config, self.task)  # checks the model before any compile
     if self.task.train is not None and len(self.task.train["input_ids"]) < config.train.batch_size:
       raise UserError(f"{len(self.task.train['input_ids'])} training examples are fewer than "
                       f"train.batch_size={config.train.batch_size}")
     num_train = 0 if self.task.train is None else len(self.task.train["input_ids"])
-    self.setup, self.steps_per_epoch = build_train_setup(config, self.model_config, self.task, num_train)
+    self.setup, self.steps_per_epoch = self.learner.setup(config, self.model_config, self.task, num_train)
     self.seeds = seeds(config.train)
     self.trainable = modes.trainable_mask(self.setup.abstract_state.params, config.train.mode)
     self.saved_config = _saved_config(config, self.model_config, self.tokenizer, self.task)
     count, total = modes.trainable_count(self.setup.abstract_state.params, self.trainable)
     self.saved_config["trainable_parameters"] = {"count": count, "total": total, "share": count / total}
-    print(f"train.mode={config.train.mode}: {count:,} of {total:,} parameters train "
-          f"({100 * count / total:.2f}%)", flush=True)
+    if config.eval_only:
+      print(f"eval_only: evaluating the {total:,} parameters of {config.init_from}", flush=True)
+    else:
+      print(f"train.mode={config.train.mode}: {count:,} of {total:,} parameters train "
+            f"({100 * count / total:.2f}%)", flush=True)
     self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
-    self.state, self.progress = self._start(saved_config)
+    self.state, self.progress = self._start()
 
   def _checkpointer(self) -> checkpoint.Checkpointer:
-    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=1, async_save=False,
+    cfg = self.config.checkpoint
+    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
                                    items=("progress",))
 
-  def _start(self, saved_config):
-    """Own paused state > init_from > fresh init."""
+  def _start(self):
+    """Own paused state > the learner's initial parameters."""
     if (self.workdir / workdir_lib.PAUSED).exists():
       ckpt = self._checkpointer()
       try:
@@ -182,10 +235,9 @@ class Run:
       finally:
         ckpt.close()
       if restored is not None:
+        print(f"resumed from {self.workdir / workdir_lib.PAUSED / str(restored[1])}", flush=True)
         return restored[0]["state"], Progress(**restored[0]["progress"])
-    fresh = self.setup.init_params(jax.random.key(self.seeds["head"]))
-    params = init.initial_params(self.config, fresh, saved_config, self.task.name)
-    params = init.reinit_top_layers(params, fresh, self.model_config, self.config.train.reinit_layers)
+    params = self.learner.initial_params(self)
     return self.setup.make_state(jax.device_put(params, self.setup.state_shardings.params)), Progress()
 
   def _check_resumable(self, ckpt: checkpoint.Checkpointer) -> None:
@@ -212,69 +264,84 @@ class Run:
     cfg = self.config.train
     num_steps = self.setup.num_steps
     end = min(to_step or num_steps, num_steps)
-    eval_every = cfg.eval_every_steps or self.steps_per_epoch
     rng = jax.random.key(self.seeds["dropout"])
-    tokens_per_step = cfg.batch_size * self.config.data.max_seq_length
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
-    step, pending = self.step, []
+    ckpt = self._checkpointer()
+    steps = loop.Loop(
+        step_fn=lambda state, batch: self.setup.train_step(state, batch, rng), mesh=self.setup.mesh,
+        cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
+                             self.config.checkpoint.every_steps), logger=logger,
+        guard=self.guard, signals=self.signals, save=lambda step, state: self._save_state(ckpt, step, state),
+        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
+        save_at_end=False, last_saved=self.last_kept)
     try:
-      for batch in train_batches(self.task.train, cfg.batch_size, self.seeds["data"], step, end):
-        self.state, metrics = self.setup.train_step(
-            self.state, partitioning.global_batch(batch, self.setup.mesh), rng)
-        step += 1
-        pending.append((step, self.guard.record(step, metrics)))
-        if step % cfg.log_every_steps == 0 or step == num_steps:
-          self.guard.check(self.last_kept)
-          logged = [m for s, m in pending if s not in self.guard.skipped]
-          if logged:
-            logger.log_train(step, logged, tokens_per_step)
-          pending = []
-        if step % eval_every == 0 or step == end:
-          self.guard.check_state(step, self.state, self.last_kept)  # kept parameters are finite
-          if self._evaluate_and_keep(step, logger):
-            break
+      outcome = steps.run(self.state, train_batches(self.task.train, cfg.batch_size, self.seeds["data"],
+                                                    self.step, end), self.step, end)
     finally:
+      ckpt.close()
       logger.close()
+    self.state, self.stopped_by = outcome.state, outcome.stopped_by
     return self.progress.best_score
 
-  def _evaluate_and_keep(self, step: int, logger: MetricsLogger) -> bool:
-    """Scores the dev set, saves the parameters if they are the best so far; True means stop early."""
-    per_set, _ = evaluate(self.setup, self.state.params, self.task, self.config.train.eval_batch_size)
+  def _evaluate_and_keep(self, step: int, state: Any) -> loop.Evaluation:
+    """Scores the dev set, saves the parameters if they are the best so far; stops early after
+    train.early_stopping_patience evaluations without a better score."""
+    per_set, _ = evaluate(self.setup, state.params, self.task, self.config.train.eval_batch_size)
     current = score(self.task, per_set[self.task.evals[0].name])
-    logger.log_eval(step, {"score": current, **merge_metrics(per_set)})
     self.progress.last_score = current
-    if current > self.progress.best_score:
+    kept = current > self.progress.best_score
+    if kept:
       self.progress.best_score, self.progress.best_step, self.progress.bad_evals = current, step, 0
+      self.progress.best_loss = float(per_set[self.task.evals[0].name].get("loss", math.nan))
       if self.config.train.keep_best:
-        self.save_params(self.state.params)
+        self.save_params(state.params)
     else:
       self.progress.bad_evals += 1
     patience = self.config.train.early_stopping_patience
     self.progress.stopped_early = bool(patience) and self.progress.bad_evals >= patience
-    return self.progress.stopped_early
+    if self.progress.stopped_early and jax.process_index() == 0:
+      print(f"early stopping at step {step} of {self.setup.num_steps}: {patience} evaluation(s) without a better "
+            f"dev {self.score_name} than {self.progress.best_score:.4g} (step {self.progress.best_step}); "
+            f"train.early_stopping_patience={patience}", flush=True)
+    return loop.Evaluation({"score": current, **merge_metrics(per_set)},
+                           kept=kept and self.config.train.keep_best, stop=self.progress.stopped_early)
+
+  @property
+  def score_name(self) -> str:
+    """What `score` is: the task's selection metric, or the mean of several."""
+    return " and ".join(self.task.selection) if len(self.task.selection) > 1 else self.task.selection[0]
 
   def save_params(self, params: Any) -> None:
     """The params checkpoint of the workdir: every parameter, or with adapters the trained ones."""
+    params = self.learner.exported(params)
     if _saves_delta(self.config):
-      params = modes.trainable_subtree(params, self.trainable)
+      params = modes.trainable_subtree(params, self.learner.exported(self.trainable))
     checkpoint.save_params(self.workdir, params, self.saved_config, self.tokenizer.files)
+
+  def _save_state(self, ckpt: checkpoint.Checkpointer, step: int, state: Any) -> None:
+    ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress))
 
   def pause(self) -> None:
     """Saves the train state so that a new Run on this workdir continues where this one stopped."""
     self.guard.check_state(self.step, self.state, self.last_kept)
     ckpt = self._checkpointer()
-    ckpt.save(self.step, self.state, force=True, progress=dataclasses.asdict(self.progress))
-    ckpt.close()
+    try:
+      self._save_state(ckpt, self.step, self.state)
+    finally:
+      ckpt.close()
 
   def final_params(self) -> Any:
+    """The kept (best) parameters, with what params/ does not hold (a student's projection) from the state."""
     if self.config.train.keep_best and self.progress.best_step >= 0:
-      return checkpoint.load_params_into(self.workdir, self.setup.abstract_state.params)
+      abstract = self.learner.exported(self.setup.abstract_state.params)
+      return {**self.state.params, **checkpoint.load_params_into(self.workdir, abstract)}
     return self.state.params
 
   def finish(self) -> dict[str, float]:
-    """Final dev metrics (best kept parameters) to eval_results.json, predictions, state cleanup."""
+    """Final dev metrics (best kept parameters) to eval_results.json, predictions, finished.json (a
+    training run), state cleanup."""
     params = self.state.params if self.config.eval_only else self.final_params()
     if not self.config.eval_only and not (self.config.train.keep_best and self.progress.best_step >= 0):
       self.save_params(params)
@@ -282,6 +349,12 @@ class Run:
     results = merge_metrics(per_set)
     workdir_lib.write_json(self.workdir / workdir_lib.EVAL_RESULTS, results)
     self._write_predictions(params, outputs)
+    if not self.config.eval_only:
+      loop.write_finished(self.workdir, {
+          "step": self.step, "num_steps": self.setup.num_steps, "best_step": self.progress.best_step,
+          "best_score": self.progress.best_score if self.progress.best_step >= 0 else None,
+          "best_loss": self.progress.best_loss, "score": self.score_name,
+          "stopped_early": self.progress.stopped_early, "dev": results})
     if (self.workdir / workdir_lib.PAUSED).exists():
       (self.workdir / workdir_lib.PAUSED).rmtree()
     return results
@@ -298,28 +371,71 @@ class Run:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
+  """The shared blocks (bert_jax/config_schema.py), then fine-tuning's own fields."""
+  config_schema.DATASET_JOBS.check(config)
   if config.predict_split not in ("", "dev", "test"):
     raise UserError(f"predict_split={config.predict_split!r} is not one of ('', 'dev', 'test')")
   if config.head.pooling not in heads.POOLINGS:
     raise UserError(f"head.pooling={config.head.pooling!r} is not one of {heads.POOLINGS}")
-  if config.optimizer.learning_rate <= 0 or not 0 <= config.optimizer.warmup_ratio < 1:
-    raise UserError("optimizer.learning_rate must be > 0 and optimizer.warmup_ratio in [0, 1)")
-  if config.train.epochs <= 0:
-    raise UserError(f"train.epochs={config.train.epochs} must be positive")
-  finite.check_skip_budget(config.train.skip_nonfinite_steps)
-  if config.train.eval_batch_size <= 0:
-    raise UserError(f"train.eval_batch_size={config.train.eval_batch_size} must be positive")
   modes.validate(config.train)
   smart.validate(config.smart)
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes (or, with eval_only, evaluates) and returns the final dev metrics; holds `workdir`
-  locked meanwhile."""
+def run_job(config: ml_collections.ConfigDict, workdir: str,
+            make_learner: Callable[[ml_collections.ConfigDict], Any] = lambda config: FineTuning()) -> dict[str, Any]:
+  """Fine-tunes (or, with eval_only, evaluates) in `workdir`, which it holds locked before it reads
+  anything, with the learner `make_learner(config)` builds (default: plain fine-tuning). Returns {"dev":
+  the final dev metrics, "step", "num_steps", "best_step", "best_score", "score", "stopped_early",
+  "stopped_by", "finished_before"}: a finished workdir is not trained again (finished_before, with its
+  record), unless train.restart."""
   validate(config)
-  with run_lock.hold(workdir_lib.create(workdir), jax.process_index()):
-    run = Run(config, workdir)
+  pretrained.check_init_from(config)
+  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
+    before = loop.read_finished(run_dir)
+    if before is not None:
+      return {**before, "stopped_by": None, "finished_before": True}
+    config = pretrained.native_init_from(config, run_dir)
+    run = Run(config, run_dir, make_learner(config), signals)
     workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
     if not config.eval_only:
       run.advance()
-    return run.finish()
+    result = {"step": run.step, "num_steps": run.setup.num_steps, "best_step": run.progress.best_step,
+              "best_score": run.progress.best_score if run.progress.best_step >= 0 else None,
+              "score": run.score_name, "stopped_early": run.progress.stopped_early,
+              "stopped_by": run.stopped_by, "finished_before": False}
+    if run.stopped_by:
+      return {**result, "dev": {}}
+    return {**result, "dev": run.finish()}
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """The fine-tuning job (`bert-jax finetune`): `run_job` with plain fine-tuning."""
+  return run_job(config, workdir)
+
+
+def summary(config, workdir: str, result: dict) -> str:
+  """The lines a fine-tuning (or task distillation) run ends with: its final dev metrics, where its
+  outputs are and the next command; or where it stopped and how to resume; or that it had finished."""
+  if result["stopped_by"]:
+    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
+            f"{workdir}/state | next: the same command resumes")
+  lines = []
+  best = (f"best dev {result['score']} {result['best_score']:.4g} at step {result['best_step']}"
+          if result.get("best_score") is not None else "no evaluation during training")
+  if result["finished_before"]:
+    lines.append(f"{workdir}: this run finished at step {result['step']} of {result['num_steps']} ({best}); "
+                 "nothing to train. To train it again from the start: the same command with "
+                 f"--config.train.restart=true (this run's files move to {workdir}/previous-N/)")
+  shown = [f"dev {k} {v:.4g}" for k, v in result["dev"].items()]
+  if result.get("stopped_early"):
+    shown.insert(0, f"stopped early at step {result['step']} of {result['num_steps']} ({best})")
+  if config.eval_only:
+    if config.predict_split:
+      shown.append(f"predictions in {workdir}/predictions")
+    lines.append(f"done: {' | '.join(shown)} | next: bert-jax predict --model {config.init_from} --input FILE")
+    return "\n".join(lines)
+  shown.append(f"params in {workdir} ({'the best evaluation' if config.train.keep_best else 'the last step'})")
+  if config.predict_split:
+    shown.append(f"predictions in {workdir}/predictions")
+  lines.append(f"done: {' | '.join(shown)} | next: bert-jax predict --model {workdir} --input FILE")
+  return "\n".join(lines)

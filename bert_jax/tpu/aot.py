@@ -1,9 +1,11 @@
-"""`bert-jax compile`: the pretraining train and eval steps, compiled ahead of time for a TPU slice.
+"""`bert-jax compile`: a job's train and eval steps (bert_jax/jobs.py: `Job.step`), compiled ahead of
+time for a TPU slice.
 
 libtpu compiles for a slice it only describes (`jax.experimental.topologies`), so the HBM a step
 needs on each chip and the collectives it runs are known on any machine, before a TPU hour is spent.
-The steps are `build_train_setup`'s, the ones `pretrain` runs, lowered with abstract inputs carrying
-their shardings on the slice's mesh; nothing is allocated.
+The steps are the ones the job runs (pretraining's `build_train_setup`, general distillation's with the
+student resolved from its teacher), lowered with abstract inputs carrying their shardings on the
+slice's mesh; nothing is allocated.
 
 Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer state, batch;
 temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
@@ -15,18 +17,24 @@ ceiling.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
+from bert_jax.finetune import features as finetune_features, heads
+from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, partitioning
-from bert_jax.training.step import build_train_setup
+from bert_jax.training.step import TrainSetup
 from bert_jax.tpu import hlo, slices
 
 # XLA:TPU's out-of-memory messages: "... memory required for HLO temporaries (104.29G) exceeds
@@ -34,9 +42,11 @@ from bert_jax.tpu import hlo, slices
 _OOM = (re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
         re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"))
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-# Real tokens one input worker process turns into masked examples per CPU second (BENCHMARKS.md,
-# "Input pipeline throughput", with worker processes).
+# Real tokens per second that the input turns into masked rows (BENCHMARKS.md, "Input pipeline throughput"):
+# one text-input worker process (`data.num_workers`; measured with worker processes), and one core of
+# tf.data reading prepared rows (`data.format=bert_tfrecord`, nearly full rows).
 TOKENS_PER_WORKER_SECOND = 230e3
+TOKENS_PER_RECORD_CORE_SECOND = 3.1e6
 
 
 def _slice_mesh(config: ml_collections.ConfigDict, tpu: slices.Slice, devices: list) -> jax.sharding.Mesh:
@@ -79,12 +89,31 @@ def _out_of_memory(message: str, argument_bytes: float) -> dict[str, Any] | None
   return None
 
 
-def _compile(jitted, num_devices: int, *args) -> dict[str, Any]:
+@contextlib.contextmanager
+def _still_compiling(say: Callable[[str], None], what: str, every: float = 30.0):
+  """Says so every `every` seconds while the block runs: XLA prints nothing while it compiles."""
+  done, start = threading.Event(), time.perf_counter()
+
+  def beat():
+    while not done.wait(every):
+      say(f"  still compiling the {what} ({time.perf_counter() - start:.0f} s)")
+
+  thread = threading.Thread(target=beat, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+
+
+def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: str) -> dict[str, Any]:
   """Memory per device and collectives of one step; out of memory, what the compiler reported (with
   the arguments' shards added where it counted temporaries only)."""
   start = time.perf_counter()
   try:
-    compiled = jitted.lower(*args).compile()
+    with _still_compiling(say, what):
+      compiled = jitted.lower(*args).compile()
   except jax.errors.JaxRuntimeError as e:
     oom = _out_of_memory(str(e), info.bytes_per_device(args, jax.tree.map(lambda a: a.sharding, args)))
     if "RESOURCE_EXHAUSTED" not in str(e) or oom is None:
@@ -125,11 +154,51 @@ def _estimates(config, tpu: slices.Slice, flops: float | None, train: dict[str, 
   recompute = 4 / 3 if config.model.remat == "full" else 1.0  # the forward pass runs twice
   compute = flops * recompute / (tpu.chips * tpu.chip.peak_bf16_flops)
   step = compute + comm
-  tokens_per_host_second = config.train.batch_size * config.data.max_seq_length / step / tpu.hosts
   return {"estimated_step_seconds": step, "estimated_mfu": flops / (step * tpu.chips * tpu.chip.peak_bf16_flops),
-          "estimated_comm_seconds": comm, "model_flops_per_step": flops,
-          # At the estimated (fastest) step rate; rows of real corpora are nearly full.
-          "input_workers_per_host": math.ceil(tokens_per_host_second / TOKENS_PER_WORKER_SECOND)}
+          "estimated_comm_seconds": comm, "model_flops_per_step": flops, **input_need(config, tpu, step)}
+
+
+def input_need(config: ml_collections.ConfigDict, tpu: slices.Slice, step_seconds: float) -> dict[str, Any]:
+  """What one host's input must deliver at `step_seconds` a step (rows of real corpora are nearly full,
+  so every position counts as a real token), and what that asks of the host.
+
+  Text input builds rows in `data.num_workers` processes (`input_workers_per_host`), each a core, and a
+  host runs at most one per shard it reads (data.num_shards / hosts): `input_num_shards` is the fewest
+  shards that allow enough workers (a multiple of the hosts that divides the batch), None when the
+  configured ones do. When no shard count does (one row per shard is the most), the run is input-bound:
+  `input_steps_per_second` is what a worker per row feeds.
+  Prepared rows (data.format=bert_tfrecord) are read by tf.data on the host's cores
+  (`input_cores_per_host`), with no worker processes.
+  """
+  batch, tokens_per_step = config.train.batch_size, config.train.batch_size * config.data.max_seq_length
+  tokens = tokens_per_step / step_seconds / tpu.hosts
+  need = {"input_tokens_per_host_second": tokens, "input_num_shards": None, "input_steps_per_second": None,
+          "input_cores_per_host": math.ceil(tokens / TOKENS_PER_RECORD_CORE_SECOND)}
+  if config.data.format == "bert_tfrecord":
+    return {**need, "input_workers_per_host": 0, "input_workers_needed": 0}
+  needed = math.ceil(tokens / TOKENS_PER_WORKER_SECOND)
+  workers = min(needed, max(1, config.data.num_shards // tpu.hosts))
+  if workers < needed:
+    shards = next((s for s in range(needed * tpu.hosts, batch + 1, tpu.hosts) if batch % s == 0), None)
+    workers, need["input_num_shards"] = (needed, shards) if shards else (batch // tpu.hosts, batch)
+    if shards is None:
+      need["input_steps_per_second"] = workers * TOKENS_PER_WORKER_SECOND * tpu.hosts / tokens_per_step
+  return {**need, "input_workers_per_host": workers, "input_workers_needed": needed}
+
+
+def _input_line(r: dict[str, Any]) -> str:
+  need = f"each host needs {r['input_tokens_per_host_second'] / 1e6:.2g}M tokens/s at that step rate"
+  records = (f"prepared rows (data.format=bert_tfrecord) take {r['input_cores_per_host']} core(s) of tf.data "
+             f"(~3.1M tokens/s per core)")
+  if r["input_workers_needed"] == 0:
+    return f"input             {need}: {records}"
+  shards = f"--config.data.num_shards={r['input_num_shards']} " if r["input_num_shards"] else ""
+  setting = (f"{shards}--config.data.num_workers={r['input_workers_per_host']} (text input, ~0.23M tokens/s per "
+             f"process{', one process per shard a host reads' if shards else ''})")
+  if r["input_steps_per_second"] is None:
+    return f"input             {need}: {setting}"
+  return (f"input             INPUT-BOUND: {need}, {r['input_workers_needed']} text-input processes' worth; one per "
+          f"row of the batch is the most: {setting} feed ~{r['input_steps_per_second']:,.0f} steps/s; {records}")
 
 
 def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity: float, used: float) -> str:
@@ -145,20 +214,39 @@ def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity:
           f"{train.grad_accum_steps * factor} (train.batch_size must stay divisible by data x fsdp x that)")
 
 
-def compile_for_slice(config: ml_collections.ConfigDict, topology: str) -> dict[str, Any]:
-  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits."""
+def _batch_words(batch: int, dp: int, config: ml_collections.ConfigDict, accum: int = 1) -> str:
+  micro = f" in {accum} micro-batches of {batch // accum}" if accum > 1 else ""
+  return (f"batch {batch}{micro} ({batch // dp // accum} rows per device at a time), sequence length "
+          f"{config.data.max_seq_length}, {config.data.max_predictions_per_seq} predictions per row")
+
+
+def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
+                      build: Callable[[ml_collections.ConfigDict, jax.sharding.Mesh], tuple[Any, TrainSetup]],
+                      say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+  """Compiles the train and eval steps for `topology` (a Cloud TPU name) and reports what fits.
+  build(config, mesh) -> (the config the step is built from, its TrainSetup): the job's step
+  (bert_jax/jobs.py: `Job.step`); `say` gets a line as each compile starts and ends (a step compiles for
+  a minute or more)."""
   tpu = slices.parse(topology)
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
+  config, setup = build(config, mesh)
   _check_hosts(config, tpu)
-  setup = build_train_setup(config, mesh)
   state = setup.abstract_state  # shapes with their shardings on the slice's mesh
   rng = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=partitioning.replicated(mesh))
+  dp = partitioning.data_parallel_size(mesh)
+  say(f"compiling the train step for {tpu.name} ({mesh.size} devices, mesh "
+      f"{' '.join(f'{k}={v}' for k, v in mesh.shape.items())}): "
+      f"{_batch_words(config.train.batch_size, dp, config, config.train.grad_accum_steps)}")
   train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng,
-                   *setup.frozen)
+                   *setup.frozen, say=say, what="train step")
   eval_batch = config.train.eval_batch_size or config.train.batch_size
-  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh))
+  say(f"compiled the train step in {train['compile_seconds']:.1f} s; compiling the eval step: "
+      f"{_batch_words(eval_batch, dp, config)}")
+  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh),
+                        say=say, what="eval step")
+  say(f"compiled the eval step in {evaluation['compile_seconds']:.1f} s")
   per_chip = tpu.chip.devices_per_chip
   used = max(train["device_bytes"], evaluation["device_bytes"]) * per_chip
   capacity = tpu.chip.hbm_bytes
@@ -173,6 +261,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str) -> dict[
   return {
       "topology": tpu.name, "libtpu_topology": tpu.topology_name, "device_kind": devices[0].device_kind,
       "chips": tpu.chips, "hosts": tpu.hosts, "devices": len(devices), "mesh": dict(mesh.shape),
+      "batch_size": config.train.batch_size, "grad_accum_steps": config.train.grad_accum_steps,
+      "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length,
       "fits": fits, "hbm_per_chip_bytes": int(used), "hbm_capacity_bytes": capacity,
       "state_bytes_per_chip": int(state_bytes),
       "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],
@@ -207,6 +297,9 @@ def format_report(r: dict[str, Any]) -> str:
       f"slice             {r['topology']} ({r['libtpu_topology']}): {r['chips']} chips ({r['device_kind']}), "
       f"{r['hosts']} host(s), {r['devices']} devices",
       f"mesh              {mesh}",
+      f"batch             train {r['batch_size']}" + (f" in {r['grad_accum_steps']} micro-batches"
+                                                       if r["grad_accum_steps"] > 1 else "")
+      + f", eval {r['eval_batch_size']}; sequence length {r['seq_length']}",
       f"HBM per chip      {_gib(r['hbm_per_chip_bytes'])} of {_gib(r['hbm_capacity_bytes'])}: "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       _step_line("train step", r["train_step"], "params, optimizer state, batch"),
@@ -221,8 +314,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"ESTIMATES         step {r['estimated_step_seconds'] * 1e3:.1f} ms = compute at bf16 peak "
                  f"{(r['estimated_step_seconds'] - comm) * 1e3:.1f} ms + ICI {comm * 1e3:.1f} ms; "
                  f"MFU {r['estimated_mfu']:.1%} (a roofline ceiling, not a measurement)")
-    lines.append(f"input             {r['input_workers_per_host']} input worker process(es) per host keep up with "
-                 f"that step rate (--config.data.num_workers)")
+    lines.append(_input_line(r))
   return "\n".join(lines)
 
 
@@ -234,15 +326,11 @@ def compile_forward(model_config, kind: str, num_labels: int, topology: str, bat
   Returns the compile seconds, the element types of every matmul in the compiled program
   (hlo.matmul_types: "s32 <- s8 x s8" is an int8 one) and the forward's FLOPs per call, counted
   analytically (`training/benchmark.py`; the compiler's cost analysis counts a scanned layer once)."""
-  import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from bert_jax.finetune import features as finetune_features, heads  # pylint: disable=import-outside-toplevel
   tpu = slices.parse(topology)
   device = slices.compile_only_devices(tpu)[0]
   one = jax.sharding.SingleDeviceSharding(device)
   model = heads.FinetuneModel(model_config, kind, num_labels, "pooled", 0.0)
   if int8:
-    from bert_jax.compress import int8 as int8_lib  # pylint: disable=import-outside-toplevel
     model = int8_lib.int8_model(model)
   dummy = jnp.zeros((1, seq), jnp.int32)
   params = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"]))

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import logging
 import os
 import time
 from typing import Any
@@ -25,12 +23,12 @@ import ml_collections
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax import workdir
+from bert_jax import orbax_faults, workdir
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.params_checkpoint import (check_shapes, load_params, load_params_into,  # noqa: F401
                                         save_params)
-from bert_jax.training import finite
+from bert_jax.ops import finite
 
 
 class DataPositionHandler(ocp.CheckpointHandler):
@@ -93,17 +91,26 @@ class Checkpointer:
   DIRECTORY-damaged/ and `restore_latest` falls back to the previous step, with a warning; a full disk
   while saving names the step and the last intact one, and removes the partial step
   (*.orbax-checkpoint-tmp*).
+
+  A save cut short (SIGKILL, a lost VM) leaves a partial step: locally a *.orbax-checkpoint-tmp*
+  directory, in a bucket a step directory without commit_success.txt. Neither counts as a step; both are
+  removed (with a line naming them) when the next run opens the directory, before it saves anything: in
+  a bucket, saving the same step again over the leftover objects would have tensorstore rewrite an OCDBT
+  manifest it did not write.
   """
 
   def __init__(self, directory: epath.PathLike, *, keep: int, async_save: bool,
                items: tuple[str, ...] = ("data",)):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                           cleanup_tmp_directories=True)
     self.directory = workdir.path(directory)
     self.items = items
+    if jax.process_index() == 0 and self.directory.exists():
+      for partial in ocp.path.step.all_temporary_paths(self.directory):
+        print(f"removing {partial.get()}: the partial checkpoint of a save that was cut short", flush=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state",) + items)
     self._unconfirmed: int | None = None  # the step of a save that may still be in flight
     self._broken = False
-    _QUIET.install()
 
   @classmethod
   def for_pretraining(cls, location: epath.PathLike, cfg: ml_collections.ConfigDict) -> "Checkpointer":
@@ -152,7 +159,6 @@ class Checkpointer:
     if jax.process_count() > 1:  # the hosts would race to move it; one command by hand is safer
       raise UserError(f"{problem}; move it aside (mkdir -p {damaged} && mv {self.directory / str(step)} "
                       f"{target}) and rerun to resume from the previous step")
-    _QUIET.markers.add(f"{self.directory / str(step)}/")  # asyncio logs the failed reads later
     damaged.mkdir(parents=True, exist_ok=True)
     (self.directory / str(step)).rename(target)
     self.manager.reload()
@@ -188,7 +194,7 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
-      if not _no_space(e):
+      if not orbax_faults.no_space(e):
         raise
       self._broken = True
       failed = min(s for s in (self._unconfirmed, step) if s is not None)
@@ -219,28 +225,6 @@ class Checkpointer:
       self.manager.close()
 
 
-class _QuietKnownFaults(logging.Filter):
-  """Drops the tracebacks orbax (absl) and asyncio log for faults the Checkpointer reports in one line:
-  a full disk, and the reads of a damaged step it set aside (`markers`: those steps' paths)."""
-
-  def __init__(self):
-    super().__init__()
-    self.markers: set[str] = set()
-
-  def install(self) -> None:
-    for name in ("absl", "asyncio"):
-      if self not in logging.getLogger(name).filters:
-        logging.getLogger(name).addFilter(self)
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    text = record.getMessage()
-    known = _no_space(record.exc_info[1] if record.exc_info else None) or _no_space(Exception(text))
-    return not (known or any(marker in text for marker in self.markers))
-
-
-_QUIET = _QuietKnownFaults()
-
-
 def _key_names(path) -> tuple:
   return tuple(getattr(k, "key", getattr(k, "idx", getattr(k, "name", None))) for k in path)
 
@@ -248,17 +232,6 @@ def _key_names(path) -> tuple:
 def _leaf_shapes(tree: Any) -> dict[tuple, tuple]:
   """{key path as names: shape}, alike for a saved tree's metadata and an abstract state."""
   return {_key_names(p): tuple(x.shape) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-
-
-def _no_space(error: BaseException | None) -> bool:
-  """Whether `error` or what caused it is ENOSPC (orbax and tensorstore wrap it, sometimes as text)."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
 
 
 def _complete_steps(directory: epath.Path) -> list[int]:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 
 _NO_DECAY_NAMES = ("bias", "output_bias", "scale")
@@ -29,9 +30,12 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in _NO_DECAY_NAMES, params)
 
 
-def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int) -> optax.Schedule:
-  """Linear warmup from 0 to cfg.learning_rate, then linear/polynomial decay or constant."""
-  lr, warmup = cfg.learning_rate, cfg.warmup_steps
+def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
+                           learning_rate: float | None = None) -> optax.Schedule:
+  """Linear warmup from 0 to the peak (`learning_rate`, default cfg.learning_rate) over
+  config_schema.warmup_steps, then linear/polynomial decay to cfg.end_learning_rate at num_steps, or
+  constant: every job's schedule."""
+  lr, warmup = learning_rate or cfg.learning_rate, config_schema.warmup_steps(cfg, num_steps)
   warm = optax.linear_schedule(0.0, lr, max(warmup, 1))
   if cfg.decay == "constant":
     after = optax.constant_schedule(lr)

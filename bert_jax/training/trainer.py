@@ -1,49 +1,25 @@
-"""The pretraining loop: input -> sharded train step -> metrics, evaluation and checkpoints.
+"""The pretraining job (every objective, ELECTRA and general distillation's distill_mlm included): the
+input, the sharded train step and the held-out evaluation, run by the one loop (training/loop.py).
 
 The same command resumes: a workdir with a checkpoint continues from it, with the input position
 saved alongside, so an interrupted and resumed run sees exactly the batches of an uninterrupted one.
-SIGTERM (preemption) saves a checkpoint at the next step boundary and stops.
+SIGTERM and Ctrl-C save a checkpoint at the step the run is on and stop (training/loop.py).
 """
 from __future__ import annotations
 
 import contextlib
-import signal
 import tempfile
 from typing import Any
 
 import jax
 import ml_collections
-from jax.experimental import multihost_utils
 
-from bert_jax import config_utils, run_lock, workdir as workdir_lib
+from bert_jax import config_schema, config_utils, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, finite, partitioning
+from bert_jax.training import checkpoint, finite, loop, memory, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
-
-
-class _Preemption:
-  """Turns SIGTERM into a flag the loop checks at step boundaries (agreed across hosts)."""
-
-  def __init__(self):
-    self.requested = False
-
-  def __enter__(self):
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    self.requested = True
-
-  def __exit__(self, *exc):
-    signal.signal(signal.SIGTERM, self._previous)
-
-  def reached(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      # All hosts must stop at the same step; JAX's preemption sync manager agrees on one.
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self.requested
 
 
 def make_inputs(config: ml_collections.ConfigDict, split: str, batch_size: int):
@@ -117,13 +93,28 @@ def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dic
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
-  returns the last train and eval metrics."""
-  run_dir = workdir_lib.create(workdir)
-  with run_lock.hold(run_dir, jax.process_index()):
-    return _pretrain(config, run_dir)
+  returns {"step", "num_steps", "train", "eval", "stopped_by", "skipped_steps", "finished_before"}: the
+  last train and eval metrics, and the signal that stopped it ("SIGTERM", "Ctrl-C"; None when it ran to
+  the end). A workdir whose run finished at train.num_steps is not trained again (finished_before:
+  its record), unless train.restart."""
+  check_run_config(config)
+  pretrained.check_init_from(config)
+  # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
+  memory.check_fits(build_train_setup(config))
+  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
+    return pretrain_in(pretrained.native_init_from(config, run_dir), run_dir, signals)
 
 
-def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
+def pretrain_in(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
+  """`pretrain` in a workdir the caller holds (loop.hold): general distillation resolves its student there
+  first."""
+  before = loop.read_finished(run_dir)
+  if before is not None and before["step"] >= config.train.num_steps:
+    return {**before, "stopped_by": None, "finished_before": True}
+  return _pretrain(config, run_dir, signals)
+
+
+def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
   checkpoint.check_same_model(run_dir, config)
   setup = build_train_setup(config)
   train_cfg = config.train
@@ -133,20 +124,13 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
   _write_run_files(config, run_dir, inputs.tokenizer.path)
   state, start = restore_or_init(setup, ckpt, inputs)
   frozen = setup.load_frozen()  # a distillation teacher's params; else ()
-  eval_inputs = None
-  if train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0:
-    eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size or train_cfg.batch_size)
-  logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard)
-  logger.write_hparams(config.to_dict())
-  guard = finite.DivergenceGuard(train_cfg.skip_nonfinite_steps)
+  evaluating = train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0
+  eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size) if evaluating else None
   rng = jax.random.key(train_cfg.seed + 1)
-  tokens_per_step = train_cfg.batch_size * config.data.max_seq_length
-  result: dict[str, Any] = {"step": start}
-  pending: list = []
-  last_saved = start or None
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
-    preemption = stack.enter_context(_Preemption())
+    logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
+                            wandb=train_cfg.wandb)
     stack.callback(logger.close)
     stack.callback(ckpt.close)
     stack.callback(inputs.close)
@@ -154,33 +138,49 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir) -> dict[str, Any]:
       stack.callback(eval_inputs.close)
       eval_inputs.save(eval_start)
       _check_eval_split(eval_inputs, config.data)
-    for step in range(start + 1, train_cfg.num_steps + 1):
-      batch = partitioning.global_batch(next(inputs), setup.mesh)
-      state, metrics = setup.train_step(state, batch, rng, *frozen)
-      pending.append((step, guard.record(step, metrics)))
-      if step % train_cfg.log_every_steps == 0 or step == train_cfg.num_steps:
-        guard.check(last_saved)
-        logged = [m for s, m in pending if s not in guard.skipped]
-        if logged:
-          result["train"] = logger.log_train(step, logged, tokens_per_step)
-        pending = []
-      stop = preemption.reached(step)
-      if stop or step % config.checkpoint.every_steps == 0 or step == train_cfg.num_steps:
-        guard.check_state(step, state, last_saved)  # a checkpoint is never a non-finite state
-        ckpt.save(step, state, force=True, data=inputs)
-        last_saved = step
-      if eval_inputs is not None and (step % train_cfg.eval_every_steps == 0
-                                      or step == train_cfg.num_steps):
-        result["eval"] = evaluate(setup, state.params, eval_inputs, eval_start)
-        logger.log_eval(step, result["eval"])
-      result["step"] = step
-      if stop:
-        result["preempted"] = True
-        print(f"SIGTERM: saved a checkpoint at step {step}; rerun the same command to resume", flush=True)
-        break
+    logger.write_hparams(config.to_dict())
+
+    def held_out(step: int, state) -> loop.Evaluation:
+      del step
+      return loop.Evaluation(evaluate(setup, state.params, eval_inputs, eval_start))
+
+    steps = loop.Loop(
+        step_fn=lambda state, batch: setup.train_step(state, batch, rng, *frozen), mesh=setup.mesh,
+        cadence=loop.Cadence(train_cfg.num_steps, train_cfg.log_every_steps, train_cfg.eval_every_steps,
+                             config.checkpoint.every_steps),
+        logger=logger, guard=finite.DivergenceGuard(train_cfg.skip_nonfinite_steps), signals=signals,
+        save=lambda step, state: ckpt.save(step, state, force=True, data=inputs),
+        evaluate=held_out if eval_inputs is not None else None,
+        tokens_per_step=train_cfg.batch_size * config.data.max_seq_length, last_saved=start or None)
+    outcome = steps.run(state, inputs, start, train_cfg.num_steps)
     ckpt.wait()
-  result["skipped_steps"] = guard.skipped
-  return result
+  result = {"step": outcome.step, "num_steps": train_cfg.num_steps, "train": outcome.train, "eval": outcome.eval}
+  if outcome.step == train_cfg.num_steps:
+    loop.write_finished(run_dir, result)
+  return {**result, "stopped_by": outcome.stopped_by, "skipped_steps": steps.guard.skipped,
+          "finished_before": False}
+
+
+def summary(config, workdir: str, result: dict) -> str:
+  """The lines a pretraining (or general distillation) run ends with: where the checkpoint is, the final
+  metrics and the next command; or where it stopped and how to resume; or that it had finished."""
+  step = result["step"]
+  where = f"checkpoint {workdir}/checkpoints/{step}"
+  if result["stopped_by"]:
+    return (f"stopped at step {step}/{config.train.num_steps} by {result['stopped_by']} | {where} | next: the same "
+            "command resumes")
+  lines = []
+  if result["finished_before"]:
+    lines.append(f"{workdir}: this run finished at step {step} of {result['num_steps']}; nothing to train. To train "
+                 "it again from the start: the same command with --config.train.restart=true (this run's files move "
+                 f"to {workdir}/previous-N/)")
+  shown = [f"{k} {v:.4g}" for k, v in result.get("train", {}).items() if k.endswith(("loss", "accuracy"))]
+  shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
+  embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
+  task = "embedded" if embedded else "TASK"
+  lines.append(f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
+               f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir}-ft")
+  return "\n".join(lines)
 
 
 def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDict:
@@ -190,12 +190,6 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
 
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
-  """The training-loop settings a pretraining run config must have (the model's are checked where built)."""
-  if config.train.num_steps < 1:
-    raise UserError(f"train.num_steps must be >= 1, got {config.train.num_steps}")
-  for key in ("log_every_steps",):
-    if config.train[key] < 1:
-      raise UserError(f"train.{key} must be >= 1, got {config.train[key]}")
-  if config.checkpoint.every_steps < 1:
-    raise UserError(f"checkpoint.every_steps must be >= 1, got {config.checkpoint.every_steps}")
-  finite.check_skip_budget(config.train.skip_nonfinite_steps)
+  """The shared blocks of a corpus job's config (bert_jax/config_schema.py; the model's are checked where
+  built)."""
+  config_schema.CORPUS_JOBS.check(config)

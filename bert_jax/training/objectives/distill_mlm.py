@@ -19,32 +19,15 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax import params_checkpoint, workdir as workdir_lib
-from bert_jax.compress import losses
 from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import ModelConfig
+from bert_jax.ops import distill_losses as losses
 from bert_jax.training.objectives.base import Batch, example_batch, model_inputs
 from bert_jax.training.objectives.bert import BertPretraining
 from bert_jax.training.objectives.registry import register
 
-# Saved objectives whose params hold a BertModel with its MLM head (extra heads are not read).
-TEACHER_OBJECTIVES = ("bert", "spanbert", "structbert", "distill_mlm")
 WEIGHTS = ("hard", "soft", "cosine")
-
-
-def read_teacher(location: str) -> dict:
-  """The teacher's config.json, after checking it is a pretraining workdir or converted checkpoint."""
-  if not location:
-    raise UserError("distill.teacher is empty: give a pretraining workdir or a converted checkpoint")
-  saved = workdir_lib.read_config(location)  # none there: a one-line UserError
-  if "task" in saved:
-    raise UserError(f"distill.teacher={location} is a fine-tuning workdir: general distillation needs a "
-                    "pretraining workdir or converted checkpoint (task distillation: configs/distill.py:embedded)")
-  objective = saved.get("objective", "bert")
-  if objective not in TEACHER_OBJECTIVES or not saved.get("model", {}).get("mlm_head", False):
-    raise UserError(f"distill.teacher={location} (objective={objective!r}) has no BERT MLM head to take "
-                    f"soft targets from; use a teacher of objective {TEACHER_OBJECTIVES}")
-  return saved
 
 
 class DistillMlmPretraining(BertPretraining):
@@ -128,8 +111,8 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
   if "distill" not in config:
     raise UserError("objective='distill_mlm' needs the config section `distill` (teacher, temperature, "
                     "*_weight); start from configs/distill.py:general-tiny")
-  saved = read_teacher(config.distill.teacher)
-  teacher = ModelConfig.from_dict(saved["model"])
+  # The teacher was read and checked by the job (compress/teacher.py); here only its shape is needed.
+  teacher = ModelConfig.from_dict(workdir_lib.read_config(config.distill.teacher)["model"])
   check_student(model_config, teacher, config.distill)
   return DistillMlmPretraining(model_config, teacher, config.distill.teacher, config.distill)
 

@@ -1,0 +1,105 @@
+"""`bert-jax presets`: every preset of every config file, read from the files themselves.
+
+Each config file (configs/<file>.py) names its presets and what each is for in `PRESETS`, the same table
+its `get_config` checks a name against; the sizes, sequence length and schedule shown are those
+`get_config(preset)` returns. Parameter counts are the backbone's, as `bert-jax info` prints them
+(embeddings, encoder and pooler; ELECTRA's discriminator), counted from the model section's sizes.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+import ml_collections
+
+from bert_jax import configs
+from bert_jax.errors import UserError
+
+
+def backbone_params(model: ml_collections.ConfigDict) -> int:
+  """Embeddings (+ the E -> H projection) + layers (shared ones once) + pooler, from the model section."""
+  h, i, e = model.hidden_size, model.intermediate_size, model.embedding_size or model.hidden_size
+  embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
+  if e != h:
+    embeddings += e * h + h
+  attention = 4 * (h * h + h) + 2 * h  # q, k, v, out; LayerNorm
+  ffn = 2 * h * i + i + h + 2 * h
+  copies = {"none": (model.num_layers, model.num_layers), "all": (1, 1),
+            "attention": (1, model.num_layers), "ffn": (model.num_layers, 1)}[model.share_layers]
+  pooler = h * h + h if model.use_pooler else 0
+  return embeddings + copies[0] * attention + copies[1] * ffn + pooler
+
+
+def _family(c: ml_collections.ConfigDict) -> str:
+  if "distill" in c:
+    return "distill"
+  if "task" in c:
+    return c.task.family
+  if c.objective != "bert":
+    return c.objective
+  if c.model.share_layers == "all":
+    return "albert"
+  return "roberta" if c.model.position_style == "roberta" else "bert"
+
+
+def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> dict[str, Any]:
+  finetuning = "task" in c
+  row = {"config": f"configs/{file}.py:{name}", "file": file, "preset": name, "for": purpose,
+         "kind": "fine-tuning" if finetuning else "pretraining", "family": _family(c),
+         "seq_length": c.data.max_seq_length, "batch_size": c.train.batch_size}
+  if finetuning:
+    row["epochs"] = c.train.epochs
+  else:
+    row["num_steps"] = c.train.num_steps
+  if "distill" in c and c.distill.student_layers:  # the student is some of the teacher's layers
+    row.update(model_from="the teacher")
+  elif finetuning and "distill" not in c:  # the model section counts only without init_from
+    row.update(model_from="init_from")
+  else:
+    row.update(layers=c.model.num_layers, hidden=c.model.hidden_size, params=backbone_params(c.model))
+  return row
+
+
+def list_presets(files: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+  """One row per preset of each config file (all of them, or those named: "bert", "glue", ...)."""
+  known = sorted(m.name for m in pkgutil.iter_modules(configs.__path__)
+                 if hasattr(importlib.import_module(f"bert_jax.configs.{m.name}"), "PRESETS"))
+  unknown = [f for f in files if f not in known]
+  if unknown:
+    raise UserError(f"no config file configs/{unknown[0]}.py with presets; choose among {known}")
+  rows = []
+  for file in files or known:
+    module = importlib.import_module(f"bert_jax.configs.{file}")
+    rows += [_row(file, name, purpose, module.get_config(name)) for name, purpose in module.PRESETS.items()]
+  return rows
+
+
+def _size(row: dict[str, Any]) -> str:
+  if "model_from" in row:
+    return f"model from {row['model_from']}"
+  return f"L{row['layers']} H{row['hidden']} {row['params'] / 1e6:.1f}M"
+
+
+def _schedule(row: dict[str, Any]) -> str:
+  if "epochs" in row:
+    return f"batch {row['batch_size']} x {row['epochs']:g} epochs"
+  return f"batch {row['batch_size']:,} x {row['num_steps']:,} steps"
+
+
+def format_presets(rows: list[dict[str, Any]]) -> str:
+  """A table per config file: preset, family, size (layers, hidden, parameters), sequence length, the
+  schedule, and what the preset is for."""
+  width = {key: max(len(f(r)) for r in rows) for key, f in
+           (("preset", lambda r: r["preset"]), ("family", lambda r: r["family"]), ("size", _size),
+            ("schedule", _schedule))}
+  lines = []
+  for file in dict.fromkeys(r["file"] for r in rows):
+    module = importlib.import_module(f"bert_jax.configs.{file}")
+    lines.append(f"configs/{file}.py  {(module.__doc__ or '').strip().splitlines()[0]}")
+    for r in (r for r in rows if r["file"] == file):
+      lines.append(f"  {r['preset']:<{width['preset']}}  {r['family']:<{width['family']}}  "
+                   f"{_size(r):<{width['size']}}  seq {r['seq_length']:<3}  {_schedule(r):<{width['schedule']}}  "
+                   f"{r['for']}")
+  lines.append("Run one: --config configs/FILE.py:PRESET; see a preset in full: bert-jax config show --config ...")
+  return "\n".join(lines)
