@@ -1,13 +1,15 @@
 """The family record is the whole of a family: a toy family registered here (its own config dataclass,
-Flax module, mapping table and sequence summary, none of them BERT's) converts to and from a HF-style
-directory, loads through load_pretrained, fine-tunes and exports its classification head, all through
-the generic paths; a NumPy forward pass over the exported tensors, by their HF names, is the reference.
+Flax module, a mapping table whose layer rows the config counts, its sequence summary and token
+transform, none of them BERT's) converts to and from a HF-style directory, loads through
+load_pretrained, fine-tunes and exports its classification and token heads, all through the generic
+paths; a NumPy forward pass over the exported tensors, by their HF names, is the reference.
 A RoBERTa-layout family that differs only in its name (as CamemBERT or XLM-R would) is one record too."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
+import re
 
 import flax.linen as nn
 import jax
@@ -39,6 +41,7 @@ class ToyConfig:
   hidden_size: int = 16
   intermediate_size: int = 24
   num_layers: int = 2
+  mlps_per_layer: int = 2  # MobileBERT-style stacked feed-forward networks: the layer's rows depend on it
   max_position_embeddings: int = 64
   scan_layers: bool = False
   mlm_head: bool = True
@@ -65,13 +68,15 @@ def _norm(name):
 
 
 class ToyLayer(nn.Module):
-  """x + W_out relu(W_in LN(x))."""
+  """mlps_per_layer times: x + W_out relu(W_in LN(x))."""
   config: ToyConfig
 
   @nn.compact
   def __call__(self, x):
-    h = nn.Dense(self.config.intermediate_size, use_bias=False, name="mlp_in")(_norm("norm")(x))
-    return x + nn.Dense(self.config.hidden_size, use_bias=False, name="mlp_out")(jax.nn.relu(h))
+    for j in range(self.config.mlps_per_layer):
+      h = nn.Dense(self.config.intermediate_size, use_bias=False, name=f"mlp_{j}_in")(_norm(f"norm_{j}")(x))
+      x = x + nn.Dense(self.config.hidden_size, use_bias=False, name=f"mlp_{j}_out")(jax.nn.relu(h))
+    return x
 
 
 class ToyModel(nn.Module):
@@ -123,17 +128,25 @@ def _read_hf(hf_config, heads_found, scan_layers, source):
   del scan_layers, source
   return ToyConfig(vocab_size=hf_config["vocab_size"], hidden_size=hf_config["hidden_size"],
                    intermediate_size=hf_config["intermediate_size"], num_layers=hf_config["num_hidden_layers"],
-                   mlm_head="mlm" in heads_found)
+                   mlps_per_layer=hf_config["num_feedforward_networks"], mlm_head="mlm" in heads_found)
 
 
 def _write_hf(config):
   return {"vocab_size": config.vocab_size,
           "hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
-          "num_hidden_layers": config.num_layers}
+          "num_hidden_layers": config.num_layers, "num_feedforward_networks": config.mlps_per_layer}
 
 
 def _norm_row(ours, hf_name, part="backbone"):
   return Row(part, f"{ours}/scale", f"{hf_name}.weight", None, "copy")
+
+
+def _layer_rows(config):
+  """One layer's rows: as many feed-forward networks as the config stacks."""
+  return tuple(row for j in range(config.mlps_per_layer) for row in (
+      _norm_row(f"norm_{j}", f"{{b}}layers.{{i}}.mlps.{j}.norm"),
+      Row("backbone", f"mlp_{j}_in/kernel", f"{{b}}layers.{{i}}.mlps.{j}.Wi.weight", None, "kernel"),
+      Row("backbone", f"mlp_{j}_out/kernel", f"{{b}}layers.{{i}}.mlps.{j}.Wo.weight", None, "kernel")))
 
 
 TOY = families.Family(
@@ -145,9 +158,7 @@ TOY = families.Family(
         global_rows=(Row("backbone", "tokens/embedding", "{b}embeddings.tok.weight", None, "copy"),
                      _norm_row("embedding_norm", "{b}embeddings.norm"), _norm_row("final_norm", "{b}final_norm"),
                      Row("mlm", "mlm_bias", "decoder.bias", None, "copy")),
-        layer_rows=(_norm_row("norm", "{b}layers.{i}.norm"),
-                    Row("backbone", "mlp_in/kernel", "{b}layers.{i}.mlp.Wi.weight", None, "kernel"),
-                    Row("backbone", "mlp_out/kernel", "{b}layers.{i}.mlp.Wo.weight", None, "kernel")),
+        layer_rows=_layer_rows,
         parts=lambda config: frozenset({"backbone", *(("mlm",) if config.mlm_head else ())}),
         layer_slots=_layer_slots),
     hf=families.HFNames(
@@ -178,9 +189,11 @@ def _layer_norm(x, scale):
 def numpy_toy(t, ids, prefix="toy."):
   """The toy forward pass from HF-named tensors (Linear weights [out, in]): (hidden [B, T, H], MLM logits)."""
   x = _layer_norm(t[f"{prefix}embeddings.tok.weight"][ids], t[f"{prefix}embeddings.norm.weight"])
-  for i in range(len({k for k in t if ".mlp.Wi." in k})):
-    h = _layer_norm(x, t[f"{prefix}layers.{i}.norm.weight"]) @ t[f"{prefix}layers.{i}.mlp.Wi.weight"].T
-    x = x + np.maximum(h, 0) @ t[f"{prefix}layers.{i}.mlp.Wo.weight"].T
+  mlps = sorted({tuple(map(int, m.groups())) for k in t if (m := re.search(r"layers\.(\d+)\.mlps\.(\d+)\.Wi", k))})
+  for i, j in mlps:
+    block = f"{prefix}layers.{i}.mlps.{j}"
+    h = _layer_norm(x, t[f"{block}.norm.weight"]) @ t[f"{block}.Wi.weight"].T
+    x = x + np.maximum(h, 0) @ t[f"{block}.Wo.weight"].T
   x = _layer_norm(x, t[f"{prefix}final_norm.weight"])
   logits = x @ t["decoder.weight"].T + t["decoder.bias"] if "decoder.bias" in t else None
   return x, logits
@@ -204,7 +217,8 @@ def test_toy_family_converts_and_loads_through_the_generic_paths(toy_family, tmp
   written = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert written["architectures"] == ["ToyForMaskedLM"] and written["model_type"] == "toy"
   tensors = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
-  assert "toy.layers.1.mlp.Wo.weight" in tensors and tensors["toy.layers.1.mlp.Wo.weight"].shape == (16, 24)
+  assert tensors["toy.layers.1.mlps.1.Wo.weight"].shape == (16, 24) and written["num_feedforward_networks"] == 2
+  assert len([k for k in tensors if ".Wi." in k]) == 4  # 2 layers x 2 stacked networks, by the config's rows
   tensors["decoder.weight"] = tensors["toy.embeddings.tok.weight"]  # tied, as a HF export leaves it implied
   ids = _ids(config.vocab_size)
   hidden, logits = numpy_toy(tensors, ids)
@@ -286,8 +300,8 @@ def test_a_roberta_layout_family_is_one_record(monkeypatch, tmp_path):
 
 
 def test_registry_lookups_and_the_family_key():
-  assert families.names()[:4] == ("bert", "roberta", "albert", "electra")
-  with pytest.raises(UserError, match=r"model.family='xlnet_typo' is not one of \('bert', 'roberta'"):
+  assert families.names()[:4] == ("bert", "albert", "electra", "roberta")  # every module of models/records/
+  with pytest.raises(UserError, match=r"model.family='xlnet_typo' is not one of \('bert', 'albert'"):
     families.get("xlnet_typo")
   with pytest.raises(UserError, match="unknown architecture GPT2LMHeadModel"):
     families.by_model_type("gpt2", "dir", "GPT2LMHeadModel")

@@ -32,13 +32,13 @@ with `family`, `vocab_size`, `hidden_size`, `num_layers`, `max_position_embeddin
 Adding a family, e.g. ModernBERT (see ARCHITECTURE.md):
 
   bert_jax/models/modernbert.py          its Flax module and config dataclass, if BertModel's
-                                         switches do not describe it
+                                         switches do not describe it (or in the record's file)
   bert_jax/models/records/modernbert.py  FAMILY = families.register(families.Family(
                                              name="modernbert", config=ModernBertConfig,
                                              module=ModernBertModel, heads=("mlm",), heads_of=...,
                                              with_heads=..., layout=families.Layout(...),
                                              hf=families.HFNames(model_type="modernbert", ...)))
-                                         and one import line in models/records/__init__.py
+                                         (models/records/__init__.py imports every module there)
   configs/modernbert.py                  presets whose model section sets family="modernbert"
 
 tests/test_family_record.py registers a toy family (its own config, module, mapping table and
