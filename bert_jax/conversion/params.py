@@ -134,11 +134,12 @@ def _raise_problems(source: str, missing: list[str], mismatched: list[str]) -> N
     raise UserError(f"{source} does not fit its config: {'; '.join(problems[:_SHOWN])}")
 
 
-def _refuse_adapters(family: Family, fmt: str) -> None:
+def _refuse_adapters(config: Config, family: Family, fmt: str) -> None:
+  """A config whose parts hold "adapters" has them `adapter_size` wide (ModelConfig's field)."""
   with_adapters = [f.name for f in families.all_families() if f.layout.adapter_rows and f.hf]
   where = ("original TF BERT checkpoints have no place for; export it with --to hf" if fmt == "tf" else
            f"have no Hugging Face export in {family.name} (only in {', '.join(with_adapters)})")
-  raise UserError(f"the model has Houlsby adapters (train.mode=adapters), which {where}; "
+  raise UserError(f"the model has Houlsby adapters (model.adapter_size={config.adapter_size}), which {where}; "
                   "or use it in bert_jax (`bert-jax predict`, bert_jax.Predictor)")
 
 
@@ -147,7 +148,7 @@ def from_params(config: Config, family: Family, params: Mapping, fmt: str,
   """Foreign tensors {name: float32 array} in the "hf" or "tf" layout for bert_jax `params` (the
   encoder `config` describes, plus the `extra` rows)."""
   if "adapters" in family.layout.parts(config) and (fmt != "hf" or not family.layout.adapter_rows):
-    _refuse_adapters(family, fmt)
+    _refuse_adapters(config, family, fmt)
   flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
   tensors = {}
   for row, i, prefix, stacked in _rows_shown(config, family, f"converting to {fmt}", extra):
