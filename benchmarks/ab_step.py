@@ -5,8 +5,10 @@
       --variant "unrolled:--config.model.scan_layers=False"
 
 A variant is `NAME:SPEC`, SPEC a space-separated list of config overrides (`--config.x=y`),
-environment settings (`env:NAME=VALUE`, e.g. `env:XLA_FLAGS=...`) and at most one `tree=DIR` (import
-bert_jax from another checkout, e.g. `git worktree add /tmp/bert_jax_before HEAD~1`). Each worker
+environment settings (`env:NAME=VALUE`, e.g. `env:XLA_FLAGS=...`), at most one `tree=DIR` (import
+bert_jax from another checkout, e.g. `git worktree add /tmp/bert_jax_before HEAD~1`) and at most one
+`config=FILE:PRESET` in place of --config (two models against each other:
+`--variant "bert:config=configs/bert.py:tiny" --variant "modernbert:config=configs/modernbert.py:tiny"`). Each worker
 builds the step on a synthetic batch (as `bert-jax benchmark`), warms up, then runs `--steps` steps
 when asked; the driver asks the workers in turn, reversing the order every other round, so all see
 about the same machine load. Reported: median wall and process CPU time per step, and the median
@@ -40,7 +42,7 @@ def worker(args) -> None:
                       "loss": float(timed.metrics["loss"])}), flush=True)
 
 
-def parse_variant(text: str) -> tuple[str, dict, list[str], str]:
+def parse_variant(text: str, config: str) -> tuple[str, dict, list[str], str, str]:
   name, _, spec = text.partition(":")
   env, overrides, tree = {}, [], ROOT
   for item in spec.split():
@@ -49,11 +51,14 @@ def parse_variant(text: str) -> tuple[str, dict, list[str], str]:
       env[key] = value
     elif item.startswith("tree="):
       tree = os.path.abspath(item[5:])
+    elif item.startswith("config="):
+      config = item[7:]
     elif item.startswith("--config."):
       overrides.append(item)
     else:
-      raise SystemExit(f"variant {name!r}: cannot read {item!r} (want --config.x=y, env:NAME=VALUE or tree=DIR)")
-  return name, env, overrides, tree
+      raise SystemExit(f"variant {name!r}: cannot read {item!r} (want --config.x=y, env:NAME=VALUE, tree=DIR or "
+                       "config=FILE:PRESET)")
+  return name, env, overrides, tree, config
 
 
 def main() -> None:
@@ -75,8 +80,8 @@ def main() -> None:
     p.error("give at least one --variant NAME:SPEC")
   procs = []
   for text in args.variant:
-    name, env, overrides, tree = parse_variant(text)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--config={args.config}",
+    name, env, overrides, tree, config = parse_variant(text, args.config)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--config={config}",
            f"--batch-size={args.batch_size}", f"--seq-length={args.seq_length}", f"--warmup={args.warmup}",
            *(f"--override={o}" for o in overrides)]
     proc = subprocess.Popen(cmd, cwd=tree, env={**os.environ, **env, "PYTHONPATH": tree}, text=True,

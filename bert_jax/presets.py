@@ -15,10 +15,14 @@ import ml_collections
 
 from bert_jax import configs
 from bert_jax.errors import UserError
+from bert_jax.models import modernbert
 
 
 def backbone_params(model: ml_collections.ConfigDict) -> int:
-  """Embeddings (+ the E -> H projection) + layers (shared ones once) + pooler, from the model section."""
+  """Embeddings (+ the E -> H projection) + layers (shared ones once) + pooler, from the model section
+  (ModernBERT's section counts itself: models/modernbert.py)."""
+  if model.get("family") == "modernbert":
+    return modernbert.backbone_params(model)
   h, i, e = model.hidden_size, model.intermediate_size, model.embedding_size or model.hidden_size
   embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
   if e != h:
@@ -36,6 +40,8 @@ def _family(c: ml_collections.ConfigDict) -> str:
     return "distill"
   if "task" in c:
     return c.task.family
+  if c.model.get("family"):  # a family with an encoder of its own (ModernBERT)
+    return c.model.family
   if c.objective != "bert":
     return c.objective
   if c.model.share_layers == "all":

@@ -16,7 +16,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax import workdir
-from bert_jax.conversion import common, hf, native, tf_checkpoint
+from bert_jax.conversion import common, hf, modernbert, native, tf_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.ops import finite
@@ -95,8 +95,11 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
-  family = converted.record
-  config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
+  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet (conversion/modernbert.py)
+    config = modernbert.with_heads(converted.config, modernbert.heads_of(converted.config) + converted.missing_heads)
+  else:
+    family = converted.record
+    config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
   ids = jnp.zeros((1, 1), jnp.int32)
   fresh = nn.meta.unbox(jax.jit(families.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
@@ -106,7 +109,8 @@ def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted
 def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers: bool | None = None,
                     electra_part: str | None = None, seed: int = 0) -> tuple[nn.Module, dict]:
   """(model, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint; the model
-  is the checkpoint family's Flax module (BertModel for BERT, RoBERTa, ALBERT and ELECTRA).
+  is the checkpoint family's Flax module (BertModel for BERT, RoBERTa, ALBERT and ELECTRA; ModernBertModel
+  for ModernBERT, the same call and outputs).
 
   The heads the checkpoint holds are loaded. A pretraining head it lacks (a bare BertModel has no MLM
   or NSP head) is named on stdout and left off the model, or initialised from `seed` when

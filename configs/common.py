@@ -31,13 +31,18 @@ LOGICAL_AXIS_RULES = (
 SET_BY_JOBS = ("adapter_size",)
 
 
-def model_config(**overrides) -> ml_collections.ConfigDict:
-  """The encoder's fields with ModelConfig's defaults (BERT-base); see bert_jax/models/config.py for
-  their meaning."""
-  c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(ModelConfig)
+def model_config_of(config_class, **overrides) -> ml_collections.ConfigDict:
+  """A model section: the fields of a family's config dataclass with their defaults (their meaning is in
+  its docstring), those that jobs set left out."""
+  c = ml_collections.ConfigDict({f.name: f.default for f in dataclasses.fields(config_class)
                                  if f.name not in SET_BY_JOBS})
   c.update(overrides)
   return c
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  """The encoder's fields with ModelConfig's defaults (BERT-base); see bert_jax/models/config.py."""
+  return model_config_of(ModelConfig, **overrides)
 
 
 def data_config(**overrides) -> ml_collections.ConfigDict:
@@ -94,7 +99,7 @@ def optimizer_config(**fields) -> ml_collections.ConfigDict:
   """The `optimizer` block every job shares (bert_jax/config_schema.py), with `fields` set."""
   c = ml_collections.ConfigDict({"learning_rate": 1e-4, "warmup_steps": 0, "warmup_ratio": 0.0, "decay": "linear",
                                  "decay_power": 1.0, "end_learning_rate": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6,
-                                 "weight_decay": 0.01, "clip_norm": 1.0})
+                                 "weight_decay": 0.01, "clip_norm": 1.0, "decay_steps": 0, "decay_start": -1})
   c.update(fields)
   return c
 
@@ -114,9 +119,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = model_config()
   c.data = data_config()
 
+  # Batch-size warmup (train.batch_warmup_*; bert_jax/training/batch_warmup.py) and the warmup-stable-decay
+  # schedule (optimizer.decay='1-sqrt'): off here, on in configs/modernbert.py
   c.train = train_config(num_steps=1_000_000, batch_size=256, log_every_steps=100, eval_every_steps=10_000,
-                         eval_steps=20)
-  c.optimizer = optimizer_config(name="adamw", learning_rate=1e-4, warmup_steps=10_000)
+                         eval_steps=20, batch_warmup_steps=0, batch_warmup_start=1.0)
+  c.optimizer = optimizer_config(name="adamw", learning_rate=1e-4, warmup_steps=10_000)  # adamw | lamb | stable_adamw
   c.checkpoint = checkpoint_config(every_steps=5_000, keep=3, async_save=True)
 
   c.mesh = ml_collections.ConfigDict()
@@ -124,6 +131,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
   c.mesh.rules = LOGICAL_AXIS_RULES
+  # Sequence sharding: `tensor` splits each row's tokens instead of the weights (training/partitioning.py)
+  c.mesh.shard_sequence = False
 
   c.init_from = ""
   return c

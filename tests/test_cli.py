@@ -77,10 +77,12 @@ def test_every_config_names_its_job_and_other_commands_refuse_it(spec, capsys, t
     assert f"bert-jax info builds a pretraining step from the config alone: {spec} is a {name} config" in \
         capsys.readouterr().err
 # Backbone parameters of released checkpoints (HF's BertModel / AlbertModel / ElectraModel num_parameters();
-# RobertaModel's 124,645,632 less its pooler, which bert_jax's RoBERTa leaves off).
+# RobertaModel's 124,645,632 less its pooler, which bert_jax's RoBERTa leaves off; ModernBertModel's plus layer 0's
+# attention norm, which scanned layers all carry (HF's layer 0 has none)).
 PUBLISHED_PARAMS = {"configs/bert.py:base": 109_482_240, "configs/bert.py:large": 335_141_888,
                     "configs/albert.py:base": 11_683_584, "configs/roberta.py:base": 124_645_632 - 768 * 769,
-                    "configs/electra.py:base": 108_891_648}
+                    "configs/electra.py:base": 108_891_648, "configs/modernbert.py:base": 149_014_272 + 768,
+                    "configs/modernbert.py:large": 394_781_696 + 1024}
 
 
 def test_presets_lists_every_preset_of_every_config_file(capsys):
@@ -88,7 +90,7 @@ def test_presets_lists_every_preset_of_every_config_file(capsys):
   assert main(["presets", "--json"]) == 0
   rows = {r["config"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
   for file in ("bert", "roberta", "albert", "electra", "spanbert", "structbert", "stacking", "distill", "glue",
-               "squad", "ner"):
+               "squad", "ner", "modernbert"):
     module = importlib.import_module(f"bert_jax.configs.{file}")
     assert [r["preset"] for r in rows.values() if r["file"] == file] == list(module.PRESETS)
   assert {k: rows[k]["params"] for k in PUBLISHED_PARAMS} == PUBLISHED_PARAMS
@@ -97,9 +99,10 @@ def test_presets_lists_every_preset_of_every_config_file(capsys):
       "bert", 2, 128, 64, 1200)
   assert rows["configs/glue.py:rte"]["model_from"] == "init_from" and rows["configs/squad.py:v1"]["seq_length"] == 384
   assert rows["configs/electra.py:tiny"]["family"] == "electra" and rows["configs/albert.py:tiny"]["family"] == "albert"
+  assert rows["configs/modernbert.py:base"]["family"] == "modernbert"
 
 
-@pytest.mark.parametrize("spec", ["configs/albert.py:tiny", "configs/electra.py:tiny"])
+@pytest.mark.parametrize("spec", ["configs/albert.py:tiny", "configs/electra.py:tiny", "configs/modernbert.py:tiny"])
 def test_preset_parameter_counts_agree_with_the_built_model(spec):
   """presets counts from the sizes; `bert-jax info` counts the leaves of the abstract parameter tree."""
   from bert_jax import presets

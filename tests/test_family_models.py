@@ -12,7 +12,7 @@ import torch
 from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
 
 from bert_jax.config_utils import load_config
-from bert_jax.models import electra
+from bert_jax.models import attention, electra
 from bert_jax.models.bert import BertModel, TransformerLayer, default_position_ids
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.spanbert import SpanBoundaryHead
@@ -216,9 +216,9 @@ def test_albert_full_sharing_is_one_layer_applied_num_layers_times():
   out = model.apply({"params": params}, **inputs, output_hidden_states=True)
   layer = TransformerLayer(model.config)
   x = out.hidden_states[0]
-  mask = jnp.asarray(batch["input_mask"], bool)[:, None, None, :]
+  segments = attention.Segments.of(jnp.asarray(batch["input_mask"]), None)
   for _ in range(2):
-    x, _ = layer.apply({"params": params["encoder"]["layers"]}, x, mask, None, True)
+    x, _ = layer.apply({"params": params["encoder"]["layers"]}, x, segments, None, True)
   np.testing.assert_allclose(out.last_hidden_state, x, rtol=1e-5, atol=1e-5)
 
 

@@ -4,8 +4,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import pytest
 
-from bert_jax.training import optim
+from bert_jax.errors import UserError
+from bert_jax.training import batch_warmup, optim
 
 
 def _numpy_lamb(params, grads_seq, stacked, lr, b1, b2, eps, wd, clip):
@@ -95,3 +97,79 @@ def test_warmup_then_linear_and_polynomial_decay():
   poly = optim.learning_rate_schedule(cfg, 110)
   np.testing.assert_allclose(float(poly(60)), 1e-3 * 0.5 ** 2, rtol=1e-5)
 
+
+
+def _numpy_stable_adamw(params, grads_seq, stacked, lr, b1, b2, eps, wd):
+  """StableAdamW (Wortsman et al. 2023, Algorithm 2) per tensor, per layer slice for stacked arrays."""
+  m = {k: np.zeros_like(v) for k, v in params.items()}
+  v = {k: np.zeros_like(p) for k, p in params.items()}
+  p = {k: x.copy() for k, x in params.items()}
+  for t, grads in enumerate(grads_seq, start=1):
+    for k in p:
+      g = grads[k]
+      m[k] = b1 * m[k] + (1 - b1) * g
+      v[k] = b2 * v[k] + (1 - b2) * g ** 2
+      v_hat = v[k] / (1 - b2 ** t)
+      u = (m[k] / (1 - b1 ** t)) / (np.sqrt(v_hat) + eps)
+      if not k.endswith(("bias", "scale")):
+        u = u + wd * p[k]
+      for s in (range(p[k].shape[0]) if stacked[k] else [slice(None)]):
+        rms = np.sqrt(np.mean(g[s] ** 2 / np.maximum(v_hat[s], eps ** 2)))
+        u[s] = u[s] / max(1.0, rms)
+      p[k] = p[k] - lr * u
+  return p
+
+
+def test_stable_adamw_matches_reference_with_update_clipping_per_layer():
+  rng = np.random.RandomState(3)
+  params = {"layers/kernel": rng.randn(3, 4, 5).astype(np.float32), "layers/bias": rng.randn(3, 5).astype(np.float32),
+            "embedding": rng.randn(7, 4).astype(np.float32)}
+  stacked = {"layers/kernel": True, "layers/bias": True, "embedding": False}
+  # A gradient that jumps by 100x in one layer at step 3: its RMS(g / sqrt(v)) passes 1 there, and clips.
+  grads_seq = [{k: rng.randn(*v.shape).astype(np.float32) for k, v in params.items()} for _ in range(3)]
+  grads_seq[2]["layers/kernel"][1] *= 100
+  hp = dict(lr=0.01, b1=0.9, b2=0.98, eps=1e-6, wd=0.1)
+  expected = _numpy_stable_adamw(params, grads_seq, stacked, **hp)
+
+  def tree(flat):
+    return {"layers": {"kernel": flat["layers/kernel"], "bias": flat["layers/bias"]}, "embedding": flat["embedding"]}
+
+  tx = optim.stable_adamw(hp["lr"], b1=hp["b1"], b2=hp["b2"], eps=hp["eps"], weight_decay=hp["wd"],
+                          stacked=tree(stacked))
+  p = jax.tree.map(jnp.asarray, tree(params))
+  state = tx.init(p)
+  for grads in grads_seq:
+    updates, state = tx.update(jax.tree.map(jnp.asarray, tree(grads)), state, p)
+    p = optax.apply_updates(p, updates)
+  for key, value in expected.items():
+    np.testing.assert_allclose(np.asarray(_get(p, key)), value, rtol=2e-5, atol=1e-6, err_msg=key)
+  # The clipping acted: without it the jumped layer would move much further.
+  plain = _numpy_stable_adamw(params, grads_seq[:2], stacked, **hp)
+  jumped = np.abs(expected["layers/kernel"][1] - plain["layers/kernel"][1]).max()
+  assert jumped < 1.01 * hp["lr"] * (1 + hp["wd"] * np.abs(plain["layers/kernel"][1]).max())
+
+
+def test_warmup_stable_decay_at_its_phase_edges():
+  cfg = ml_collections.ConfigDict(dict(learning_rate=1e-3, warmup_steps=10, decay="1-sqrt", decay_power=1.0,
+                                       end_learning_rate=1e-5, decay_steps=40, decay_start=-1))
+  wsd = optim.learning_rate_schedule(cfg, 100)  # stable from 10 to 60, then 1 - sqrt down to 1e-5 at 100
+  steps = (0, 5, 10, 59, 60, 70, 100, 150)
+  want = [0, 5e-4, 1e-3, 1e-3, 1e-3, 1e-5 + (1e-3 - 1e-5) * (1 - np.sqrt(10 / 40)), 1e-5, 1e-5]
+  np.testing.assert_allclose([float(wsd(s)) for s in steps], want, rtol=1e-5, atol=1e-9)
+  # A decay started from another stable checkpoint (step 30): the same rates up to there.
+  cfg.decay_start = 30
+  branch = optim.learning_rate_schedule(cfg, 100)
+  np.testing.assert_allclose([float(branch(s)) for s in (10, 30, 40, 70)],
+                             [1e-3, 1e-3, 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-5], rtol=1e-5)
+  cfg.decay_start = 5
+  with pytest.raises(UserError, match="decay_start=5"):
+    optim.learning_rate_schedule(cfg, 100)
+
+
+def test_batch_warmup_thins_the_rows_that_count():
+  rows = [int(batch_warmup.rows_in_use(jnp.asarray(s), 32, 0.25, 8)) for s in (0, 4, 8, 100)]
+  assert rows == [8, 20, 32, 32]
+  batch = {"masked_lm_weights": jnp.ones((4, 3)), "input_ids": jnp.ones((4, 5), jnp.int32)}
+  thin = batch_warmup.thin(batch, jnp.asarray(3))
+  np.testing.assert_array_equal(np.asarray(thin["masked_lm_weights"]).sum(1), [3, 3, 3, 0])
+  assert thin["input_ids"] is batch["input_ids"]

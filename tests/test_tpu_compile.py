@@ -204,7 +204,7 @@ def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, 
 @pytest.mark.parametrize("argv,message", [
     (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
     (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
-    (["--topology", "v4-16", "--config.train.batch_size=9"], "not divisible"),
+    (["--topology", "v4-16", "--config.train.batch_size=9"], "must be divisible by data-parallel size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2
@@ -327,3 +327,31 @@ def test_the_int8_model_compiles_to_int8_matmuls_on_v5e():
   # By hand, per token and layer: q, k, v, out 4 x 2 x 32 x 32; FFN 2 x 2 x 32 x 64; scores and sum
   # 2 x 2 x 16 x 32; 128 tokens x 2 layers; then the pooler (2 x 32 x 32) and classifier (2 x 32 x 3) per row.
   assert plain["flops"] == 128 * 2 * (8192 + 8192 + 2048) + 8 * (2048 + 192) == int8["flops"]
+
+
+# ModernBERT's tiny model at 1024 tokens: the splash kernel (Pallas, Mosaic) compiled for a TPU chip. Four rows
+# per chip: at one, splash's fixed workspace (10.4 MB) outweighs dot's scores (6.0 MB).
+LONG = ["--config.model.num_layers=2", "--config.data.max_seq_length=1024", "--config.train.batch_size=16",
+        "--config.data.max_predictions_per_seq=8", "--config.train.batch_warmup_steps=0",
+        "--config.model.dtype=bfloat16", "--config.mesh.data=4", "--config.data.num_shards=4"]
+
+
+@needs_libtpu
+def test_splash_compiles_for_tpu_and_holds_less_than_dot(capsys):
+  reports = {}
+  for backend in ("splash", "dot"):
+    status, reports[backend], _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology",
+                                                "v4-8", *LONG, f"--config.model.attention={backend}")
+    assert status == 0 and reports[backend]["fits"] and reports[backend]["attention"] == backend
+  # dot keeps each layer's [rows, heads, T, T] probabilities for the backward pass; splash keeps none.
+  assert reports["splash"]["train_step"]["temp_bytes"] < reports["dot"]["train_step"]["temp_bytes"]
+
+
+def test_a_long_dot_step_that_does_not_fit_is_told_to_use_splash():
+  from bert_jax.config_utils import load_config
+  from bert_jax.tpu import aot
+  config = load_config("configs/modernbert.py:base", ["--config.model.attention=dot",
+                                                      "--config.data.max_seq_length=8192"])
+  assert "--config.model.attention=splash" in aot.suggest_fix(config, 2e9, 32 * 2 ** 30, 255 * 2 ** 30)
+  config.data.max_seq_length = 512
+  assert "splash" not in aot.suggest_fix(config, 2e9, 32 * 2 ** 30, 255 * 2 ** 30)

@@ -13,7 +13,7 @@ from etils import epath
 
 from bert_jax import workdir
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
-from bert_jax.conversion import common
+from bert_jax.conversion import common, modernbert
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
 from bert_jax.errors import UserError
@@ -100,6 +100,8 @@ def _check_all_used(tensors, family: Family, names: dict, known: set[str], confi
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
   """A HF model directory as bert_jax params (the heads it has) plus its tokenizer files."""
   hf_config = workdir.read_json(epath.Path(directory) / "config.json")
+  if hf_config.get("model_type") == modernbert.MODEL_TYPE:
+    return modernbert.read(directory, hf_config, read_weights(directory), scan_layers, tokenizer(directory))
   family = family_of(hf_config, directory)
   tensors = read_weights(directory)
   base = family.hf.base_prefix
@@ -121,11 +123,15 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
   """The tokenizer files of a HF directory; tokenizer_config.json says whether it lower-cases."""
-  family = family_of(workdir.read_json(epath.Path(directory) / "config.json"), directory)
+  hf_config = workdir.read_json(epath.Path(directory) / "config.json")
   path = epath.Path(directory) / "tokenizer_config.json"
   settings = workdir.read_json(path) if path.exists() else {}
-  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
-                                      family.tokenizer)
+  if hf_config.get("model_type") == modernbert.MODEL_TYPE:  # not a family record yet: cased, no preferred kind
+    found = common.tokenizer_from_files(directory, settings.get("do_lower_case", False))
+  else:
+    family = family_of(hf_config, directory)
+    found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
+                                        family.tokenizer)
   return _with_word_limit(found, directory)
 
 
@@ -198,6 +204,8 @@ def _task_export(converted: common.Converted) -> _Export:
 def write(directory: str, converted: common.Converted) -> list[str]:
   """Writes config.json, model.safetensors and the tokenizer files; returns notes for the user, which
   name every parameter the HF class has no place for."""
+  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet
+    return modernbert.write(directory, converted)
   family = converted.record
   if family.hf is None:
     raise UserError(f"the {family.name} family has no Hugging Face layout")

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import attention
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.dropout import Dropout
 
@@ -172,15 +173,16 @@ class SelfAttention(nn.Module):
   its kernels then hold only the kept heads. head_mask: [N] over the original heads; it multiplies
   each head's attention probabilities (0 disables a head; the output bias still applies, as in HF).
   Returns (output [B, T, H], probabilities float32 [B, N, T, T] or None): the softmax before dropout
-  and head mask, zero for pruned heads, when `keep_attentions`. Without a head mask or attentions,
-  jax.nn.dot_product_attention does the work (the fast path of every train step).
+  and head mask, zero for pruned heads, when `keep_attentions`. Without dropout, a head mask or
+  attentions, `attention.attend` does the work with the configured backend (the fast path of every
+  train step); those three need the probabilities, so they take the explicit path (dot's masks).
   """
   config: ModelConfig
   layer: Optional[int] = None
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, deterministic: bool, head_mask: Optional[Array] = None,
-               keep_attentions: bool = False) -> tuple[Array, Optional[Array]]:
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool,
+               head_mask: Optional[Array] = None, keep_attentions: bool = False) -> tuple[Array, Optional[Array]]:
     cfg = self.config
     heads = cfg.kept_heads(self.layer)
     n, d, h = len(heads), cfg.head_dim, cfg.hidden_size
@@ -196,22 +198,19 @@ class SelfAttention(nn.Module):
     if dropout or head_mask is not None or keep_attentions:
       if head_mask is not None and n != cfg.num_heads:
         head_mask = head_mask[jnp.asarray(heads)]
-      y, probs = self._explicit_attention(q, k, v, mask, head_mask, dropout)
+      y, probs = self._explicit_attention(q, k, v, segments.dense_mask(), head_mask, dropout)
       if n != cfg.num_heads:
         probs = jnp.zeros(probs.shape[:1] + (cfg.num_heads,) + probs.shape[2:], probs.dtype
                           ).at[:, jnp.asarray(heads)].set(probs)
     else:
-      impl = None if cfg.attention_impl == "auto" else cfg.attention_impl
-      y = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)
+      # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
+      y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
     out_kernel, out_bias = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")()
     return jnp.einsum("btnd,ndh->bth", y, out_kernel) + out_bias, (probs if keep_attentions else None)
 
   def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
                           dropout: bool) -> tuple[Array, Array]:
-    # jax.nn.dot_product_attention has no dropout, head mask or probabilities to return.
-    logits = jnp.einsum("btnd,bsnd->bnts", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-    logits = jnp.where(mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
+    probs = attention.probabilities(q, k, mask)
     weights = probs.astype(q.dtype)
     if dropout:
       weights = Dropout(self.config.attention_dropout)(weights, deterministic=False)
@@ -280,12 +279,12 @@ class TransformerLayer(nn.Module):
   feed_forward: Optional[nn.Module] = None
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool):
     cfg = self.config
     drop = Dropout(cfg.hidden_dropout)
-    attention = self.attention or SelfAttention(cfg, self.layer, name="attention")
+    self_attention = self.attention or SelfAttention(cfg, self.layer, name="attention")
     feed_forward = self.feed_forward or FeedForward(cfg, name="feed_forward")
-    y, probs = attention(x, mask, deterministic, head_mask, self.keep_attentions)
+    y, probs = self_attention(x, segments, deterministic, head_mask, self.keep_attentions)
     y = drop(y, deterministic=deterministic)
     x = layer_norm(cfg, "attention_layer_norm")(x + adapted(cfg, "attention_adapter")(y))
     y = drop(feed_forward(x), deterministic=deterministic)
@@ -305,7 +304,7 @@ class Encoder(nn.Module):
   keep_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool):
     cfg = self.config
     layer_cls = TransformerLayer
     if cfg.remat != "none":
@@ -321,7 +320,7 @@ class Encoder(nn.Module):
                         in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
                         unroll=min(cfg.scan_unroll, cfg.num_layers),
                         metadata_params={nn.PARTITION_NAME: "layers"})
-      x, (outputs, probs) = scanned(cfg, *keep, name="layers", **shared)(x, mask, head_mask, deterministic)
+      x, (outputs, probs) = scanned(cfg, *keep, name="layers", **shared)(x, segments, head_mask, deterministic)
       return x, outputs, probs
     if cfg.share_layers == "all":
       layers = [layer_cls(cfg, *keep, name="layer")] * cfg.num_layers
@@ -329,7 +328,7 @@ class Encoder(nn.Module):
       layers = [layer_cls(cfg, *keep, i, name=f"layer_{i}", **shared) for i in range(cfg.num_layers)]
     outputs = []
     for i, layer in enumerate(layers):
-      x, out = layer(x, mask, None if head_mask is None else head_mask[i], deterministic)
+      x, out = layer(x, segments, None if head_mask is None else head_mask[i], deterministic)
       outputs.append(out)
     stacked = [jnp.stack(column) if keep_it else None for keep_it, column in zip(keep, zip(*outputs))]
     return x, *stacked
@@ -394,14 +393,6 @@ def default_position_ids(config: ModelConfig, input_ids: Array, attention_mask: 
   return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
 
-def attention_mask_from(attention_mask: Array, document_ids: Optional[Array]) -> Array:
-  """bool[B, 1, T|1, T]: keys a query may see (padding masked; packed documents kept apart)."""
-  if document_ids is not None:
-    same = document_ids[:, :, None] == document_ids[:, None, :]
-    return (same & (document_ids[:, None, :] > 0))[:, None]
-  return attention_mask.astype(bool)[:, None, None, :]
-
-
 def layer_head_mask(config: ModelConfig, head_mask: Optional[Array]) -> Optional[Array]:
   """head_mask [N] (the same for every layer) or [L, N] -> [L, N], or None."""
   if head_mask is None:
@@ -441,9 +432,10 @@ class BertModel(nn.Module):
       token_type_ids = jnp.zeros_like(input_ids)
     embeddings = Embeddings(cfg, name="embeddings")
     x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic))
-    mask = attention_mask_from(attention_mask, document_ids)
+    attention.say_fallback(cfg.attention, output_attentions, head_mask)
+    segments = attention.Segments.of(attention_mask, document_ids)
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
-    h, layer_outputs, attentions = encoder(x, mask, layer_head_mask(cfg, head_mask), deterministic)
+    h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic)
     out = {"last_hidden_state": h, "attentions": attentions}
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)

@@ -21,8 +21,10 @@ _CHOICES = {
     "dtype": ("float32", "bfloat16", "float16"),
     "param_dtype": ("float32", "bfloat16"),
     "remat": ("none", "full", "dots", "dots_no_batch"),
-    "attention_impl": ("auto", "xla", "cudnn"),
+    "attention": ("dot", "splash", "cudnn"),
 }
+# A key older configs wrote, and what its values became (`attention`).
+_LEGACY_ATTENTION = {"auto": "dot", "xla": "dot", "cudnn": "cudnn"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,8 @@ class ModelConfig:
     "electra" with the RTD head or factorised embeddings, else "bert". "" reads it; one of those four
     must agree with the switches; `replace` reads it again. Any other name (a family registered with
     ModelConfig as its config, such as one that differs from these only in its tokenizer) is kept.
+  attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU) or cudnn
+    (GPU). splash and cudnn have no dropout on the attention probabilities: attention_dropout must be 0.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -83,7 +87,7 @@ class ModelConfig:
   remat: str = "none"
   scan_layers: bool = True
   scan_unroll: int = 1
-  attention_impl: str = "auto"
+  attention: str = "dot"
   pruned_heads: Any = ""
   adapter_size: int = 0
   family: str = ""
@@ -108,6 +112,9 @@ class ModelConfig:
     if self.pruned_heads and (self.scan_layers or self.share_layers != "none"):
       raise UserError("model.pruned_heads needs model.scan_layers=False and model.share_layers='none' "
                       "(pruned layers differ in shape)")
+    if self.attention != "dot" and self.attention_dropout > 0:
+      raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
+                      "model.attention_dropout=0 or model.attention='dot'")
     if self.adapter_size < 0:
       raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
     layout = self.layout_family()
@@ -120,6 +127,9 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
     names = {f.name for f in dataclasses.fields(cls)}
+    values = dict(values)
+    if "attention_impl" in values:  # configs saved before `attention` replaced it
+      values.setdefault("attention", _LEGACY_ATTENTION.get(values.pop("attention_impl"), "dot"))
     unknown = sorted(set(values) - names)
     if unknown:
       raise UserError(f"unknown model config keys {unknown}; known: {sorted(names)}")

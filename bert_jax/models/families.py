@@ -63,6 +63,7 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel
 
 Config = Any  # a family's frozen config dataclass (ModelConfig for BertModel's families)
 
@@ -227,6 +228,10 @@ class Family:
 
 _FAMILIES: dict[str, Family] = {}
 _BY_MODEL_TYPE: dict[str, Family] = {}
+# Families with a config and module but no record yet: ModernBERT's conversion is its own
+# (conversion/modernbert.py, called from conversion/hf.py, conversion/native.py and pretrained.py).
+_UNRECORDED: dict[str, tuple[type, Callable[[Config], nn.Module]]] = {
+    "modernbert": (ModernBertConfig, ModernBertModel)}
 
 
 def register(family: Family) -> Family:
@@ -250,6 +255,9 @@ def all_families() -> tuple[Family, ...]:
 
 
 def get(name: str) -> Family:
+  if name in _UNRECORDED:
+    raise UserError(f"model.family={name!r} has no family record yet: it trains, and converts to and from "
+                    "Hugging Face and bert_jax checkpoints only (no TF checkpoints, fine-tuning heads or export)")
   if name not in _FAMILIES:
     raise UserError(f"model.family={name!r} is not one of {names()}")
   return _FAMILIES[name]
@@ -266,6 +274,8 @@ def by_model_type(model_type: str | None, source: str, architecture: str = "?") 
 def model_config(values: Mapping[str, Any]) -> Config:
   """The config object of a saved "model" dict (or a run config's model section, as a dict)."""
   name = values.get("family") or ""
+  if name in _UNRECORDED:
+    return _UNRECORDED[name][0].from_dict(values)
   config_class = get(name).config if name else ModelConfig
   return config_class.from_dict(values)
 
@@ -276,4 +286,6 @@ def of(config: Config) -> Family:
 
 def build(config: Config) -> nn.Module:
   """The Flax module of `config`'s family (BertModel for BERT, RoBERTa, ALBERT and ELECTRA)."""
+  if config.family in _UNRECORDED:
+    return _UNRECORDED[config.family][1](config)
   return of(config).module(config)

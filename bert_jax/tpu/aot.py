@@ -47,6 +47,9 @@ _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 # tf.data reading prepared rows (`data.format=bert_tfrecord`, nearly full rows).
 TOKENS_PER_WORKER_SECOND = 230e3
 TOKENS_PER_RECORD_CORE_SECOND = 3.1e6
+# From this length on, dense attention's scores outweigh a layer's other activations (BERT-base: 12 heads x T
+# scores per token against ~10 H values), so a dot step that does not fit is first told to use splash.
+LONG_SEQUENCE = 1024
 
 
 def _slice_mesh(config: ml_collections.ConfigDict, tpu: slices.Slice, devices: list) -> jax.sharding.Mesh:
@@ -204,6 +207,9 @@ def _input_line(r: dict[str, Any]) -> str:
 def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity: float, used: float) -> str:
   """One concrete change for a step that does not fit: shard the state, remat, or micro-batches."""
   mesh, model, train = config.mesh, config.model, config.train
+  if model.attention == "dot" and config.data.max_seq_length >= LONG_SEQUENCE:
+    return ("attention's T x T scores dominate at this length: --config.model.attention=splash (the blockwise TPU "
+            "kernel, memory linear in the length)")
   if state_bytes > 0.5 * capacity and mesh.fsdp == 1:
     return "shard parameters and optimizer state over the slice: --config.mesh.fsdp=-1 --config.mesh.data=1"
   if model.remat == "none":
@@ -262,7 +268,7 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
       "topology": tpu.name, "libtpu_topology": tpu.topology_name, "device_kind": devices[0].device_kind,
       "chips": tpu.chips, "hosts": tpu.hosts, "devices": len(devices), "mesh": dict(mesh.shape),
       "batch_size": config.train.batch_size, "grad_accum_steps": config.train.grad_accum_steps,
-      "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length,
+      "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length, "attention": config.model.attention,
       "fits": fits, "hbm_per_chip_bytes": int(used), "hbm_capacity_bytes": capacity,
       "state_bytes_per_chip": int(state_bytes),
       "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],
@@ -299,7 +305,7 @@ def format_report(r: dict[str, Any]) -> str:
       f"mesh              {mesh}",
       f"batch             train {r['batch_size']}" + (f" in {r['grad_accum_steps']} micro-batches"
                                                        if r["grad_accum_steps"] > 1 else "")
-      + f", eval {r['eval_batch_size']}; sequence length {r['seq_length']}",
+      + f", eval {r['eval_batch_size']}; sequence length {r['seq_length']}; attention {r['attention']}",
       f"HBM per chip      {_gib(r['hbm_per_chip_bytes'])} of {_gib(r['hbm_capacity_bytes'])}: "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       _step_line("train step", r["train_step"], "params, optimizer state, batch"),

@@ -17,7 +17,9 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
+from bert_jax.models import modernbert
 from bert_jax.models.config import ModelConfig
+from bert_jax.models.modernbert import ModernBertConfig
 from bert_jax.training import partitioning
 from bert_jax.training.step import build_train_setup
 
@@ -39,7 +41,9 @@ def predictions_for(seq_length: int) -> int:
   return max(1, round(seq_length * 20 / 128))
 
 
-def train_flops_per_step(cfg: ModelConfig, batch: int, seq: int, predictions: int) -> float:
+def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int) -> float:
+  if isinstance(cfg, ModernBertConfig):
+    return 3.0 * modernbert.forward_flops(cfg, batch, seq, predictions)
   h, i, e, v, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size, cfg.num_layers
   tokens = batch * seq
   head_dim = h // cfg.num_heads

@@ -1,9 +1,19 @@
-"""Optimizers (optax): LAMB as in the reference implementation, AdamW, and warmup-then-decay schedules.
+"""Optimizers (optax): LAMB as in the reference implementation, AdamW, StableAdamW, and warmup-then-decay
+schedules, among them warmup-stable-decay.
 
 optax.lamb computes one trust ratio per array. The reference LAMB (You et al. 2020; the TF/NVIDIA
 BERT recipes) computes one per layer and leaves LayerNorm and bias parameters out of weight decay and
 of the trust ratio. With scanned layers one array holds every layer's weights on a leading axis, so
 `scale_by_layerwise_trust_ratio` takes the norms per slice of that axis.
+
+StableAdamW (Wortsman et al. 2023, Algorithm 2; ModernBERT's optimizer) is AdamW whose step on each
+tensor is divided by max(1, RMS(g / sqrt(v_hat))): AdaFactor's update clipping, in place of clipping the
+gradient's global norm. Per tensor means per layer for stacked weights, as for LAMB.
+
+The warmup-stable-decay schedule (`decay="1-sqrt"`; Hägele et al. 2024, ModernBERT) holds the peak rate
+from the end of warmup to `decay_start`, then falls as 1 - sqrt over `decay_steps`. Up to `decay_start`
+it does not depend on where the decay starts, so any checkpoint of the stable phase can start a decay:
+resume it with `--config.optimizer.decay_start=<its step>` (the train state does not hold the schedule).
 """
 from __future__ import annotations
 
@@ -30,11 +40,14 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in _NO_DECAY_NAMES, params)
 
 
+DECAYS = ("linear", "polynomial", "constant", "1-sqrt")
+
+
 def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
                            learning_rate: float | None = None) -> optax.Schedule:
   """Linear warmup from 0 to the peak (`learning_rate`, default cfg.learning_rate) over
-  config_schema.warmup_steps, then linear/polynomial decay to cfg.end_learning_rate at num_steps, or
-  constant: every job's schedule."""
+  config_schema.warmup_steps, then linear/polynomial decay to cfg.end_learning_rate at num_steps, constant,
+  or stable then 1 - sqrt decay (module docstring): every job's schedule."""
   lr, warmup = learning_rate or cfg.learning_rate, config_schema.warmup_steps(cfg, num_steps)
   warm = optax.linear_schedule(0.0, lr, max(warmup, 1))
   if cfg.decay == "constant":
@@ -42,9 +55,28 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
   elif cfg.decay in ("linear", "polynomial"):
     power = 1.0 if cfg.decay == "linear" else cfg.decay_power
     after = optax.polynomial_schedule(lr, cfg.end_learning_rate, power, max(num_steps - warmup, 1))
+  elif cfg.decay == "1-sqrt":
+    return _warmup_stable_decay(cfg, num_steps, lr, warmup, warm)
   else:
-    raise UserError(f"optimizer.decay={cfg.decay!r} is not one of ('linear', 'polynomial', 'constant')")
+    raise UserError(f"optimizer.decay={cfg.decay!r} is not one of {DECAYS}")
   return optax.join_schedules([warm, after], [warmup])
+
+
+def _warmup_stable_decay(cfg: ml_collections.ConfigDict, num_steps: int, lr: float, warmup: int,
+                         warm: optax.Schedule) -> optax.Schedule:
+  """Warmup, the peak `lr` until decay_start (-1: num_steps - decay_steps), then 1 - sqrt down to
+  end_learning_rate over decay_steps, and end_learning_rate after."""
+  end, length = cfg.end_learning_rate, cfg.decay_steps
+  start = num_steps - length if cfg.decay_start < 0 else cfg.decay_start
+  if length < 1 or start < warmup:
+    raise UserError(f"optimizer.decay='1-sqrt' needs optimizer.decay_steps >= 1 (got {length}) and its start "
+                    f"(optimizer.decay_start={cfg.decay_start}; -1: train.num_steps - decay_steps = {start}) at or "
+                    f"after the warmup's end, step {warmup}")
+
+  def schedule(step):
+    done = jnp.clip((step - start) / length, 0.0, 1.0)
+    return jnp.where(step < warmup, warm(step), end + (lr - end) * (1.0 - jnp.sqrt(done)))
+  return schedule
 
 
 class _EmptyState(NamedTuple):
@@ -101,6 +133,48 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
   )
 
 
+class StableAdamState(NamedTuple):
+  inner: optax.OptState  # the wrapped AdamW's (scale_by_adam first)
+
+
+def scale_by_stable_adamw(b1: float, b2: float, eps: float, weight_decay: float, stacked: Any = None
+                          ) -> optax.GradientTransformation:
+  """Adam's step plus decoupled weight decay (not on LayerNorm and biases), each tensor's (each layer's,
+  for `stacked` arrays) divided by max(1, RMS(g / max(sqrt(v_hat), eps))); the learning rate comes after."""
+  inner = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+                      optax.add_decayed_weights(weight_decay, mask=decay_mask))
+
+  def update_fn(grads, state, params=None):
+    updates, inner_state = inner.update(grads, state.inner, params)
+    adam = inner_state[0]
+    bias = 1.0 - jnp.asarray(b2, jnp.float32) ** adam.count.astype(jnp.float32)
+    stack = stacked if stacked is not None else jax.tree.map(lambda _: False, grads)
+
+    def clip(u, g, nu, is_stacked):
+      ratio = jnp.square(g.astype(jnp.float32)) / jnp.maximum(nu.astype(jnp.float32) / bias, eps * eps)
+      axes = tuple(range(1, g.ndim)) if is_stacked else None
+      rms = jnp.sqrt(jnp.mean(ratio, axis=axes, keepdims=is_stacked))
+      return (u / jnp.maximum(1.0, rms)).astype(u.dtype)
+
+    return jax.tree.map(clip, updates, grads, adam.nu, stack), StableAdamState(inner_state)
+
+  return optax.GradientTransformation(lambda params: StableAdamState(inner.init(params)), update_fn)
+
+
+def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6,
+                 weight_decay: float = 0.01, clip_norm: float = 0.0, stacked: Any = None
+                 ) -> optax.GradientTransformation:
+  """StableAdamW (module docstring); clip_norm > 0 adds global-norm clipping before it (ModernBERT: none)."""
+  return optax.chain(
+      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      scale_by_stable_adamw(b1, b2, eps, weight_decay, stacked),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+OPTIMIZERS = ("lamb", "adamw", "stable_adamw")
+
+
 def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer and its schedule from the `optimizer` config section."""
@@ -110,4 +184,6 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any 
     return lamb(schedule, stacked=stacked, **common), schedule
   if cfg.name == "adamw":
     return adamw(schedule, **common), schedule
-  raise UserError(f"optimizer.name={cfg.name!r} is not one of ('lamb', 'adamw')")
+  if cfg.name == "stable_adamw":
+    return stable_adamw(schedule, stacked=stacked, **common), schedule
+  raise UserError(f"optimizer.name={cfg.name!r} is not one of {OPTIMIZERS}")

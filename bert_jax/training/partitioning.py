@@ -50,8 +50,20 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device]
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
 
 
+# What `mesh.shard_sequence` moves: the tensor axis splits the sequence instead of these weight axes.
+_TENSOR_WEIGHT_AXES = ("vocab", "mlp", "heads")
+
+
 def rules(mesh_cfg: ml_collections.ConfigDict) -> tuple:
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_cfg.rules)
+  """The logical axis rules of `mesh_cfg`. With mesh.shard_sequence, the `tensor` axis splits each row's
+  tokens (logical `length`: sequence sharding, for rows too long for one chip) and no longer the weights'
+  wide axes, which stay whole (or split over fsdp along `embed`); splash attention then runs each device's
+  queries against the whole row's keys (bert_jax/models/attention.py)."""
+  pairs = tuple((name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in mesh_cfg.rules)
+  if not mesh_cfg.get("shard_sequence", False):
+    return pairs
+  moved = {name: None for name in _TENSOR_WEIGHT_AXES}
+  return tuple((name, "tensor" if name == "length" else moved.get(name, axes)) for name, axes in pairs)
 
 
 def in_mesh(fn: Callable, mesh: Mesh, axis_rules: Sequence) -> Callable:

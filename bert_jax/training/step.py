@@ -32,7 +32,7 @@ import optax
 from jax.sharding import Mesh, Sharding
 
 from bert_jax.errors import UserError
-from bert_jax.training import finite, objectives, optim, partitioning
+from bert_jax.training import batch_warmup, finite, objectives, optim, partitioning
 from bert_jax.training.objectives.base import Objective
 
 
@@ -218,7 +218,12 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
 
   init_params = functools.partial(objective.init, batch=init_batch)
   if not isinstance(objective, objectives.TeacherObjective):
-    return sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh)
+    step_fn = train_step
+    if config.train.batch_warmup_steps:
+      batch_warmup.check(config, objective)
+      step_fn = batch_warmup.wrap(train_step, config.train)
+    return sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh,
+                         step_fn=step_fn)
   return _with_teacher(config, objective, init_params, make_tx, mesh)
 
 

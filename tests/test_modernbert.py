@@ -1,0 +1,221 @@
+"""ModernBERT: Hugging Face's ModernBertForMaskedLM / ModernBertModel (tiny, random, built here) against
+load_pretrained and the export; packed rows against their documents run alone; the presets' sizes;
+the tiny preset trains on the embedded corpus (BERT_JAX_SLOW_TESTS)."""
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from core_helpers import slow
+
+import bert_jax
+from bert_jax.config_utils import load_config
+from bert_jax.conversion import hf
+from bert_jax.conversion.modernbert import param_shapes
+from bert_jax.models import ModernBertConfig, ModernBertModel, build, model_config
+from bert_jax.training import benchmark, objectives, partitioning, trainer
+from bert_jax.training.objectives.base import mlm_sums
+from bert_jax.training.step import build_train_setup
+
+VOCAB = 96
+# The hidden check's shape: 4 layers, a window of 8 (4 either side), global attention every 2nd layer.
+HF_TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+               local_attention=8, global_attn_every_n_layers=2, max_position_embeddings=128, pad_token_id=0,
+               bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+
+
+def _hf_dir(tmp_path, cls, seed=0):
+  torch.manual_seed(seed)
+  model = cls(transformers.ModernBertConfig(**HF_TINY, attn_implementation="eager")).eval()
+  with torch.no_grad():  # norms away from 1, so a norm read as ones (or skipped) shows
+    for p in model.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  model.save_pretrained(tmp_path)
+  return model
+
+
+def _padded_batch(seed=0, batch=3, length=24):
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(3, VOCAB, (batch, length))
+  mask = np.ones((batch, length), np.int64)
+  mask[1, 15:] = 0
+  mask[2, 5:] = 0
+  return ids * mask, mask
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_load_pretrained_matches_transformers_with_padding(tmp_path, scan_layers):
+  reference = _hf_dir(tmp_path, transformers.ModernBertForMaskedLM)
+  ids, mask = _padded_batch()
+  with torch.no_grad():
+    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True,
+                     output_attentions=True)
+  model, params = bert_jax.load_pretrained(str(tmp_path), scan_layers=scan_layers)
+  assert isinstance(model, ModernBertModel) and model.config.global_every == 2 and model.config.window == 4
+  apply = jax.jit(model.apply, static_argnames="output_attentions")
+  out = apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), output_attentions=True)
+  real = mask > 0
+  np.testing.assert_allclose(np.asarray(out.mlm_logits)[real], want.logits.numpy()[real], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real], want.hidden_states[-1].numpy()[real],
+                             atol=1e-5, rtol=0)
+  # Each layer's probabilities at real queries: the windows (layers 1, 3) and the padding as HF masks them.
+  for layer in range(4):
+    got, ref = np.asarray(out.attentions[layer]), want.attentions[layer].numpy()
+    np.testing.assert_allclose(got.transpose(0, 2, 1, 3)[real], ref.transpose(0, 2, 1, 3)[real], atol=1e-6)
+  assert np.all(np.asarray(out.attentions[1])[0, :, 0, 5:] == 0)  # beyond 4 positions: outside the window
+
+
+def test_bare_model_export_and_reload_through_transformers(tmp_path):
+  """ModernBertModel (no MLM head, no prefix) in; our export loads in transformers with the same states."""
+  reference = _hf_dir(tmp_path / "in", transformers.ModernBertModel, seed=1)
+  ids, mask = _padded_batch(seed=1)
+  converted = bert_jax.pretrained.read_checkpoint(str(tmp_path / "in"))
+  assert converted.missing_heads == ("mlm",) and not converted.config.mlm_head
+  hf.write(str(tmp_path / "out"), converted)
+  # The reference's attention kernel (eager; the default, sdpa, differs in the last bits).
+  reloaded = transformers.ModernBertModel.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+  theirs, ours = reference.state_dict(), reloaded.state_dict()
+  assert theirs.keys() == ours.keys()
+  for name in theirs:
+    np.testing.assert_array_equal(ours[name].numpy(), theirs[name].numpy(), err_msg=name)
+  with torch.no_grad():
+    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    again = reloaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+  real = mask > 0
+  np.testing.assert_array_equal(again[real], want[real])
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["layer_types"][:2] == ["full_attention", "sliding_attention"] and config["local_attention"] == 8
+
+
+def _tiny(**changes):
+  return ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                          global_every=2, local_window=16, pad_token_id=0).replace(**changes)
+
+
+def _packed_rows():
+  """Row 0 packs two documents (40 and 50 tokens) and padding; rows 1-2 hold each one alone."""
+  rng = np.random.RandomState(2)
+  docs = [rng.randint(3, VOCAB, 40), rng.randint(3, VOCAB, 50)]
+  length = 128  # splash tiles by 128
+  ids, doc_ids, positions = (np.zeros((3, length), np.int32) for _ in range(3))
+  ids[0, :90] = np.concatenate(docs)
+  doc_ids[0, :40], doc_ids[0, 40:90] = 1, 2
+  positions[0, :40], positions[0, 40:90] = np.arange(40), np.arange(50)
+  for row, doc in zip((1, 2), docs):
+    ids[row, :len(doc)], doc_ids[row, :len(doc)], positions[row, :len(doc)] = doc, 1, np.arange(len(doc))
+  # The same predictions: in the packed row at the documents' offsets, alone at their own.
+  picks = [(0, 3), (0, 39), (1, 0), (1, 25), (1, 49)]
+  packed = [p + (40 if d else 0) for d, p in picks]
+  pos = np.zeros((3, 5), np.int32)
+  pos[0] = packed
+  weights = np.zeros((3, 5), np.float32)
+  weights[0] = 1
+  for row, d in ((1, 0), (2, 1)):
+    mine = [p for dd, p in picks if dd == d]
+    pos[row, :len(mine)], weights[row, :len(mine)] = mine, 1
+  labels = np.take_along_axis(ids, pos, axis=1)
+  return {"input_ids": ids, "input_mask": (doc_ids > 0).astype(np.int32), "segment_ids": np.zeros_like(ids),
+          "document_ids": doc_ids, "position_ids": positions, "masked_lm_positions": pos, "masked_lm_ids": labels,
+          "masked_lm_weights": weights, "next_sentence_labels": np.zeros(3, np.int32)}
+
+
+@pytest.mark.parametrize("family,attention", [("bert", "dot"), ("bert", "splash"), ("modernbert", "dot"),
+                                              ("modernbert", "splash")])
+def test_a_packed_rows_loss_is_the_sum_of_its_documents_alone(family, attention):
+  """Attention stays inside each document and positions restart in it (absolute for BERT, rotary for
+  ModernBERT): the packed row's masked-LM loss is the sum of its documents' losses, each alone in a row."""
+  if family == "bert":
+    config = model_config(dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                               max_position_embeddings=128, attention=attention, attention_dropout=0.0,
+                               use_pooler=False, sentence_head="none"))
+  else:
+    config = _tiny(attention=attention)
+  model, batch = build(config), _packed_rows()
+  inputs = objectives.model_inputs(batch)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+  logits = jax.jit(model.apply)({"params": params}, **inputs).mlm_logits
+  per_row = [float(mlm_sums(logits[i:i + 1], {k: v[i:i + 1] for k, v in batch.items()})["mlm_loss"])
+             for i in range(3)]
+  np.testing.assert_allclose(per_row[0], per_row[1] + per_row[2], rtol=1e-5)
+
+
+def test_scanned_layers_alternate_like_unrolled_ones_under_splash():
+  """Scanned layers pick window and theta from their index (lax.cond between two splash kernels): the same
+  function as the unrolled layers' static choice, and as dot's."""
+  batch = {k: v[:1] for k, v in _packed_rows().items()}  # the packed row
+  inputs = objectives.model_inputs(batch)
+  scanned = ModernBertModel(_tiny(attention="splash"))
+  params = nn.meta.unbox(jax.jit(scanned.init)(jax.random.key(1), **inputs)["params"])
+  encoder = dict(params["encoder"])
+  layers = encoder.pop("layers")
+  unrolled = {**params, "encoder": {**encoder, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers)
+                                                  for i in range(2)}}}
+  real = batch["input_mask"] > 0
+  dot = jax.jit(ModernBertModel(_tiny()).apply)({"params": params}, **inputs).last_hidden_state
+  for model, p in ((scanned, params), (ModernBertModel(_tiny(attention="splash", scan_layers=False)), unrolled)):
+    got = jax.jit(model.apply)({"params": p}, **inputs).last_hidden_state
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(dot)[real], atol=1e-5)
+
+
+# Parameter shapes of the tiny preset: a rename or a changed layout shows here.
+TINY_SHAPES = {
+    "embeddings/word_embeddings/embedding": (8192, 128), "embeddings/norm/scale": (128,),
+    "encoder/layers/attention_norm/scale": (4, 128), "encoder/layers/attention/qkv": (4, 128, 3, 2, 64),
+    "encoder/layers/attention/out": (4, 2, 64, 128), "encoder/layers/mlp_norm/scale": (4, 128),
+    "encoder/layers/mlp/wi": (4, 128, 2, 256), "encoder/layers/mlp/wo": (4, 256, 128),
+    "encoder/final_norm/scale": (128,), "mlm_head/transform/kernel": (128, 128), "mlm_head/transform/norm/scale": (128,),
+    "mlm_head/output_bias": (8192,),
+}
+
+
+def _shapes(preset):
+  config = model_config(load_config(f"configs/modernbert.py:{preset}", []).model.to_dict())
+  return param_shapes(config)
+
+
+@pytest.mark.parametrize("preset,released", [("base", 149e6), ("large", 395e6)])
+def test_presets_have_the_released_sizes(preset, released):
+  backbone = sum(int(np.prod(s)) for k, s in _shapes(preset).items() if not k.startswith("mlm_head"))
+  assert abs(backbone / released - 1) < 0.04, backbone
+
+
+def test_tiny_parameter_table():
+  assert _shapes("tiny") == TINY_SHAPES
+
+
+@slow  # a minute of training on two cores; the warmup's rows and the step are tested above and in test_optim
+def test_tiny_trains_on_the_embedded_corpus(tmp_path):
+  config = load_config("configs/modernbert.py:tiny", [
+      "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=20",
+      "--config.train.num_steps=40", "--config.train.log_every_steps=5",
+      "--config.train.eval_every_steps=0", "--config.checkpoint.every_steps=1000",
+      "--config.checkpoint.async_save=False", "--config.data.num_shards=4", "--config.optimizer.warmup_steps=5",
+      "--config.optimizer.learning_rate=2e-3", "--config.train.batch_warmup_steps=10"])
+  trainer.pretrain(config, str(tmp_path))
+  with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if '"loss"' in line]
+  assert rows[-1]["loss"] < rows[0]["loss"] - 0.4, (rows[0]["loss"], rows[-1]["loss"])
+
+
+def test_sequence_sharded_eval_equals_one_device():
+  """mesh.shard_sequence: the tensor axis splits each row's tokens (splash with q_seq_shards, keys gathered);
+  the eval sums on a 2x2x2 mesh are those of one device."""
+  base = ["--config.model.num_layers=1", "--config.data.max_seq_length=256", "--config.train.batch_size=4",
+          "--config.data.max_predictions_per_seq=8", "--config.train.batch_warmup_steps=0",
+          "--config.model.attention=splash"]
+  batch = benchmark.synthetic_batch(4, 256, 8, 8192)
+  batch["input_mask"][1, 200:] = 0
+  sums = []
+  for devices, mesh in ((jax.devices()[:1], ["--config.mesh.data=1"]),
+                        (jax.devices(), ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+                                         "--config.mesh.shard_sequence=True"])):
+    config = load_config("configs/modernbert.py:tiny", base + mesh)
+    setup = build_train_setup(config, partitioning.make_mesh(config.mesh, devices))
+    params = jax.device_put(jax.device_get(setup.init_params(jax.random.key(0))), setup.state_shardings.params)
+    sums.append(setup.eval_step(params, partitioning.global_batch(batch, setup.mesh)))
+  np.testing.assert_allclose(float(sums[1]["sum/mlm_loss"]), float(sums[0]["sum/mlm_loss"]), rtol=1e-5)
