@@ -29,7 +29,8 @@ with `family`, `vocab_size`, `hidden_size`, `num_layers`, `max_position_embeddin
 `hidden_dropout` and `attention_dropout` (which fine-tuning sets from its run config),
 `from_dict(dict)` (UserError on unknown keys), `to_dict()` and `replace(**changes)`.
 
-Adding a family, e.g. ModernBERT (see ARCHITECTURE.md):
+Adding a family, e.g. ModernBERT (its module and config exist, its record does not yet: until then
+`_UNRECORDED` below builds it and conversion/modernbert.py converts it; see ARCHITECTURE.md):
 
   bert_jax/models/modernbert.py          its Flax module and config dataclass, if BertModel's
                                          switches do not describe it (or in the record's file)
