@@ -1,6 +1,8 @@
 """Input pipeline scaling with the host's cores: `bert-jax data throughput --json` under `taskset -c 0` and
-`taskset -c 0,1`, alternating, for raw text and for prepared rows (`bert-jax data prepare --format
-bert_tfrecord`, read by the pure tf.data pipeline), seq 128 and 512, token and span masking.
+`taskset -c 0,1`, alternating, for raw text (`raw`: in the training process; `workers`: in
+data.num_workers=-1 worker processes, one per core) and for prepared rows (`rows`: `bert-jax data
+prepare --format bert_tfrecord`, read by the pure tf.data pipeline), seq 128 and 512, token and span
+masking.
 
   python benchmarks/data_scaling.py --rounds 3 --batches 40 [--cpus 0 --cpus 0,1] [--json]
 
@@ -18,10 +20,12 @@ import tempfile
 _PREDICTIONS = {128: 20, 512: 80}
 
 
-def _overrides(seq, masking, rows_dir=None):
+def _overrides(seq, masking, rows_dir=None, workers=False):
   out = [f"--config.data.max_seq_length={seq}", f"--config.data.max_predictions_per_seq={_PREDICTIONS[seq]}",
          "--config.model.max_position_embeddings=512", f"--config.data.masking={masking}",
          "--config.train.batch_size=256"]
+  if workers:  # text input in one worker process per core taskset leaves it
+    out.append("--config.data.num_workers=-1")
   if rows_dir:
     out += ["--config.data.format=bert_tfrecord", f"--config.data.corpus={rows_dir}/*.tfrecord"]
   return out
@@ -53,7 +57,7 @@ def main():
     for _ in range(args.rounds):
       for source, seq, masking in cases:
         for c in cpus:
-          over = _overrides(seq, masking, f"{tmp}/rows{seq}" if source == "rows" else None)
+          over = _overrides(seq, masking, f"{tmp}/rows{seq}" if source == "rows" else None, source == "workers")
           line = _bert_jax("data", "throughput", "--config", "configs/bert.py:demo", "--batches", str(args.batches),
                            "--json", *over, cpus=c)
           results.setdefault((source, seq, masking, c), []).append(json.loads(line.strip().splitlines()[-1]))

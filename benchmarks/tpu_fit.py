@@ -11,6 +11,8 @@ the markdown table is printed from them:
 
   nice -n 19 python benchmarks/tpu_fit.py --out benchmarks/tpu_fit.jsonl
   python benchmarks/tpu_fit.py --out benchmarks/tpu_fit.jsonl --table
+  # recompile an earlier table with today's step, each row from the micro-batches that fitted there:
+  nice -n 19 python benchmarks/tpu_fit.py --out NEW.jsonl --again benchmarks/tpu_fit.jsonl [--presets large]
 """
 from __future__ import annotations
 
@@ -79,19 +81,32 @@ def _first_accum(rows_per_device: int, capacity: float, state: float, per_row: f
   return accum
 
 
-def _rows():
+def _rows(presets=PRESETS):
   """The smallest slice first, where the presets' defaults are decided; then the rest of the table."""
   for topology in SLICES:
     for batch in BATCHES:
       for seq in SEQS:
-        for preset in PRESETS:
+        for preset in presets:
           yield preset, seq, batch, topology
 
 
-def run(out: str) -> None:
+def _best(records: list[dict]) -> dict:
+  """(preset, seq, batch, topology) -> the fitting compile with the fewest micro-batches."""
+  best = {}
+  for r in records:
+    key = (r["preset"], r["seq"], r["batch"], r["topology"])
+    if r["fits"] and (key not in best or r["grad_accum_steps"] < best[key]["grad_accum_steps"]):
+      best[key] = r
+  return best
+
+
+def run(out: str, presets=PRESETS, again: str = "") -> None:
+  """Compiles the table's missing rows into `out`; with `again` (an earlier table's JSON lines) each row
+  starts from the micro-batches that fitted there (a recompile of that table with today's step)."""
   done = [json.loads(line) for line in open(out)] if os.path.exists(out) else []
   finished = {(r["preset"], r["seq"], r["batch"], r["topology"]) for r in done if r["fits"]}
-  for preset, seq, batch, topology in _rows():
+  earlier = _best([json.loads(line) for line in open(again)]) if again else {}
+  for preset, seq, batch, topology in _rows(presets):
     if (preset, seq, batch, topology) in finished:
       continue
     tpu = slices.parse(topology)
@@ -101,6 +116,8 @@ def run(out: str) -> None:
                 or [12 * {"base": 110e6, "large": 335e6}[preset]])
     per_row = _activation_bytes_per_row(done, preset, seq) or _guess_bytes_per_row(preset, seq)
     accum = _first_accum(rows, tpu.chip.hbm_bytes, state, per_row)
+    if (preset, seq, batch, topology) in earlier:
+      accum = earlier[preset, seq, batch, topology]["grad_accum_steps"]
     tried = set()
     while accum not in tried:
       tried.add(accum)
@@ -120,16 +137,11 @@ def run(out: str) -> None:
 
 
 def table(out: str) -> str:
-  rows = [json.loads(line) for line in open(out)]
-  best = {}
-  for r in rows:  # the fitting compile with the fewest micro-batches per row
-    key = (r["preset"], r["seq"], r["batch"], r["topology"])
-    if r["fits"] and (key not in best or r["grad_accum_steps"] < best[key]["grad_accum_steps"]):
-      best[key] = r
+  best = _best([json.loads(line) for line in open(out)])
   lines = ["| model | seq | global batch | slice | chips (hosts) | mesh | remat | micro-batches x rows/chip | "
-           "HBM/chip (of) | collectives/step (GB sent/chip) | est. step | est. MFU | input workers/host | "
-           "compile CPU s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "HBM/chip (of) | collectives/step (GB sent/chip) | est. step | compute / memory / comm. bound | "
+           "est. MFU | input workers/host | compile CPU s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for key in sorted(best, key=lambda k: (PRESETS.index(k[0]), k[1], -k[2], SLICES.index(k[3]))):
     r = best[key]
     mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items() if v > 1) or "1 device"
@@ -140,16 +152,27 @@ def table(out: str) -> str:
         f"| {r['preset']} | {r['seq']} | {r['batch']} | {r['topology']} | {r['chips']} ({r['hosts']}) | {mesh} | "
         f"none | {r['grad_accum_steps']} x {per_chip} | {r['hbm_per_chip_bytes'] / 2 ** 30:.1f} "
         f"({r['hbm_capacity_bytes'] / 2 ** 30:.0f}) GiB | {count} ({sent:.1f}) | "
-        f"{r['estimated_step_seconds'] * 1e3:.0f} ms | {r['estimated_mfu']:.0%} | {r['input_workers_per_host']} | "
+        f"{r['estimated_step_seconds'] * 1e3:.0f} ms | {_shares(r)} | {r['estimated_mfu']:.0%} | "
+        f"{r['input_workers_per_host']} | "
         f"{r['cpu_seconds']:.0f} |")
   return "\n".join(lines)
+
+
+def _shares(r: dict) -> str:
+  e = r.get("estimate")  # tables compiled before tpu/estimate.py have none
+  if not e:
+    return "n/a"
+  return f"{e['compute_bound_share']:.0%} / {e['memory_bound_share']:.0%} / {e['comm_bound_share']:.0%}"
 
 
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default="benchmarks/tpu_fit.jsonl")
   parser.add_argument("--table", action="store_true", help="print the markdown table from --out and stop")
+  parser.add_argument("--presets", default=",".join(PRESETS), help="comma-separated: large,base")
+  parser.add_argument("--again", default="", help="an earlier table's JSON lines: start each row from its "
+                      "micro-batches (recompiling that table with today's step)")
   args = parser.parse_args()
   if not args.table:
-    run(args.out)
+    run(args.out, tuple(args.presets.split(",")), args.again)
   print(table(args.out))

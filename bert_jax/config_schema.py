@@ -76,6 +76,8 @@ FIELDS = (
           "rows per step, over all hosts and micro-batches"),
     Field("train.grad_accum_steps", ">= 1", _int(1),
           "micro-batches per step (the update is the full batch's); train.batch_size divides by it"),
+    Field("train.grad_reduce_dtype", *_one_of("float32", "bfloat16"),
+          "the dtype gradients cross devices in, once per step (bfloat16: MLPerf's TPU BERT; halves the bytes)"),
     Field("train.num_steps", ">= 0", _int(0),
           "the run's length in steps; > 0 wins over train.epochs (a corpus job needs >= 1)"),
     Field("train.epochs", ">= 0", _number(0),

@@ -16,10 +16,11 @@ import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import models, workdir
+from bert_jax import workdir
 from bert_jax.conversion import common, hf, modernbert, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
 from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.ops import finite
 
 
@@ -100,7 +101,7 @@ def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> 
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None,
                     electra_part: str | None = None) -> common.Converted:
-  """Family, ModelConfig, params and tokenizer of any supported checkpoint (params as stored)."""
+  """Family, config, params and tokenizer of any supported checkpoint (params as stored)."""
   kind = source_kind(path)
   if kind == "bert_jax":
     return native.read(path, scan_layers)
@@ -111,19 +112,22 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
-  heads = common.present_heads(converted.config) + converted.missing_heads
-  config = (modernbert.with_heads(converted.config, heads) if converted.family == modernbert.MODEL_TYPE
-            else common.with_heads(converted.config, converted.family, heads))
+  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet (conversion/modernbert.py)
+    config = modernbert.with_heads(converted.config, modernbert.heads_of(converted.config) + converted.missing_heads)
+  else:
+    family = converted.record
+    config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
   ids = jnp.zeros((1, 1), jnp.int32)
-  fresh = nn.meta.unbox(jax.jit(models.build(config).init)(jax.random.key(seed), ids)["params"])
+  fresh = nn.meta.unbox(jax.jit(families.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
   return common.Converted(converted.family, config, {**fresh, **converted.params}, converted.tokenizer)
 
 
 def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers: bool | None = None,
                     electra_part: str | None = None, seed: int = 0) -> tuple[nn.Module, dict]:
-  """(model, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint: a BertModel,
-  or a ModernBertModel for ModernBERT (the same call and outputs).
+  """(model, params) from a HF directory, an original TF checkpoint or a bert_jax checkpoint; the model
+  is the checkpoint family's Flax module (BertModel for BERT, RoBERTa, ALBERT and ELECTRA; ModernBertModel
+  for ModernBERT, the same call and outputs).
 
   The heads the checkpoint holds are loaded. A pretraining head it lacks (a bare BertModel has no MLM
   or NSP head) is named on stdout and left off the model, or initialised from `seed` when
@@ -135,7 +139,7 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
   for note in converted.notes:
     print(note, flush=True)
   if converted.task_head:
-    print(f"{path}: a fine-tuned {converted.task_head.kind} model; BertModel leaves params['head'] unused "
+    print(f"{path}: a fine-tuned {converted.task_head.kind} model; the encoder leaves params['head'] unused "
           "(bert_jax.Predictor.load runs the whole model)", flush=True)
   if converted.missing_heads:
     missing = ", ".join(converted.missing_heads)
@@ -145,7 +149,7 @@ def load_pretrained(path: str, *, init_missing_heads: bool = False, scan_layers:
     else:
       print(f"{path}: no weights for {missing}; the model has them turned off "
             "(init_missing_heads=True initialises them)", flush=True)
-  return models.build(converted.config), converted.params
+  return families.build(converted.config), converted.params
 
 
 def _tokenizer_info(path: str) -> common.Tokenizer | None:

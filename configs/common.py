@@ -74,8 +74,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.packing = False  # pack whole documents per row (full_sentences/doc_sentences only)
   c.num_shards = 8  # virtual shards; a multiple of the process count, dividing the global batch
   c.shuffle_buffer = 1000  # documents per shuffle block (rows are built and shuffled per block)
-  # Processes building examples (Python, ~1 core each); 0 builds them in the training process. Same
-  # batches for any value; at most this host's shard count are used.
+  # Processes building and masking examples (~1 core each); 0 builds them in the training process (about
+  # one core), -1 starts one per core this process may use. Same batches for any value; at most this
+  # host's shard count are used.
   c.num_workers = 0
   # A tf.data service dispatcher ("grpc://host:port") whose workers build the input (data.format=bert_tfrecord);
   # "": build it in this process.
@@ -88,7 +89,8 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 def train_config(**fields) -> ml_collections.ConfigDict:
   """The `train` block every job shares, with `fields` (a job's own fields among them) set; the meaning
   and allowed values of each shared field: bert_jax/config_schema.py (README's config reference)."""
-  c = ml_collections.ConfigDict({"batch_size": 32, "grad_accum_steps": 1, "num_steps": 0, "seed": 0,
+  c = ml_collections.ConfigDict({"batch_size": 32, "grad_accum_steps": 1, "grad_reduce_dtype": "float32",
+                                 "num_steps": 0, "seed": 0,
                                  "log_every_steps": 50, "eval_every_steps": 0, "eval_batch_size": 0,
                                  "tensorboard": True, "wandb": "", "skip_nonfinite_steps": 0, "restart": False})
   c.update(fields)

@@ -48,6 +48,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.vocab = ""  # "" : the checkpoint's vocabulary (the embedded one without init_from)
   c.data.lower_case = True
   c.data.max_seq_length = 128
+  # e.g. (32, 64, 128): rows go to the smallest length that holds them, batches never mix lengths, one
+  # compiled shape each (finetune/batching.py); () pads every row to max_seq_length
+  c.data.length_buckets = ()
   c.data.train_limit = 0  # use only the first N training examples (0: all)
   c.data.eval_limit = 0
   c.data.strict = False  # malformed rows, misplaced answers: False warns with a count and goes on; True stops

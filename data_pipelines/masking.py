@@ -148,28 +148,38 @@ def _single_units(keys, starts, ends, valid, budget, cfg):
   return chosen, starts, ends
 
 
-def _free_lengths(blocked, run):
-  """Free units that follow each unit (itself included) before a taken unit or a special token."""
+def _free_lengths(blocked, next_run):
+  """Free units that follow each unit (itself included) before a taken unit or a special token
+  (`next_run`: the first unit of the next run after each unit)."""
   t = tf()
   width = blocked.shape[1]
   pos = t.range(width)[None]
   next_blocked = _suffix_min(t.where(blocked, pos, width))
-  run_start = t.pad(run[:, 1:] != run[:, :-1], [[0, 0], [1, 0]])
-  next_run = t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:],
-                       t.fill([t.shape(blocked)[0], 1], width)], 1)
   return t.maximum(t.minimum(next_blocked, next_run) - pos, 0)
+
+
+def _next_run(run):
+  """The first unit of the next run (stretch between special tokens) after each unit; width past the last."""
+  t = tf()
+  width = run.shape[1]
+  pos = t.range(width)[None]
+  run_start = t.pad(run[:, 1:] != run[:, :-1], [[0, 0], [1, 0]])
+  return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run)[0], 1], width)], 1)
 
 
 def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
   """Draw a length, then a uniformly random place where it fits (shortened while none is free); cut the
-  span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens)."""
+  span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens).
+
+  The free lengths are computed once and then cut where each new span blocks units (a unit left of
+  the span can run at most up to its start): a few elementwise passes per span instead of two
+  log2(T)-pass suffix minimums."""
   t = tf()
   width, max_len = starts.shape[1], len(cfg.lengths)
   pos = t.range(width)[None]
   cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
 
-  def body(i, used, blocked, lo, hi):
-    free = _free_lengths(blocked, run)
+  def body(i, used, blocked, free, lo, hi):
     most = t.reduce_max(free, 1)
     drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
     length = t.minimum(drawn, most)
@@ -186,19 +196,46 @@ def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
     end_token = t.gather(ends, t.minimum(first + t.maximum(take, 1) - 1, width - 1), batch_dims=1)
     in_span = (pos >= first[:, None]) & (pos < (first + take)[:, None])
     alone_too_big = active & (take == 0)  # never anchor on this unit again
-    blocked = blocked | in_span | ((pos == first[:, None]) & alone_too_big[:, None])
+    newly = in_span | ((pos == first[:, None]) & alone_too_big[:, None])
+    blocked = blocked | newly
+    cut = t.where(active[:, None] & (pos < first[:, None]), t.minimum(free, first[:, None] - pos), free)
+    free = t.where(newly, 0, cut)
     lo = t.where(in_span, t.gather(starts, first, batch_dims=1)[:, None], lo)
     hi = t.where(in_span, end_token[:, None], hi)
     used = used + t.where(take > 0, t.gather(span_tokens, t.maximum(take, 1) - 1, batch_dims=1), 0)
-    return i + 1, used, blocked, lo, hi
+    return i + 1, used, blocked, free, lo, hi
 
-  def cond(i, used, blocked, lo, hi):
-    del lo, hi
+  def cond(i, used, blocked, free, lo, hi):
+    del free, lo, hi
     return (i <= width) & t.reduce_any((used < budget) & t.reduce_any(~blocked, 1))
 
-  _, _, blocked, lo, hi = t.while_loop(
-      cond, body, (t.constant(0), t.zeros_like(budget), ~valid, t.zeros_like(starts), t.zeros_like(starts)))
+  free = _free_lengths(~valid, _next_run(run))
+  _, _, blocked, free, lo, hi = t.while_loop(
+      cond, body, (t.constant(0), t.zeros_like(budget), ~valid, free, t.zeros_like(starts), t.zeros_like(starts)))
   return lo < hi, lo, hi
+
+
+def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
+  """`_multi_unit_spans`, run separately on the rows of at most a quarter of the width in units (cut to
+  that width) and on the others. A row's spans depend on its own units and key only, and one span
+  blocks at least one unit, so a short row needs no more loop steps than it has units: the same
+  result, while most rows of a long-width batch stop paying for the longest row's units and steps."""
+  t = tf()
+  width = starts.shape[1]
+  narrow = width // 4
+  if narrow < 32:
+    return _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+  short = t.reduce_sum(t.cast(valid, t.int32), 1) <= narrow
+  outputs = []
+  for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
+    take = lambda x, rows=rows, cut=cut: t.gather(x, rows)[:, :cut]  # noqa: E731
+    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run), take(valid),
+                                       t.gather(budget, rows), cfg)
+    pad = [[0, 0], [0, width - cut]]
+    outputs.append([t.scatter_nd(rows[:, None], t.pad(x, pad), t.shape(starts, out_type=t.int64))
+                    for x in (chosen, lo, hi)])
+  (chosen_a, lo_a, hi_a), (chosen_b, lo_b, hi_b) = outputs
+  return chosen_a | chosen_b, lo_a + lo_b, hi_a + hi_b
 
 
 def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
@@ -214,7 +251,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
   if len(cfg.lengths) == 1:
     chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg)
   else:
-    chosen, lo, hi = _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg)
   unit = t.maximum(unit_of, 0)
   selected = candidate & t.gather(chosen, unit, batch_dims=1)
   pos = t.range(width)[None]

@@ -11,12 +11,15 @@ Host-count independence: every virtual shard (shards.py) is a deterministic stre
 among it) and the step only. Every row's mask is drawn from a key of (seeds, shard, mask counter),
 fresh for every row ever produced (features.py, masking.py).
 
-Rows are built in Python (on a prefetch thread, or in `data.num_workers` processes) and masked and
-padded by TensorFlow ops on a whole batch at once, which release the GIL and use the host's cores:
-on a second prefetch thread, or (with workers, whose shutdown stays single-threaded) in `next()`. Resume: positions (shards.py) are saved as JSON and
-restored by re-reading one block; see `PretrainInput.save`.
+Rows are built in Python and masked and padded by TensorFlow ops on a whole batch at once: in this
+process, rows on a prefetch thread and masking (which releases the GIL) on a second one, about one
+core in all; or, with `data.num_workers` (-1: one per core this process may use), both in each worker
+process for its shards, which scales with the cores (workers.py). Resume: positions (shards.py) are
+saved as JSON and restored by re-reading one block; see `PretrainInput.save`.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -49,7 +52,7 @@ class _RowThread:
 
 
 class _RowWorkers:
-  """The row stage in worker processes."""
+  """Rows and their masks in worker processes: `next()` gives (masked batch, states)."""
 
   def __init__(self, context_args, groups, states, rows_per_shard):
     self._pool = WorkerPool(context_args, groups, states, rows_per_shard)
@@ -59,8 +62,7 @@ class _RowWorkers:
     return self._pool.stats
 
   def next(self):
-    batch, states = self._pool.next()
-    return None, batch, states
+    return self._pool.next()
 
   def close(self):
     self._pool.close()
@@ -105,10 +107,7 @@ class PretrainInput:
         self._rows = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard)
         self._masker = Prefetcher(lambda: _masked(self._rows, self._featurize))
     try:
-      if self._masker is None:  # workers build ahead; masking here keeps their shutdown single-threaded
-        batch, states = next(_masked(self._rows, self._featurize))
-      else:
-        batch, states = self._masker.next()
+      batch, states = (self._masker or self._rows).next()  # workers mask their own rows
     except BaseException:
       self.close()  # a stage failed or we were interrupted: the next call restarts from the consumed position
       raise
@@ -171,8 +170,9 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
     raise DataError(f"split={split!r}; use 'train' or 'eval'")
   num_shards = data_cfg.num_shards
   _check_layout(global_batch_size, process_index, process_count, num_shards)
-  if data_cfg.num_workers < 0:
-    raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build rows in this process) "
+  if data_cfg.num_workers < -1:
+    raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build rows in this process), -1 (one "
+                    "worker process per core this process may use) "
                     "or a positive number of worker processes")
   per_host = num_shards // process_count
   shards = range(process_index * per_host, (process_index + 1) * per_host)
@@ -189,7 +189,8 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   context_args = {"split": split, "max_position_embeddings": max_position_embeddings,
                   "model_vocab_size": model_vocab_size}
   ctx = make_context(data_cfg, **context_args)
-  return PretrainInput(ctx, shards, global_batch_size // num_shards, process_index, data_cfg.num_workers,
+  workers = len(os.sched_getaffinity(0)) if data_cfg.num_workers == -1 else data_cfg.num_workers
+  return PretrainInput(ctx, shards, global_batch_size // num_shards, process_index, workers,
                        {"data_cfg": data_cfg.to_dict(), **context_args})
 
 

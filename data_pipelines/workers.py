@@ -1,9 +1,11 @@
 """Where rows get built: a prefetch thread in this process, or worker processes (`data.num_workers`).
 
 Worker processes each run a contiguous group of this host's shards (rebuilding the context from the
-picklable config) and send their piece of every batch of unmasked rows, with their shards' positions,
-through a bounded queue; the main process joins the pieces in shard order. Shards are independent
-streams, so the batches are the same for any number of workers.
+picklable config), mask their rows (a row's mask depends on its own key only: masking.py) and send
+their piece of every batch, with their shards' positions, through a bounded queue; the main process
+only joins the pieces in shard order. So the whole text input (tokenizing, building rows, masking)
+runs on as many cores as there are workers. Shards are independent streams, so the batches are the
+same for any number of workers.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.features import Featurizer
 from bert_jax.data_pipelines.shards import make_context, shard_batches
 
 _QUEUE_BATCHES = 2  # pieces a worker builds ahead, as the in-process prefetch thread does
@@ -38,12 +41,13 @@ def _put(out, message, stop) -> bool:
 
 
 def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int):
-  """(key, piece, states, stats) for every batch; if building fails, the error as the last message."""
+  """(key, masked piece, states, stats) for every batch; if building fails, the error as the last message."""
   try:
     ctx = make_context(ml_collections.ConfigDict(context_args["data_cfg"]),
                        **{k: v for k, v in context_args.items() if k != "data_cfg"})
+    featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
     for key, piece, shard_states in shard_batches(ctx, shards, states, rows_per_shard):
-      yield key, piece, shard_states, dict(ctx.stats)
+      yield key, featurize(piece), shard_states, dict(ctx.stats)
   except DataError as e:
     yield e
   except Exception:  # pylint: disable=broad-except  # any failure must reach the caller, with its trace
@@ -95,7 +99,7 @@ class WorkerPool:
       return message
 
   def next(self) -> tuple[dict, dict]:
-    """(this host's batch, its shards' states after it): the workers' pieces in shard order."""
+    """(this host's masked batch, its shards' states after it): the workers' pieces in shard order."""
     pieces = [self._get(i) for i in range(len(self._processes))]
     if len({key for key, *_ in pieces}) != 1:
       raise RuntimeError(f"data workers are out of step: batch keys {[key for key, *_ in pieces]}")

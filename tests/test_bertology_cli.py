@@ -15,6 +15,7 @@ pytest.importorskip("matplotlib")
 import data_fixtures  # noqa: E402
 from bert_jax import cli  # noqa: E402
 from bert_jax.analysis import inputs  # noqa: E402
+from core_helpers import slow
 
 SENTENCES = 24
 
@@ -83,6 +84,7 @@ def _glue(root):
           f"--config.data.data_dir={directory}", "--config.optimizer.learning_rate=3e-3", "--config.train.epochs=2"]
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_heads_prune_finetune_and_convert(converted, capsys):
   root, _ = converted
   overrides = _glue(root)

@@ -17,6 +17,7 @@ from bert_jax.models.bert import BertModel, TransformerLayer, default_position_i
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.spanbert import SpanBoundaryHead
 from bert_jax.training import grow, objectives
+from core_helpers import slow
 
 SMALL = ["--config.model.vocab_size=64", "--config.model.hidden_size=32", "--config.model.num_heads=2",
          "--config.model.intermediate_size=64", "--config.model.num_layers=2",
@@ -194,7 +195,7 @@ def unrolled(params, share_layers):
 
 
 # ELECTRA's two networks are BertModels like these (see the tree test above); left out to save time.
-@pytest.mark.parametrize("family", ["roberta", "albert", "spanbert"])
+@pytest.mark.parametrize("family", [pytest.param("roberta", marks=slow), "albert", pytest.param("spanbert", marks=slow)])
 def test_scanned_equals_unrolled(family):
   batch = make_batch()
   scanned = objectives.make_objective(family_config(family))

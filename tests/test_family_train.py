@@ -9,6 +9,7 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.training import checkpoint, trainer
 from bert_jax.data_pipelines import embedded, vocab
+from core_helpers import slow
 
 RUN = ["--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.train.num_steps=40",
        "--config.train.log_every_steps=5", "--config.train.eval_every_steps=0",
@@ -53,6 +54,7 @@ def test_roberta_trains_on_its_own_bpe_vocabulary(bpe_vocab, tmp_path):
   assert "nsp_loss" not in rows[-1]
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_progressive_stacking_continues_from_the_grown_model(tmp_path):
   short = ["--config.train.num_steps=20"]
   stage1 = train_losses("configs/stacking.py:tiny", tmp_path / "stage1", *short)

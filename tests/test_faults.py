@@ -25,6 +25,7 @@ from orbax.checkpoint._src import asyncio_utils
 from bert_jax import cli, orbax_faults, run_lock, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, finite, metrics, step as step_lib, trainer
+from core_helpers import slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
@@ -425,6 +426,7 @@ def save_or_die(self, directory, args):
   return save(self, directory, args)
 checkpoint.DataPositionHandler.save = save_or_die
 """
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_sigkill_at_several_moments_resumes_to_the_uninterrupted_run(healthy, tmp_path):
   """Killed while the first checkpoint (step 2) is being written, then while the last one (step 4) is,
   with step 2 complete: the resumed run ends with the uninterrupted run's parameters and metrics rows,

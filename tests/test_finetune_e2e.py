@@ -16,6 +16,7 @@ from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
 from bert_jax.finetune import sweep, trainer
 from bert_jax.training import finite, metrics
+from core_helpers import slow
 
 
 TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
@@ -185,6 +186,7 @@ def test_divergence_stops_a_finetuning_run(sst2_run, tmp_path):
   assert run.progress.best_step == 2
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_sweep_halves_and_reports(sst2_run, tmp_path):
   data, _, overrides = sst2_run
   config = load_config("configs/glue.py:sst2", overrides + [

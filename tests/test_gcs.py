@@ -31,6 +31,7 @@ from bert_jax import cli, params_checkpoint, run_lock, workdir  # noqa: E402
 from bert_jax.data_pipelines import embedded  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
+from core_helpers import slow
 
 _FSSPEC_REGISTRY = sys.modules["fsspec.registry"]._registry  # pylint: disable=protected-access  (fsspec.registry is read-only)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,6 +125,7 @@ def _pretrain_args(workdir_url, data):
   return ["pretrain", "--config", "configs/bert.py:demo", "--workdir", workdir_url, *PRETRAIN, *data]
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_a_pretraining_run_in_a_bucket_resumes_after_sigkill_and_fine_tunes_from_there(bucket_env, bucket,
                                                                                        tmp_path, capsys):
   corpus, vocab = embedded.ensure_embedded()

@@ -80,6 +80,7 @@ def test_every_runtime_import_is_installed_by_install_requires():
   assert not importers, f"{importers} import a file that only exports ship"
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_the_demo_path_runs_without_test_only_packages(tmp_path):
   """The embedded corpus and vocabulary are built from scratch and a few demo steps run, with the
   test extras blocked at import time (as on a machine that ran only `pip install -e .`)."""

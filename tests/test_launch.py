@@ -9,6 +9,8 @@ import stat
 import subprocess
 import pytest
 
+from core_helpers import slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "launch", "*.sh")))
 
@@ -86,6 +88,7 @@ def test_tpu_script_stops_before_training_when_the_step_does_not_fit(tmp_path):
   assert not any("bert-jax pretrain" in _ssh_command(c) for c in calls[1:])
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_colab_notebook_runs_top_to_bottom_on_cpu(tmp_path):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")

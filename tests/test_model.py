@@ -6,6 +6,7 @@ import pytest
 
 import flax.linen as nn
 from bert_jax.models import BertModel, ModelConfig
+from core_helpers import slow
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
                   max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0)
@@ -77,7 +78,7 @@ def test_scanned_and_unrolled_layers_compute_the_same_function():
   np.testing.assert_allclose(a.last_hidden_state, b.last_hidden_state, atol=1e-5)
 
 
-@pytest.mark.parametrize("unroll", [2, 3, 8])
+@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=slow), 8])
 def test_unrolling_the_scan_changes_nothing_but_speed(unroll):
   """Same parameters, same dropout masks, same values and gradients for any scan_unroll."""
   ids, types = _inputs()

@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.training import checkpoint, metrics, trainer
+from core_helpers import slow
 
 FAST = ["--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
         "--config.train.batch_size=16", "--config.train.log_every_steps=1",
@@ -77,6 +78,7 @@ def test_ctrl_c_saves_and_the_same_command_resumes_exactly(tmp_path, monkeypatch
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_sigterm_leaves_a_checkpoint(tmp_path):
   workdir = tmp_path / "run"
   command = [sys.executable, "-m", "bert_jax.cli", "pretrain", "--config", "configs/bert.py:demo",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import data_fixtures
-from bert_jax import cli
+from bert_jax import cli, jobs
 from bert_jax.config_utils import load_config
 from bert_jax.configs import common
 from bert_jax.configs import ner as ner_config
@@ -107,17 +107,22 @@ def test_info_sizes_a_mesh_this_machine_lacks(capsys):
   assert large["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and round(large["num_params"] / 1e6) == 335
   config = load_config("configs/bert.py:tiny", ["--config.mesh.fsdp=8", "--config.train.batch_size=64"])
   real = step.build_train_setup(config, mesh=partitioning.make_mesh(config.mesh))
-  assert len(jax.devices()) == 8 and info.model_info(config)["param_bytes_per_device"] == info.bytes_per_device(
+
+  def model_info(config, num_devices=0):  # what `bert-jax info` does: the job's step on the abstract mesh
+    return info.model_info(*jobs.with_step(config, "configs/bert.py:tiny", "info").step(
+        config, info.sizing_mesh(config.mesh, num_devices)))
+
+  assert len(jax.devices()) == 8 and model_info(config)["param_bytes_per_device"] == info.bytes_per_device(
       real.abstract_state.params, real.state_shardings.params)
   assert cli.main(["info", "--json", "--config", "configs/bert.py:tiny", "--config.mesh.fsdp=16"]) == 0
   wide = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert (wide["machine_devices"], wide["devices"], wide["mesh"]) == (8, 16, {"data": 1, "fsdp": 16, "tensor": 1})
-  eight = info.model_info(config)
+  eight = model_info(config)
   # fsdp splits every weight with an `embed` axis 16 ways instead of 8; LayerNorms and biases stay whole
   assert eight["param_bytes_per_device"] > wide["param_bytes_per_device"] > eight["param_bytes_per_device"] / 2
-  assert info.model_info(config, num_devices=32)["mesh"] == {"data": 4, "fsdp": 8, "tensor": 1}
+  assert model_info(config, num_devices=32)["mesh"] == {"data": 4, "fsdp": 8, "tensor": 1}
   with pytest.raises(UserError, match="does not fit 12 devices"):
-    info.model_info(config, num_devices=12)
+    model_info(config, num_devices=12)
 
 
 def test_roberta_tiny_learns_its_sentencepiece_vocabulary_from_the_embedded_corpus(tmp_path, capsys):

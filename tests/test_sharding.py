@@ -1,10 +1,12 @@
 """The sharded train step: a 2x2x2 data/fsdp/tensor mesh of 8 CPU devices equals one device."""
+import math
 import re
 
 import jax
 import numpy as np
 import pytest
 
+from bert_jax.tpu import hlo
 from bert_jax.training import partitioning
 from bert_jax.training.step import build_train_setup
 from core_helpers import random_batch, tiny_config
@@ -21,21 +23,25 @@ def _run(config, devices, steps=3):
   return losses, jax.device_get(state.params), setup
 
 
+LAMB = ("--config.optimizer.name=lamb", "--config.optimizer.warmup_steps=1", "--config.optimizer.learning_rate=1e-2")
+MESH_2X2X2 = ("--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+
+
 @pytest.fixture(scope="module")
 def one_device():
-  return _run(tiny_config("--config.optimizer.name=lamb", "--config.optimizer.warmup_steps=1",
-                          "--config.optimizer.learning_rate=1e-2"), jax.devices()[:1])
+  return {accum: _run(tiny_config(*LAMB, f"--config.train.grad_accum_steps={accum}"), jax.devices()[:1])
+          for accum in (1, 2)}
 
 
-@pytest.mark.parametrize("unroll", [2, 1], ids=["unrolled-scan", "rolled-scan"])
-def test_2x2x2_mesh_equals_one_device(one_device, unroll):
+@pytest.mark.parametrize("unroll,accum", [(2, 1), (1, 2)], ids=["unrolled-scan", "rolled-scan-micro-batches"])
+def test_2x2x2_mesh_equals_one_device(one_device, unroll, accum):
+  """With micro-batches the step accumulates per device and reduces once (training/accumulate.py); with
+  dropout on, the masks are still the whole batch's (models/batch_rows.py)."""
   assert jax.device_count() == 8
-  config = tiny_config("--config.optimizer.name=lamb", "--config.optimizer.warmup_steps=1",
-                       "--config.optimizer.learning_rate=1e-2", "--config.mesh.data=2",
-                       "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
-                       f"--config.model.scan_unroll={unroll}")
+  config = tiny_config(*LAMB, *MESH_2X2X2, f"--config.model.scan_unroll={unroll}",
+                       f"--config.train.grad_accum_steps={accum}")
   losses, params, setup = _run(config, jax.devices())
-  ref_losses, ref_params, _ = one_device
+  ref_losses, ref_params, _ = one_device[accum]
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   assert losses[-1] != losses[0]  # the optimizer moved
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, ref_params)
@@ -77,3 +83,72 @@ def test_mesh_errors_name_the_fix():
   with pytest.raises(UserError, match="divisible by data-parallel size"):
     build_train_setup(tiny_config("--config.train.grad_accum_steps=3"), partitioning.make_mesh(
         tiny_config().mesh, jax.devices()[:1]))
+  with pytest.raises(UserError, match="train.grad_reduce_dtype='float16'"):
+    build_train_setup(tiny_config("--config.train.grad_reduce_dtype=float16"), partitioning.make_mesh(
+        tiny_config().mesh, jax.devices()[:1]))
+
+
+def _gradient_collectives(mesh, accum, *overrides):
+  """{kind: (count, bytes)} of the all-reduces and reduce-scatters of a compiled step (32 rows)."""
+  config = tiny_config(*mesh, f"--config.train.grad_accum_steps={accum}", "--config.train.batch_size=32", *overrides)
+  setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
+  state = setup.abstract_state
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=partitioning.batch_sharding(setup.mesh))
+           for k, v in random_batch(0, batch=32).items()}
+  text = setup.train_step.lower(state, batch, jax.random.key(1)).compile().as_text()
+  found = {c["kind"]: (c["count"], c["bytes"]) for c in hlo.collectives(text, 8)}
+  # A ring over 8 devices sends 7/8 of a leaf to reduce-scatter it (the leaves split over fsdp) and
+  # twice that to all-reduce it (the others).
+  split = lambda x: setup.mesh.shape["fsdp"] > 1 and "fsdp" in str(x.sharding.spec)  # noqa: E731
+  ring = sum(math.prod(x.shape) * 4 * 7 / 8 * (1 if split(x) else 2) for x in jax.tree.leaves(state.params))
+  return found, ring, text
+
+
+@pytest.mark.parametrize("mesh,kind", [(("--config.mesh.data=8",), "all-reduce"),
+                                       (("--config.mesh.data=1", "--config.mesh.fsdp=8"), "reduce-scatter")],
+                         ids=["data", "fsdp"])
+def test_gradients_are_reduced_once_per_step(mesh, kind):
+  """4 micro-batches send what 2 do: one reduction of each gradient leaf after the loop, none inside it
+  (the old step, reducing per micro-batch, sent 4x one reduction with 4 micro-batches)."""
+  (two, ring, _), (four, _, _) = (_gradient_collectives(mesh, accum) for accum in (2, 4))
+  assert two == four
+  sent = sum(four.get(k, (0, 0))[1] for k in ("all-reduce", "reduce-scatter"))
+  assert ring <= sent <= 1.02 * ring  # + the metrics' sums
+  assert kind in four
+
+
+def _lowered_all_reduce_bytes(*overrides) -> tuple[dict[str, int], int]:
+  """{dtype: bytes} of the all-reduces' buffers in the step as JAX hands it to XLA (data=8, 2
+  micro-batches, 32 rows), and the model's parameter count."""
+  config = tiny_config("--config.mesh.data=8", "--config.train.grad_accum_steps=2", "--config.train.batch_size=32",
+                       *overrides)
+  setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=partitioning.batch_sharding(setup.mesh))
+           for k, v in random_batch(0, batch=32).items()}
+  text = setup.train_step.lower(setup.abstract_state, batch, jax.random.key(1)).as_text(dialect="hlo")
+  sizes = {"f32": 4, "bf16": 2}
+  found: dict[str, int] = {}
+  for dtype, dims in re.findall(r"= (\w+)\[([\d,]*)\]\S* all-reduce\(", text):
+    found[dtype] = found.get(dtype, 0) + sizes[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return found, sum(math.prod(x.shape) for x in jax.tree.leaves(setup.abstract_state.params))
+
+
+def test_bfloat16_gradient_reduction():
+  """train.grad_reduce_dtype=bfloat16: the step hands XLA its gradients' all-reduces in bf16 (half the
+  bytes; the metrics' sums stay f32) and stays close to the float32 step (BENCHMARKS.md measures the
+  difference over more steps). The lowered module is checked: XLA:CPU's passes promote bf16 all-reduces
+  to f32 (XLA:TPU keeps them)."""
+  (f32, params), (bf16, _) = (_lowered_all_reduce_bytes(f"--config.train.grad_reduce_dtype={d}")
+                               for d in ("float32", "bfloat16"))
+  assert set(f32) == {"f32"} and params * 4 <= f32["f32"] < params * 4 * 1.01
+  assert bf16["bf16"] == params * 2 and bf16["f32"] < 0.01 * params * 4
+  # _run's 8 rows: 4 devices x 2 micro-batches, both steps in the shard_map.
+  common = ("--config.model.hidden_dropout=0.0", "--config.model.attention_dropout=0.0", "--config.mesh.data=4",
+            "--config.train.grad_accum_steps=2")
+  exact, exact_params, _ = _run(tiny_config(*common), jax.devices()[:4])
+  rounded, rounded_params, _ = _run(tiny_config(*common, "--config.train.grad_reduce_dtype=bfloat16"),
+                                    jax.devices()[:4])
+  np.testing.assert_allclose(rounded, exact, rtol=1e-3)
+  differences = [float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(rounded_params),
+                                                              jax.tree.leaves(exact_params))]
+  assert 0 < max(differences) < 1e-3  # rounded, by less than a step of the optimizer

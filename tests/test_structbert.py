@@ -19,6 +19,7 @@ from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 from bert_jax.data_pipelines.shuffling import PERMUTATIONS, shuffle_trigrams, trigram_slots
 from bert_jax.models.bert import BertModel
 from bert_jax.training import objectives, trainer
+from core_helpers import slow
 
 VOCAB, CLS, SEP, MASK = 5000, 2, 3, 4
 SPECIAL = np.arange(VOCAB) < 5
@@ -232,6 +233,7 @@ def test_loss_matches_numpy_on_a_fixed_batch():
   assert metrics["sso_accuracy"] == np.mean(sso_logits.argmax(-1) == batch["next_sentence_labels"])
 
 
+@slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_tiny_learns_on_the_embedded_corpus(tmp_path):
   config = load_config("configs/structbert.py:tiny", [
       "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.train.num_steps=20",

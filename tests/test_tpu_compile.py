@@ -86,6 +86,62 @@ def test_collectives_count_loop_iterations_and_ring_bytes():
   assert found["all-gather"] == {"kind": "all-gather", "count": 1, "bytes": 7 / 8 * 4096}
 
 
+_ESTIMATE_HLO = """HloModule est
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%cond (p: (s32[], f32[256,256])) -> pred[] {
+  %p = (s32[], f32[256,256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(6)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[256,256])) -> (s32[], f32[256,256]) {
+  %p = (s32[], f32[256,256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[256,256] get-tuple-element(%p), index=1
+  %d = f32[256,256] dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %r = f32[256,256] all-reduce(%d), channel_id=1, replica_groups=[2,4]<=[8], to_apply=%add
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[256,256]) tuple(%j, %r)
+}
+
+ENTRY %main (x: f32[256,256]) -> f32[256,256] {
+  %x = f32[256,256] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[256,256]) tuple(%zero, %x)
+  %w = (s32[], f32[256,256]) while(%init), condition=%cond, body=%body
+  %y = f32[256,256] get-tuple-element(%w), index=1
+  %g = f32[256,256] all-reduce(%y), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %e = f32[256,256] exponential(%g)
+}
+"""
+
+
+def test_step_estimate_multiplies_loops_and_overlaps_their_collectives():
+  """tpu/estimate.py on a loop of 6 matmuls, each all-reduced over 4 devices, then an all-reduce over 8
+  and an elementwise op, on a chip of 1 TFLOP/s, 100 GB/s HBM and 10 GB/s ICI: times by hand."""
+  from bert_jax.tpu import estimate
+  chip = slices.Chip("v4", 1, 1, "default", 2 ** 30, 1e12, 10e9, 4, 3, 64, 100e9)
+  t = estimate.step_time(_ESTIMATE_HLO, chip, num_devices=8)
+  matmul = 2 * 256 ** 3 / 1e12  # compute-bound: 3 x 256 KiB of HBM take 7.9 us, the FLOPs 33.6 us
+  loop_reduce = 2 * 3 / 4 * 256 * 256 * 4 / 10e9  # 39.3 us: longer than the matmul it overlaps
+  exponential = 2 * 256 * 256 * 4 / 100e9  # memory-bound: read and write 256 KiB
+  final_reduce = 2 * 7 / 8 * 256 * 256 * 4 / 10e9  # outside the loop: exposed
+  assert t.flops == pytest.approx(6 * 2 * 256 ** 3, rel=0.01)
+  assert t.compute_bound == pytest.approx(6 * matmul, rel=0.01)
+  assert t.memory_bound == pytest.approx(exponential, rel=0.05)  # + the loop counter's scalar adds
+  assert t.exposed_comm == pytest.approx(6 * (loop_reduce - matmul) + final_reduce, rel=0.01)
+  assert t.comm == pytest.approx(6 * loop_reduce + final_reduce, rel=0.01)
+  assert t.seconds == pytest.approx(t.compute_bound + t.memory_bound + t.exposed_comm)
+
+
 def _compile_json(capsys, *argv):
   status = main(["compile", "--json", *argv])
   captured = capsys.readouterr()
@@ -169,6 +225,13 @@ def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
   assert {c["kind"] for c in report["collectives"]} == {"all-reduce"}
   assert 1.5 * 2 * params <= sent <= 1.5 * 4 * params * 1.05
   assert 0 < report["estimated_mfu"] < 1
+  # The estimate's parts: shares of one step; the compiled FLOPs at least the model's (remat, softmax,
+  # optimizer on top) and within 1.5x of them.
+  estimate = report["estimate"]
+  assert sum(estimate[f"{k}_share"] for k in ("compute_bound", "memory_bound", "comm_bound")) == pytest.approx(1)
+  model_flops_per_chip = report["model_flops_per_step"] / report["chips"]
+  assert model_flops_per_chip <= estimate["hlo_flops_per_chip"] <= 1.5 * model_flops_per_chip
+  assert estimate["hbm_bytes_per_chip"] > 0
   # libtpu's settings were for the compile only: left set, later runs in this process and its children
   # would take themselves for a TPU VM and call jax.distributed.initialize.
   assert not {"TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE", "CLOUD_TPU_TASK_ID"} & set(os.environ)
@@ -204,7 +267,7 @@ def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, 
 @pytest.mark.parametrize("argv,message", [
     (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
     (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
-    (["--topology", "v4-16", "--config.train.batch_size=9"], "not divisible"),
+    (["--topology", "v4-16", "--config.train.batch_size=9"], "must be divisible by data-parallel size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2

@@ -196,6 +196,11 @@ def param_shapes(config: ModernBertConfig) -> dict[str, tuple[int, ...]]:
   return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(nn.meta.unbox(abstract), sep="/").items()}
 
 
+def heads_of(config: ModernBertConfig) -> tuple[str, ...]:
+  """The pretraining heads `config` switches on, in the order BERT's family names them."""
+  return tuple(h for h, on in (("pooler", config.use_pooler), ("mlm", config.mlm_head)) if on)
+
+
 def with_heads(config: ModernBertConfig, heads) -> ModernBertConfig:
   return config.replace(mlm_head="mlm" in heads, use_pooler="pooler" in heads)
 

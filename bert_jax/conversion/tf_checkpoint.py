@@ -1,7 +1,8 @@
 """Original Google TF1 checkpoints (google-research/bert, albert, electra): `*.ckpt*` + `bert_config.json`.
 
-TensorFlow is imported inside the functions: bert_jax itself imports without it. The original TF code
-computes "gelu" with the tanh approximation, so its checkpoints load with hidden_act="gelu_tanh".
+TensorFlow is imported inside the functions: bert_jax itself imports without it. Which family a
+checkpoint holds, its scopes, its config json and the variable names come from the family records
+(models/records/; BERT's, ALBERT's and ELECTRA's have TF names): this module only reads and writes.
 """
 from __future__ import annotations
 
@@ -13,15 +14,12 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.conversion import common, layout
+from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.data_pipelines import tftools
 from bert_jax.errors import UserError
-from bert_jax.models.config import ModelConfig
-
-_CONFIG_FILES = {"bert": "bert_config.json", "albert": "albert_config.json", "electra": "bert_config.json"}
-_TF_LAYER_NORM_EPS = 1e-12  # tf.contrib.layers.layer_norm's, which all three code bases use
-_ACTS = {"gelu": "gelu_tanh", "relu": "relu"}
+from bert_jax.models import families
+from bert_jax.models.families import Family
 
 
 def find_prefix(path: str) -> str | None:
@@ -79,109 +77,48 @@ def _first_line(e: Exception) -> str:
   return str(getattr(e, "message", e)).strip().splitlines()[0]
 
 
-def _family(tensors: _Tensors, source: str) -> str:
-  if "bert/encoder/transformer/group_0/inner_group_0/LayerNorm/gamma" in tensors:
-    return "albert"
-  if any(n.startswith(("electra/encoder/", "generator/encoder/")) for n in tensors):
-    return "electra"
-  if "bert/encoder/layer_0/output/LayerNorm/gamma" in tensors:
-    return "bert"
-  raise UserError(f"{source}: unknown architecture: no bert/, ALBERT or electra/ encoder variables")
+def _family(tensors: _Tensors, source: str) -> Family:
+  for family in families.all_families():
+    if family.tf is not None and family.tf.detect(tensors):
+      return family
+  known = [f.name for f in families.all_families() if f.tf is not None]
+  raise UserError(f"{source}: unknown architecture: no encoder variables of {', '.join(known)}")
 
 
-def _scopes(family: str, tensors: _Tensors, electra_part: str | None) -> dict[str, str]:
-  if family != "electra":
-    return {"t": "bert", "e": "bert"}
-  part = electra_part or ("discriminator" if "electra/encoder/layer_0/output/LayerNorm/gamma" in tensors
-                          else "generator")
-  if part not in ("discriminator", "generator"):
-    raise UserError(f"electra_part={part!r} is not 'discriminator' or 'generator'")
-  scope = "electra" if part == "discriminator" else "generator"
-  own_embeddings = f"{scope}/embeddings/word_embeddings" in tensors
-  return {"t": scope, "e": scope if own_embeddings else "electra"}
-
-
-def _read_json(directory: str, family: str) -> dict:
-  for name in (_CONFIG_FILES[family], "bert_config.json", "albert_config.json"):
+def _read_json(directory: str, family: Family) -> dict:
+  """The config json beside the checkpoint: the family's own name first, then any family's."""
+  names = [family.tf.config_file] + [f.tf.config_file for f in families.all_families() if f.tf is not None]
+  for name in dict.fromkeys(names):
     path = epath.Path(directory) / name
     if path.exists():
       return workdir.read_json(path)
   return {}
 
 
-def _sizes(tensors: _Tensors, family: str, names: dict, settings: dict, source: str) -> dict:
-  """The encoder's sizes: from the config json when it describes this encoder, else off the shapes.
-
-  An original ELECTRA checkpoint's json describes the discriminator only; its generator's sizes come
-  from the shapes, with the original code's 64-dim heads.
-  """
-  hidden = tensors.shape(f"{_LAYER0[family].format(**names)}/attention_1/self/query/kernel"
-                         if family == "albert" else f"{_LAYER0[family].format(**names)}/attention/self/query/kernel")[0]
-  layers = {m.group(1) for n in tensors for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m}
-  if settings and (family != "electra" or names["t"] == "electra" or settings.get("hidden_size") == hidden):
-    if family != "albert" and len(layers) != settings["num_hidden_layers"]:
-      raise UserError(f"{source}: the config json says num_hidden_layers={settings['num_hidden_layers']} but "
-                      f"the checkpoint holds {len(layers)} layers ({names['t']}/encoder/layer_*)")
-    embedding = settings.get("embedding_size", settings["hidden_size"])
-    return dict(vocab_size=settings["vocab_size"], hidden_size=settings["hidden_size"],
-                embedding_size=0 if embedding == settings["hidden_size"] else embedding,
-                num_layers=settings["num_hidden_layers"], num_heads=settings["num_attention_heads"],
-                intermediate_size=settings["intermediate_size"],
-                max_position_embeddings=settings.get("max_position_embeddings", 512),
-                type_vocab_size=settings.get("type_vocab_size", 2))
-  if family == "albert":
-    raise UserError(f"{source}: an ALBERT checkpoint needs albert_config.json (for num_hidden_layers)")
-  vocab, embed = tensors.shape(f"{names['e']}/embeddings/word_embeddings")
-  return dict(vocab_size=vocab, embedding_size=0 if embed == hidden else embed, hidden_size=hidden,
-              num_layers=len(layers), num_heads=max(1, hidden // 64),
-              intermediate_size=tensors.shape(f"{names['t']}/encoder/layer_0/intermediate/dense/kernel")[1],
-              max_position_embeddings=tensors.shape(f"{names['e']}/embeddings/position_embeddings")[0],
-              type_vocab_size=tensors.shape(f"{names['e']}/embeddings/token_type_embeddings")[0])
-
-
-_LAYER0 = {"albert": "bert/encoder/transformer/group_0/inner_group_0", "bert": "{t}/encoder/layer_0",
-           "electra": "{t}/encoder/layer_0"}
-
-
-def _heads_in(tensors, family: str, names: dict) -> tuple[str, ...]:
+def _heads_in(tensors, family: Family, names: dict) -> tuple[str, ...]:
   firsts = {}
-  for row in layout.GLOBAL_ROWS[family]:
-    firsts.setdefault(row.head, row.tf.format(**names))
-  present = {h for h in layout.HEADS if firsts.get(h) in tensors}
-  if family == "electra":
-    # One original ELECTRA checkpoint holds both models; each keeps only its own head.
-    present -= {"rtd"} if names["t"] == "generator" else {"mlm"}
-  return tuple(h for h in layout.HEADS if h in present)
+  for row in family.layout.global_rows:
+    if row.tf is not None:
+      firsts.setdefault(row.part, row.tf.format(**names))
+  return family.tf.own_heads(names, tuple(h for h in family.heads if firsts.get(h) in tensors))
 
 
 def read(path: str, scan_layers: bool = True, electra_part: str | None = None) -> common.Converted:
+  """electra_part: which model of a checkpoint holding two (ELECTRA's discriminator and generator)."""
   prefix = find_prefix(path)
   if prefix is None:
     raise UserError(f"{path}: no TF checkpoint (*.ckpt*.index) found")
   directory = os.fspath(epath.Path(prefix).parent)
   tensors = _Tensors(prefix)
   family = _family(tensors, path)
-  names = _scopes(family, tensors, electra_part)
-  settings = _read_json(directory, family)
-  act = settings.get("hidden_act", "gelu")
-  if act not in _ACTS:
-    raise UserError(f"{path}: hidden_act={act!r} is not one of {sorted(_ACTS)}")
+  names, notes = family.tf.scopes(tensors, electra_part, path)
   heads = _heads_in(tensors, family, names)
-  config = ModelConfig(
-      **_sizes(tensors, family, names, settings, path), hidden_act=_ACTS[act],
-      hidden_dropout=settings.get("hidden_dropout_prob", 0.1),
-      attention_dropout=settings.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=settings.get("initializer_range", 0.02), layer_norm_eps=_TF_LAYER_NORM_EPS,
-      share_layers="all" if family == "albert" else "none", scan_layers=scan_layers)
-  config = common.with_heads(config, family, heads)
+  config, config_notes = family.tf.read_config(tensors, names, _read_json(directory, family), heads, scan_layers,
+                                               path)
   params = params_lib.to_params(config, family, tensors, "tf", names, path)
-  notes = [f"{path}: no {_CONFIG_FILES[family]}; sizes read off the tensors, 64-dim attention heads assumed"] if not settings else []
-  if family == "electra" and electra_part is None and {"electra/", "generator/"} <= {n[:n.find("/") + 1] for n in tensors}:
-    notes.append(f"{path}: holds a discriminator and a generator; loaded the {'discriminator' if names['t'] == 'electra' else 'generator'} "
-                 "(electra_part= chooses)")
-  return common.Converted(family, config, params, tokenizer(directory),
-                          missing_heads=tuple(h for h in common.expected_heads(family, heads) if h not in heads),
-                          notes=notes)
+  return common.Converted(family.name, config, params, tokenizer(directory),
+                          missing_heads=tuple(h for h in family.pretrained_heads(heads) if h not in heads),
+                          notes=config_notes + notes)
 
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
@@ -190,33 +127,14 @@ def tokenizer(directory: str) -> common.Tokenizer | None:
   return common.tokenizer_from_files(directory, not ("cased" in base and "uncased" not in base))
 
 
-def _tf_config(config: ModelConfig, family: str) -> dict:
-  d = {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-       "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-       "intermediate_size": config.intermediate_size, "hidden_act": "relu" if config.hidden_act == "relu" else "gelu",
-       "hidden_dropout_prob": config.hidden_dropout, "attention_probs_dropout_prob": config.attention_dropout,
-       "max_position_embeddings": config.max_position_embeddings, "type_vocab_size": config.type_vocab_size,
-       "initializer_range": config.initializer_range}
-  if family in ("albert", "electra"):
-    d["embedding_size"] = config.embed_dim
-  if family == "albert":
-    d.update(num_hidden_groups=1, inner_group_num=1, net_structure_type=0, gap_size=0, num_memory_blocks=0,
-             down_scale_factor=1)
-  return d
-
-
 def write(directory: str, converted: common.Converted) -> list[str]:
   """Writes model.ckpt (original variable names), checkpoint, the config json and the vocabulary."""
-  config, family = converted.config, converted.family
-  if family == "roberta":
-    raise UserError("RoBERTa was released by fairseq and has no original TF checkpoint layout; use --to hf")
-  if config.pruned_heads:
-    raise UserError("a pruned model (model.pruned_heads) has no original TF checkpoint layout: the TF code "
-                    "builds every head; use --to hf (transformers 4.x prunes on load)")
-  generator = family == "electra" and config.mlm_head and not config.rtd_head
-  names = {"t": "generator" if generator else layout.TF_SCOPE[family],
-           "e": "electra" if family == "electra" else "bert"}
-  tensors = params_lib.from_params(config, family, converted.params, "tf", names)
+  config, family = converted.config, converted.record
+  if family.tf is None:
+    raise UserError(f"{family.name} has no original TF checkpoint layout (it was not released as one); "
+                    "use --to hf")
+  settings, notes = family.tf.write_config(config)
+  tensors = params_lib.from_params(config, family, converted.params, "tf", family.tf.write_scopes(config))
   tf = tftools.tf()
   out = workdir.create(directory)
   ordered = sorted(tensors)
@@ -224,15 +142,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
                     shape_and_slices=[""] * len(ordered), tensors=[tensors[n] for n in ordered])
   workdir.write_text(out / "checkpoint",
                      'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n')
-  workdir.write_json(out / _CONFIG_FILES[family], _tf_config(config, family))
+  workdir.write_json(out / family.tf.config_file, settings)
   if converted.tokenizer:
     workdir.write_tokenizer(out, converted.tokenizer.files)
   left = params_lib.unwritten(config, family, converted.params)
-  notes = [f"the original TF layout has no place for {len(left)} parameters, not written: {', '.join(left[:8])}"
-           f"{' ...' if len(left) > 8 else ''}{'; export a fine-tuned head with --to hf' if converted.task_head else ''}"
-           ] if left else []
-  if config.hidden_act == "gelu":
-    notes.append("the original TF code computes 'gelu' with the tanh approximation; this model uses exact GELU")
-  if config.layer_norm_eps != _TF_LAYER_NORM_EPS:
-    notes.append(f"the original TF code uses LayerNorm epsilon 1e-12; this model uses {config.layer_norm_eps}")
-  return notes
+  unwritten = [f"the original TF layout has no place for {len(left)} parameters, not written: {', '.join(left[:8])}"
+               f"{' ...' if len(left) > 8 else ''}{'; export a fine-tuned head with --to hf' if converted.task_head else ''}"
+               ] if left else []
+  return unwritten + notes

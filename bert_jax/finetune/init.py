@@ -17,6 +17,7 @@ import ml_collections
 
 from bert_jax import params_checkpoint
 from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
@@ -26,7 +27,7 @@ def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> Model
   """The checkpoint's architecture when there is one (config.model otherwise); dropout from config."""
   fields = dict(saved["model"]) if saved else config.model.to_dict()
   fields.update(hidden_dropout=config.model.hidden_dropout, attention_dropout=config.model.attention_dropout)
-  model = ModelConfig.from_dict(fields)
+  model = families.model_config(fields)
   if not 1 <= config.data.max_seq_length <= model.max_position_embeddings:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} must be between 1 and the model's "
                     f"max_position_embeddings={model.max_position_embeddings}"

@@ -1,13 +1,8 @@
 """The fine-tuning objective: a task head's loss as additive sums, so it trains through the shared step.
 
-Each head's loss is a sum over rows (or labelled tokens) divided by a count that depends on the data
-only, as the pretraining objectives do (training/step.py), so micro-batches give exactly the full
-batch's gradient:
-  classification: cross-entropy summed over rows / rows
-  regression:     squared error summed over rows / rows
-  token:          cross-entropy summed over labelled tokens / labelled tokens
-  span:           (start + end cross-entropy) / 2 summed over rows / rows
-With SMART (finetune/smart.py) the adversarial and Bregman terms are sums over the same rows (or
+Each head kind's loss is a sum over rows (or labelled tokens) divided by a count that depends on the
+data only (models/head_kinds.py lists them), as the pretraining objectives do (training/step.py), so
+micro-batches give exactly the full batch's gradient. With SMART (finetune/smart.py) the adversarial and Bregman terms are sums over the same rows (or
 tokens), added to the loss with their weights before the division.
 """
 from __future__ import annotations
@@ -15,13 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import optax
-
 import ml_collections
 
 from bert_jax.finetune import heads, smart
 from bert_jax.finetune.features import MODEL_INPUTS
+from bert_jax.models import head_kinds
 
 
 class FinetuneObjective:
@@ -30,6 +23,7 @@ class FinetuneObjective:
   def __init__(self, model: heads.FinetuneModel, smart_config: ml_collections.ConfigDict | None = None):
     self.model = model
     self.kind = model.kind
+    self.head = head_kinds.get(model.kind)
     self.smart = smart_config
 
   def init(self, rng: jax.Array, batch: dict[str, jax.Array]) -> Any:
@@ -46,32 +40,18 @@ class FinetuneObjective:
                                  deterministic=deterministic, rngs=rngs, head_mask=head_mask), delta)
 
   def counts(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    if self.kind == "token":
-      return {"labels": jnp.maximum(jnp.sum(batch["label_weights"]), 1.0)}
-    return {"labels": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+    return {"labels": self.head.count(batch)}
 
   def sums(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None, deterministic: bool,
            head_mask: jax.Array | None = None, teacher: Any = None) -> dict[str, jax.Array]:
     """The task loss summed (plus SMART's terms in training); teacher: SMART's momentum teacher."""
     outputs = self.apply(params, batch, rng, deterministic, head_mask)
-    sums = {"loss": self._task_loss(outputs, batch)}
+    sums = {"loss": self.head.loss(outputs, batch)}
     if self.smart is not None and not deterministic:
       apply = lambda p, delta: self.apply(p, batch, rng, False, head_mask, delta)  # noqa: E731
       sums.update(smart.sums(apply, params, teacher, outputs, batch, rng, self.smart, self.kind,
                              self.model.config.hidden_size))
     return sums
-
-  def _task_loss(self, outputs: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
-    if self.kind == "regression":
-      return jnp.sum(jnp.square(outputs["logits"] - batch["label"]))
-    if self.kind == "classification":
-      return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["label"]))
-    if self.kind == "token":
-      losses = optax.softmax_cross_entropy_with_integer_labels(outputs["logits"], batch["token_labels"])
-      return jnp.sum(losses * batch["label_weights"])
-    start = optax.softmax_cross_entropy_with_integer_labels(outputs["start_logits"], batch["start_positions"])
-    end = optax.softmax_cross_entropy_with_integer_labels(outputs["end_logits"], batch["end_positions"])
-    return jnp.sum(start + end) / 2
 
   def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
     total = sums["loss"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import json
 import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -36,13 +35,12 @@ import numpy as np
 import tqdm
 from etils import epath
 
-import bert_jax
-from bert_jax import params_checkpoint, workdir
+from bert_jax import params_checkpoint, pretrained, workdir
 from bert_jax.configs import common
 from bert_jax.errors import UserError
-from bert_jax.finetune import embedded, glue, heads, ner, squad
+from bert_jax.finetune import batching, embedded, glue, heads, ner, squad
 from bert_jax.finetune import features as feats
-from bert_jax.models.config import ModelConfig
+from bert_jax.models import families, head_kinds
 from bert_jax.ops import int8
 from bert_jax.training import partitioning
 
@@ -77,7 +75,7 @@ class Predictor:
   def load(cls, path: str, batch_size: int = 0) -> "Predictor":
     """From a fine-tuning workdir; batch_size 0: the run's eval_batch_size (rounded up to the devices)."""
     params, config = params_checkpoint.load_params(path)
-    return cls.build(config, params, bert_jax.load_tokenizer(path), batch_size, path)
+    return cls.build(config, params, pretrained.load_tokenizer(path), batch_size, path)
 
   @classmethod
   def build(cls, config: dict, params: Any, tokenizer, batch_size: int = 0, source: str = "model"
@@ -86,7 +84,7 @@ class Predictor:
     batch_size = batch_size or config["train"]["eval_batch_size"]
     if batch_size <= 0:
       raise UserError(f"batch size {batch_size} must be positive")
-    model = heads.FinetuneModel(ModelConfig.from_dict(config["model"]), kind, num_labels,
+    model = heads.FinetuneModel(families.model_config(config["model"]), kind, num_labels,
                                 config["head"]["pooling"], config["head"]["dropout"])
     if (config.get("quantization") or {}).get("activations") == "int8":
       model = int8.int8_model(model)
@@ -120,8 +118,10 @@ class Predictor:
     examples = self.normalize(examples)
     with tqdm.tqdm(total=len(examples), disable=not progress, delay=2.0, file=sys.stderr,
                    unit="example", desc="predict") as bar:
-      for start in range(0, len(examples), self.batch_size):
-        part = examples[start:start + self.batch_size]
+      # With buckets, a bucket's last batch is padded: featurize enough examples at once to fill most.
+      chunk = self.batch_size * (32 if self.lengths else 1)
+      for start in range(0, len(examples), chunk):
+        part = examples[start:start + chunk]
         features, decode = self.featurize(part)
         yield from decode(self.run(features))
         bar.update(len(part))
@@ -129,32 +129,22 @@ class Predictor:
   def normalize(self, examples: Iterable) -> list:
     """Examples in the one form featurize takes ((a, b | None), [words] or squad.Example); a malformed
     one is a UserError naming it by its position."""
-    if self.kind in ("classification", "regression"):
-      normal = functools.partial(_sentences, paired=_glue_spec(self.config).tfds_fields[1] is not None)
-    else:
-      normal = _words if self.kind == "token" else _question
-    examples = [normal(ex, i) for i, ex in enumerate(examples)]
-    if self.kind == "span":
-      repeated = sorted(i for i, n in collections.Counter(q.qid for q in examples).items() if n > 1)
-      if repeated:
-        raise UserError(f"question ids must be unique (answers are keyed by them); repeated: {repeated[:5]}")
-    return examples
+    return _EXAMPLES[self.kind].normalize(self, list(examples))
 
   def featurize(self, examples: Sequence) -> tuple[dict[str, np.ndarray], Decode]:
     """The model rows for normalized `examples` and the function turning the model's outputs into records."""
-    featurizers = {"classification": _sentence_features, "regression": _sentence_features,
-                   "token": _word_features, "span": _question_features}
-    return featurizers[self.kind](self, examples)
+    return _EXAMPLES[self.kind].featurize(self, examples)
+
+  @property
+  def lengths(self) -> tuple[int, ...]:
+    """The run's data.length_buckets (finetune/batching.py); () pads every row to max_seq_length."""
+    data = self.config["data"]
+    return batching.buckets(data.get("length_buckets") or (), data["max_seq_length"])
 
   def run(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's outputs (numpy, one row per feature row) in batches of batch_size."""
-    n = len(features["input_ids"])
-    padded = feats.pad_to_multiple({k: features[k] for k in feats.MODEL_INPUTS}, self.batch_size)
-    chunks = []
-    for start in range(0, len(padded["input_ids"]), self.batch_size):
-      batch = {k: padded[k][start:start + self.batch_size] for k in feats.MODEL_INPUTS}
-      chunks.append(jax.device_get(self.apply(self.params, partitioning.global_batch(batch, self.mesh))))
-    return {k: np.concatenate([c[k] for c in chunks])[:n] for k in chunks[0]}
+    """The model's outputs (numpy, one row per feature row) in batches of batch_size (of one length
+    bucket each with data.length_buckets)."""
+    return batching.run_model(self.apply, self.params, self.mesh, features, self.batch_size, self.lengths)
 
   def outputs(self, examples: Sequence) -> dict[str, np.ndarray]:
     """The raw model outputs (logits) for `examples`, one row per feature row."""
@@ -165,6 +155,11 @@ class Predictor:
 def _glue_spec(config: dict) -> glue.GlueSpec:
   task = config["task"]
   return embedded.SPEC if task["family"] == "embedded" else glue.SPECS[task["name"]]
+
+
+def _sentence_pairs(predictor: Predictor, examples: list) -> list[tuple[str, str | None]]:
+  paired = _glue_spec(predictor.config).tfds_fields[1] is not None
+  return [_sentences(ex, i, paired) for i, ex in enumerate(examples)]
 
 
 def _sentences(example, index: int, paired: bool) -> tuple[str, str | None]:
@@ -181,18 +176,8 @@ def _sentence_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
   spec = _glue_spec(predictor.config)
   rows = [(a, b, None) for a, b in examples]
   features = glue.featurize(rows, spec, predictor.tokenizer, predictor.config["data"]["max_seq_length"])
-  labels = predictor.labels
-
-  def decode(outputs):
-    if predictor.kind == "regression":
-      return [{"value": float(v)} for v in glue.predictions_from(outputs, spec)]
-    logits = outputs["logits"].astype(np.float64)
-    probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probabilities /= probabilities.sum(axis=-1, keepdims=True)
-    return [{"label": labels[int(i)], "score": float(p[i]), "scores": dict(zip(labels, map(float, p)))}
-            for i, p in zip(glue.predictions_from(outputs, spec), probabilities)]
-
-  return features, decode
+  records = head_kinds.get(predictor.kind).records
+  return features, lambda outputs: records(outputs, predictor.labels)
 
 
 def _words(example, index: int) -> list[str]:
@@ -201,6 +186,11 @@ def _words(example, index: int) -> list[str]:
     raise UserError(f"example {index + 1}: NER takes a sentence as words (a list, or one string), "
                     f"got {example!r:.80}")
   return words
+
+
+def _word_lists(predictor: Predictor, examples: list) -> list[list[str]]:
+  del predictor
+  return [_words(ex, i) for i, ex in enumerate(examples)]
 
 
 def _word_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
@@ -226,6 +216,15 @@ def _question(example, index: int) -> squad.Example:
   return squad.Example(example["id"], example["question"], example["context"], [])
 
 
+def _questions(predictor: Predictor, examples: list) -> list[squad.Example]:
+  del predictor
+  questions = [_question(ex, i) for i, ex in enumerate(examples)]
+  repeated = sorted(i for i, n in collections.Counter(q.qid for q in questions).items() if n > 1)
+  if repeated:
+    raise UserError(f"question ids must be unique (answers are keyed by them); repeated: {repeated[:5]}")
+  return questions
+
+
 def _finite(value: float) -> float | None:
   return float(value) if np.isfinite(value) else None
 
@@ -248,6 +247,16 @@ def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
   return featurized.features, decode
 
 
+@dataclasses.dataclass(frozen=True)
+class _Examples:
+  """What predict takes for a head kind: normalize(predictor, examples) -> the one form featurize
+  takes; featurize(predictor, normalized) -> (rows, decode); read(text, path, config) -> the examples
+  in a user's --input file."""
+  normalize: Callable[[Predictor, list], list]
+  featurize: Callable[[Predictor, Sequence], tuple[dict[str, np.ndarray], Decode]]
+  read: Callable[[str, Any, dict], list]
+
+
 def read_examples(path: str, kind: str, config: dict) -> list:
   """The examples in a user's input file: SQuAD JSON for span models; otherwise one example per line
   (a GLUE TSV with its header row is read as fine-tuning reads it, by the task's columns)."""
@@ -258,18 +267,26 @@ def read_examples(path: str, kind: str, config: dict) -> list:
     text = path.read_text(encoding="utf-8")
   except UnicodeDecodeError as e:
     raise UserError(f"--input {path}: not UTF-8 text ({e})") from None
-  if kind == "span":
-    return _squad_questions(text, path)
+  return _EXAMPLES[kind].read(text, path, config)
+
+
+def _lines(text: str, path, config: dict) -> list[str]:
+  del path, config
   lines = [line.removesuffix("\r") for line in text.split("\n")]
-  lines = lines[:-1] if lines and not lines[-1] else lines
-  if kind in ("classification", "regression") and lines:
-    spec = _glue_spec(config)
-    if spec.tsv_columns[0] in lines[0].split("\t"):
-      return [(a, b) if b is not None else a for a, b, _ in glue.read_tsv(str(path), spec)]
+  return lines[:-1] if lines and not lines[-1] else lines
+
+
+def _sentence_lines(text: str, path, config: dict) -> list:
+  """Lines, or a GLUE TSV with its header row read as fine-tuning reads it, by the task's columns."""
+  lines = _lines(text, path, config)
+  spec = _glue_spec(config)
+  if lines and spec.tsv_columns[0] in lines[0].split("\t"):
+    return [(a, b) if b is not None else a for a, b, _ in glue.read_tsv(str(path), spec)]
   return lines
 
 
-def _squad_questions(text: str, path) -> list[dict]:
+def _squad_questions(text: str, path, config: dict) -> list[dict]:
+  del config
   try:
     articles = json.loads(text)["data"]
     return [{"id": qa["id"], "question": qa["question"], "context": paragraph["context"]}
@@ -277,6 +294,12 @@ def _squad_questions(text: str, path) -> list[dict]:
   except (ValueError, KeyError, TypeError) as e:
     raise UserError(f"--input {path}: not SQuAD JSON ({type(e).__name__}: {e}); expected "
                     '{"data": [{"paragraphs": [{"context", "qas": [{"id", "question"}]}]}]}') from None
+
+
+_SENTENCES = _Examples(_sentence_pairs, _sentence_features, _sentence_lines)
+_EXAMPLES = {"classification": _SENTENCES, "regression": _SENTENCES,
+             "token": _Examples(_word_lists, _word_features, _lines),
+             "span": _Examples(_questions, _question_features, _squad_questions)}
 
 
 def write_records(records: Iterable[dict], output: str | None) -> int:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.errors import UserError
-from bert_jax.models import bert
+from bert_jax.models import batch_rows, bert, head_kinds
 
 Array = jax.Array
 
@@ -43,22 +43,10 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       raise UserError(f"smart.{name}={cfg[name]} must be in [0, 1]")
 
 
-def symmetric_kl(p_logits: Array, q_logits: Array) -> Array:
-  """KL(P||Q) + KL(Q||P) over the last axis, from logits: [..., C] -> [...]."""
-  log_p, log_q = jax.nn.log_softmax(p_logits, axis=-1), jax.nn.log_softmax(q_logits, axis=-1)
-  return jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
-
-
 def divergence(kind: str, a: dict[str, Array], b: dict[str, Array], batch: dict[str, Array]) -> Array:
-  """l_s between two outputs of a head, summed over rows (or labelled tokens), as the task loss is."""
-  if kind == "regression":
-    return jnp.sum(jnp.square(a["logits"] - b["logits"]))
-  if kind == "classification":
-    return jnp.sum(symmetric_kl(a["logits"], b["logits"]))
-  if kind == "token":
-    return jnp.sum(symmetric_kl(a["logits"], b["logits"]) * batch["label_weights"])
-  return jnp.sum(symmetric_kl(a["start_logits"], b["start_logits"])
-                 + symmetric_kl(a["end_logits"], b["end_logits"])) / 2
+  """l_s between two outputs of a head, summed over rows (or labelled tokens), as the task loss is
+  (each head kind's own, models/head_kinds.py)."""
+  return head_kinds.get(kind).divergence(a, b, batch)
 
 
 def with_embedding_perturbation(apply: Callable[[], dict[str, Array]], delta: Array | None
@@ -82,7 +70,9 @@ def perturbation(run: Callable[[Array], dict[str, Array]], clean: dict[str, Arra
   """Algorithm 1's delta for the batch: noise, then `cfg.iterations` normalised ascent steps projected
   onto the eps-ball (infinity norm). run(delta) -> outputs with delta added to the embeddings."""
   target = jax.lax.stop_gradient(clean)
-  delta = cfg.noise_std * jax.random.normal(rng, shape, jnp.float32)
+  # One key per row (batch_rows): the same noise for a row whichever device computes it.
+  noise = jax.vmap(lambda key: jax.random.normal(key, shape[1:], jnp.float32))(batch_rows.row_keys(rng, shape[0]))
+  delta = cfg.noise_std * noise
   for _ in range(cfg.iterations):
     grad = jax.grad(lambda d: divergence(kind, run(d), target, batch))(delta)
     norm = jnp.max(jnp.abs(grad), axis=tuple(range(1, grad.ndim)), keepdims=True)

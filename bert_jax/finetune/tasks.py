@@ -8,7 +8,9 @@ from typing import Callable
 
 import numpy as np
 
-HEADS = ("classification", "regression", "token", "span")
+from bert_jax.models import head_kinds
+
+HEADS = head_kinds.names()  # models/head_kinds.py registers each kind
 
 
 @dataclasses.dataclass

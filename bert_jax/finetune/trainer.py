@@ -40,8 +40,8 @@ import numpy as np
 
 from bert_jax import config_schema, params_checkpoint, pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
-from bert_jax.finetune import heads, init, modes, optim, smart
-from bert_jax.finetune.features import MODEL_INPUTS
+from bert_jax.finetune import batching, heads, init, modes, optim, smart
+from bert_jax.finetune.batching import train_batches
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
@@ -89,28 +89,10 @@ def seeds(train: ml_collections.ConfigDict) -> dict[str, int]:
   return {k: train.seed if train[f"{k}_seed"] < 0 else train[f"{k}_seed"] for k in ("head", "data", "dropout")}
 
 
-def train_batches(features: dict[str, np.ndarray], batch_size: int, seed: int, start_step: int,
-                  end_step: int):
-  """The batches of steps [start_step, end_step): epoch e uses permutation (seed, e), remainder dropped,
-  so a resumed run sees exactly the batches an uninterrupted one would."""
-  n = len(features["input_ids"])
-  steps_per_epoch = max(n // batch_size, 1)
-  epoch, order = -1, None
-  for step in range(start_step, end_step):
-    if step // steps_per_epoch != epoch:
-      epoch = step // steps_per_epoch
-      order = np.random.default_rng([seed, epoch]).permutation(n)
-    rows = order[(step % steps_per_epoch) * batch_size:][:batch_size]
-    yield {k: v[rows] for k, v in features.items()}
-
-
 def run_model(setup: TrainSetup, params: Any, features: dict[str, np.ndarray], batch_size: int
               ) -> dict[str, np.ndarray]:
-  chunks = []
-  for start in range(0, len(features["input_ids"]), batch_size):
-    batch = {k: features[k][start:start + batch_size] for k in MODEL_INPUTS}
-    chunks.append(jax.device_get(setup.eval_step(params, partitioning.global_batch(batch, setup.mesh))))
-  return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+  lengths = batching.buckets(setup.config.data.get("length_buckets", ()), features["input_ids"].shape[1])
+  return batching.run_model(setup.eval_step, params, setup.mesh, features, batch_size, lengths)
 
 
 def evaluate(setup: TrainSetup, params: Any, task: Task, batch_size: int, eval_sets=None
@@ -277,8 +259,9 @@ class Run:
         evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
         save_at_end=False, last_saved=self.last_kept)
     try:
+      lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
       outcome = steps.run(self.state, train_batches(self.task.train, cfg.batch_size, self.seeds["data"],
-                                                    self.step, end), self.step, end)
+                                                    self.step, end, lengths), self.step, end)
     finally:
       ckpt.close()
       logger.close()
@@ -379,6 +362,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"head.pooling={config.head.pooling!r} is not one of {heads.POOLINGS}")
   modes.validate(config.train)
   smart.validate(config.smart)
+  batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)
 
 
 def run_job(config: ml_collections.ConfigDict, workdir: str,

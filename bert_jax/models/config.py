@@ -10,6 +10,9 @@ import jax.numpy as jnp
 
 from bert_jax.errors import UserError
 
+# The families whose layout BertModel's switches decide (ModelConfig.family is read off the switches).
+LAYOUT_FAMILIES = ("bert", "roberta", "albert", "electra")
+
 _CHOICES = {
     "hidden_act": ("gelu", "gelu_tanh", "relu"),
     "position_style": ("absolute", "roberta"),
@@ -50,6 +53,12 @@ class ModelConfig:
     layer keeps at least one head.
   adapter_size: the bottleneck width of Houlsby adapters after each layer's attention and feed-forward
     sublayers (fine-tuning's train.mode=adapters sets it); 0: no adapters.
+  family: the family record (bert_jax/models/records/) that names this model's parameters abroad. For
+    the four layouts BertModel's switches make, it is read off the switches (as for checkpoints saved
+    before the key existed): "albert" when every layer is shared, "roberta" with RoBERTa's positions,
+    "electra" with the RTD head or factorised embeddings, else "bert". "" reads it; one of those four
+    must agree with the switches; `replace` reads it again. Any other name (a family registered with
+    ModelConfig as its config, such as one that differs from these only in its tokenizer) is kept.
   attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU) or cudnn
     (GPU). splash and cudnn have no dropout on the attention probabilities: attention_dropout must be 0.
   """
@@ -81,6 +90,7 @@ class ModelConfig:
   attention: str = "dot"
   pruned_heads: Any = ""
   adapter_size: int = 0
+  family: str = ""
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -107,6 +117,12 @@ class ModelConfig:
                       "model.attention_dropout=0 or model.attention='dot'")
     if self.adapter_size < 0:
       raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
+    layout = self.layout_family()
+    if self.family in LAYOUT_FAMILIES and self.family != layout:
+      raise UserError(f"model.family={self.family!r}, but these switches make a {layout!r} model (see "
+                      "ModelConfig.layout_family); leave model.family empty to read it off them")
+    if not self.family:
+      object.__setattr__(self, "family", layout)
 
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
@@ -123,7 +139,19 @@ class ModelConfig:
     return dataclasses.asdict(self)
 
   def replace(self, **changes) -> "ModelConfig":
-    return dataclasses.replace(self, **changes)
+    """A copy with `changes`; a family read off the switches is read again off the new ones."""
+    family = "" if self.family in LAYOUT_FAMILIES else self.family
+    return dataclasses.replace(self, **{"family": family, **changes})
+
+  def layout_family(self) -> str:
+    """Which of LAYOUT_FAMILIES these switches describe (the rule `family` follows for those four)."""
+    if self.share_layers == "all":
+      return "albert"
+    if self.position_style == "roberta":
+      return "roberta"
+    if self.rtd_head or self.embed_dim != self.hidden_size:
+      return "electra"
+    return "bert"
 
   def kept_heads(self, layer: int | None) -> tuple[int, ...]:
     """The original indices of the heads that layer `layer` keeps (all of them for None)."""

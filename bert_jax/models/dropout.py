@@ -10,7 +10,9 @@ select into one elementwise pass, which makes the `mini` CPU train step faster (
 The drop probability is quantised to k / 65536 (0.1 -> 6554 / 65536 = 0.100006) and the kept
 values are scaled by the exact inverse of the keep fraction, so the expectation is preserved.
 Counters are global (row index over the leading axes, block index along the last), so the mask
-does not depend on how the array is sharded. The random streams differ from flax's.
+does not depend on how the array is sharded; inside the train step's shard_map the rows are numbered
+from the device's first global row (models/batch_rows.py), so a device's slice of the batch gets the
+slice of the whole batch's mask. The random streams differ from flax's.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bert_jax.models import batch_rows
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
@@ -59,7 +63,7 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   if math.prod(rows) >= 2 ** 32:
     raise ValueError(f"dropout over {shape}: more than 2**32 rows of counters")
   blocks = -(-n // 4)
-  row = jnp.zeros((), jnp.uint32)
+  row = jnp.zeros((), jnp.uint32) + batch_rows.row_offset(math.prod(rows))
   for axis, size in enumerate(rows):
     stride = math.prod(rows[axis + 1:])
     row = row + jax.lax.broadcasted_iota(jnp.uint32, rows + (1, 1), axis) * np.uint32(stride)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models import batch_rows
 from bert_jax.models.bert import BertModel, ModelOutput
 from bert_jax.models.config import ModelConfig
 
@@ -89,7 +90,9 @@ def sample_tokens(logits: jax.Array, rng: jax.Array) -> jax.Array:
 
   logits: f32[B, P, V] -> int32[B, P].
   """
-  return jax.random.categorical(rng, jax.lax.stop_gradient(logits), axis=-1).astype(jnp.int32)
+  # One key per row (batch_rows): the same sample for a row whichever device computes it.
+  draw = lambda key, row: jax.random.categorical(key, row, axis=-1)  # noqa: E731
+  return jax.vmap(draw)(batch_rows.row_keys(rng, logits.shape[0]), jax.lax.stop_gradient(logits)).astype(jnp.int32)
 
 
 def replace_tokens(input_ids: jax.Array, positions: jax.Array, weights: jax.Array, originals: jax.Array,

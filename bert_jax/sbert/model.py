@@ -49,8 +49,8 @@ def default_pooling(config: ModelConfig) -> Pooling:
 def from_checkpoint(path: str) -> tuple[SentenceEncoder, dict, common.Tokenizer | None, list[str]]:
   """(model, its encoder params, the tokenizer record, notes) of any checkpoint `read_checkpoint` takes."""
   converted = pretrained.read_checkpoint(path)
-  if getattr(converted.config, "family", ""):
-    raise UserError(f"{path}: a {converted.config.family} model; sentence embeddings run on BERT's family "
+  if not isinstance(converted.config, ModelConfig):
+    raise UserError(f"{path}: a {converted.family} model; sentence embeddings run on BERT's family "
                     "(BERT, RoBERTa, ALBERT, ELECTRA) only")
   notes = []
   pooling = converted.pooling

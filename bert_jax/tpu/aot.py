@@ -9,11 +9,11 @@ slice's mesh; nothing is allocated.
 
 Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer state, batch;
 temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
-Estimated (a roofline, not a measurement): step time = model FLOPs (counted analytically, as
-`cost_analysis` counts a scanned layer once) x the recompute of `model.remat=full` over chips x bf16
-peak, plus the collectives' bytes over the chip's ICI bandwidth with no overlap; MFU = model FLOPs /
-(step time x chips x peak). Real steps also wait on HBM bandwidth and the host, so read MFU as a
-ceiling.
+Estimated from the compiled train step (tpu/estimate.py: each op's FLOPs and HBM bytes from XLA's
+cost analysis, loops multiplied out, collectives over ICI overlapping with their loop iteration's
+ops): the step time as compute-bound, memory-bound and exposed-communication parts; MFU = model FLOPs
+(counted analytically, training/benchmark.py) / (step time x chips x bf16 peak). The host and the
+input are not in it, so read the step as a floor and MFU as a ceiling.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from bert_jax.finetune import features as finetune_features, heads
 from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, partitioning
 from bert_jax.training.step import TrainSetup
-from bert_jax.tpu import hlo, slices
+from bert_jax.tpu import estimate, hlo, slices
 
 # XLA:TPU's out-of-memory messages: "... memory required for HLO temporaries (104.29G) exceeds
 # available HBM (30.75G)" (temporaries alone), or "Used 45.12G of 30.75G hbm" (everything).
@@ -110,9 +110,11 @@ def _still_compiling(say: Callable[[str], None], what: str, every: float = 30.0)
     thread.join()
 
 
-def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: str) -> dict[str, Any]:
-  """Memory per device and collectives of one step; out of memory, what the compiler reported (with
-  the arguments' shards added where it counted temporaries only)."""
+def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: str,
+             chip: slices.Chip | None = None) -> dict[str, Any]:
+  """Memory per device and collectives of one step, and with `chip` its estimated time
+  (tpu/estimate.py); out of memory, what the compiler reported (with the arguments' shards added where
+  it counted temporaries only)."""
   start = time.perf_counter()
   try:
     with _still_compiling(say, what):
@@ -124,6 +126,7 @@ def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: 
     return {"compile_seconds": time.perf_counter() - start, **oom}
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
+  text = compiled.as_text()
   return {"compile_seconds": seconds, "oom": False,
           "argument_bytes": memory.argument_size_in_bytes,
           "temp_bytes": memory.temp_size_in_bytes,
@@ -133,7 +136,8 @@ def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: 
           "device_bytes": (memory.argument_size_in_bytes + memory.output_size_in_bytes
                            - memory.alias_size_in_bytes + memory.temp_size_in_bytes
                            + memory.generated_code_size_in_bytes),
-          "collectives": hlo.collectives(compiled.as_text(), num_devices)}
+          "collectives": hlo.collectives(text, num_devices),
+          **({"time": estimate.step_time(text, chip, num_devices)} if chip else {})}
 
 
 def _model_flops(config: ml_collections.ConfigDict, setup) -> float | None:
@@ -145,20 +149,23 @@ def _model_flops(config: ml_collections.ConfigDict, setup) -> float | None:
 
 
 def _estimates(config, tpu: slices.Slice, flops: float | None, train: dict[str, Any]) -> dict[str, Any]:
-  """None where there is nothing to estimate from (an objective without a FLOP count, no program)."""
+  """tpu/estimate.py's step time and its parts; MFU where the model's FLOPs are counted; None where
+  the train step did not compile."""
   if train["oom"]:
     return {"estimated_step_seconds": None, "estimated_mfu": None, "estimated_comm_seconds": None,
-            "model_flops_per_step": flops, "input_workers_per_host": None}
-  sent = sum(c["bytes"] for c in train["collectives"]) * tpu.chip.devices_per_chip
-  comm = sent / tpu.chip.ici_bytes_per_s
-  if flops is None:
-    return {"estimated_step_seconds": None, "estimated_mfu": None, "estimated_comm_seconds": comm,
-            "model_flops_per_step": None, "input_workers_per_host": None}
-  recompute = 4 / 3 if config.model.remat == "full" else 1.0  # the forward pass runs twice
-  compute = flops * recompute / (tpu.chips * tpu.chip.peak_bf16_flops)
-  step = compute + comm
-  return {"estimated_step_seconds": step, "estimated_mfu": flops / (step * tpu.chips * tpu.chip.peak_bf16_flops),
-          "estimated_comm_seconds": comm, "model_flops_per_step": flops, **input_need(config, tpu, step)}
+            "estimate": None, "model_flops_per_step": flops, "input_workers_per_host": None}
+  timed: estimate.StepTime = train["time"]
+  step = timed.seconds
+  per_chip = tpu.chip.devices_per_chip
+  return {"estimated_step_seconds": step,
+          "estimated_mfu": None if flops is None else flops / (step * tpu.chips * tpu.chip.peak_bf16_flops),
+          "estimated_comm_seconds": timed.comm,
+          "estimate": {"compute_bound_seconds": timed.compute_bound, "memory_bound_seconds": timed.memory_bound,
+                       "exposed_comm_seconds": timed.exposed_comm,
+                       "compute_bound_share": timed.compute_bound / step, "memory_bound_share": timed.memory_bound / step,
+                       "comm_bound_share": timed.exposed_comm / step,
+                       "hlo_flops_per_chip": timed.flops * per_chip, "hbm_bytes_per_chip": timed.hbm_bytes * per_chip},
+          "model_flops_per_step": flops, **input_need(config, tpu, step)}
 
 
 def input_need(config: ml_collections.ConfigDict, tpu: slices.Slice, step_seconds: float) -> dict[str, Any]:
@@ -246,7 +253,7 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
       f"{' '.join(f'{k}={v}' for k, v in mesh.shape.items())}): "
       f"{_batch_words(config.train.batch_size, dp, config, config.train.grad_accum_steps)}")
   train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng,
-                   *setup.frozen, say=say, what="train step")
+                   *setup.frozen, say=say, what="train step", chip=tpu.chip)
   eval_batch = config.train.eval_batch_size or config.train.batch_size
   say(f"compiled the train step in {train['compile_seconds']:.1f} s; compiling the eval step: "
       f"{_batch_words(eval_batch, dp, config)}")
@@ -280,7 +287,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
 
 
 def _per_chip(step: dict[str, Any], per_chip: int) -> dict[str, Any]:
-  return {k: (v * per_chip if k.endswith("_bytes") else v) for k, v in step.items() if k != "collectives"}
+  return {k: (v * per_chip if k.endswith("_bytes") else v) for k, v in step.items()
+          if k not in ("collectives", "time")}
 
 
 def _gib(n: float) -> str:
@@ -316,10 +324,15 @@ def format_report(r: dict[str, Any]) -> str:
       "collectives/step  not known: the train step did not compile",
   ]
   if r["estimated_step_seconds"] is not None:
-    comm = r["estimated_comm_seconds"]
-    lines.append(f"ESTIMATES         step {r['estimated_step_seconds'] * 1e3:.1f} ms = compute at bf16 peak "
-                 f"{(r['estimated_step_seconds'] - comm) * 1e3:.1f} ms + ICI {comm * 1e3:.1f} ms; "
-                 f"MFU {r['estimated_mfu']:.1%} (a roofline ceiling, not a measurement)")
+    e, ms = r["estimate"], lambda seconds: f"{seconds * 1e3:.1f} ms"  # noqa: E731
+    mfu = "" if r["estimated_mfu"] is None else f"; MFU {r['estimated_mfu']:.1%}"
+    lines.append(f"ESTIMATES         step {ms(r['estimated_step_seconds'])}{mfu} (a floor on the step time, not a "
+                 f"measurement): compute-bound ops {ms(e['compute_bound_seconds'])} ({e['compute_bound_share']:.0%}), "
+                 f"memory-bound ops {ms(e['memory_bound_seconds'])} ({e['memory_bound_share']:.0%}), exposed "
+                 f"communication {ms(e['exposed_comm_seconds'])} ({e['comm_bound_share']:.0%}; "
+                 f"{ms(r['estimated_comm_seconds'])} of collectives in all)")
+    lines.append(f"per chip          {e['hlo_flops_per_chip'] / 1e12:.1f} TFLOP (compiled, remat included), "
+                 f"{e['hbm_bytes_per_chip'] / 1e9:.1f} GB of HBM traffic per step")
     lines.append(_input_line(r))
   return "\n".join(lines)
 

@@ -12,6 +12,8 @@ reduce-scatter (n-1) x the scattered output, collective-permute the buffer.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import math
 import re
 
@@ -19,6 +21,7 @@ _DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u1
                 "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%\S+ = (.*?) ([a-z][a-z0-9-]*)\((.*)$")
+_METADATA = re.compile(r", metadata=\{[^}]*\}")
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
 
 
@@ -26,6 +29,11 @@ def _array_bytes(type_text: str) -> list[float]:
   """Bytes of each array in a (possibly tuple) HLO type, in order."""
   return [_DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
           for dtype, dims in _ARRAY.findall(type_text) if dtype in _DTYPE_BYTES]
+
+
+def buffer_bytes(type_text: str) -> float:
+  """Bytes of all the arrays in a (possibly tuple) HLO type."""
+  return sum(_array_bytes(type_text))
 
 
 def _group_size(attrs: str, num_devices: int) -> int:
@@ -56,59 +64,129 @@ def _sent_bytes(kind: str, opcode: str, type_text: str, attrs: str, num_devices:
   return size
 
 
-def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-  """name -> instruction lines, and the entry computation's name."""
-  bodies, entry, current = {}, "", None
+@dataclasses.dataclass
+class Module:
+  """A compiled module's text cut into computations: name -> instruction lines (source metadata
+  dropped), name -> header line, and the entry computation's name."""
+  bodies: dict[str, list[str]]
+  headers: dict[str, str]
+  entry: str
+
+  @functools.cached_property
+  def types(self) -> dict[str, dict[str, str]]:
+    """computation -> instruction name -> its HLO type text."""
+    return {c: {m.group(1): m.group(2) for m in map(_DEFINED.match, lines) if m} for c, lines in self.bodies.items()}
+
+
+def parse(hlo_text: str) -> Module:
+  bodies, headers, entry, current = {}, {}, "", None
   for line in hlo_text.splitlines():
     header = re.match(r"^(ENTRY )?%(\S+) ", line)
     if header and line.rstrip().endswith("{"):
       current = header.group(2)
-      bodies[current] = []
+      bodies[current], headers[current] = [], line
       entry = current if header.group(1) else entry
     elif line.startswith("}"):
       current = None
     elif current is not None:
-      bodies[current].append(line)
-  return bodies, entry
+      bodies[current].append(_METADATA.sub("", line))
+  return Module(bodies, headers, entry)
 
 
-def _trip_count(condition: list[str]) -> int:
-  constants = [int(v) for line in condition for v in re.findall(r"\bconstant\((\d+)\)", line)]
-  compares_lt = any("direction=LT" in line for line in condition)
+def _trip_count(condition: str, bodies: dict[str, list[str]]) -> int:
+  """N of a loop condition `i < N` (XLA:CPU wraps the compare in a fusion: its callee is read too)."""
+  lines = list(bodies.get(condition, ()))
+  lines += [line for callee in re.findall(r"calls=%([^\s,]+)", "\n".join(lines)) for line in bodies.get(callee, ())]
+  constants = [int(v) for line in lines for v in re.findall(r"\bconstant\((\d+)\)", line)]
+  compares_lt = any("direction=LT" in line for line in lines)
   return constants[0] if compares_lt and len(constants) == 1 else 1
 
 
-def collectives(hlo_text: str, num_devices: int) -> list[dict]:
-  """[{kind, count, bytes}] per execution of the module, one entry per collective kind present."""
-  bodies, entry = _computations(hlo_text)
-  totals = collections.defaultdict(lambda: [0, 0.0])
+def walk(module: Module):
+  """(computation, instruction line, match, times per execution, inside a loop) for every instruction
+  the module runs outside fused computations, loops expanded by their trip counts: a while's body (and
+  condition) runs `trip count` times per run of the computation holding it; a call's and a
+  conditional's callees once (every branch counted)."""
+  bodies = module.bodies
 
-  def visit(name: str, times: int) -> None:
+  def visit(name: str, times: int, looped: bool):
     for line in bodies.get(name, ()):
       match = _INSTRUCTION.match(line)
       if not match:
         continue
-      type_text, opcode, attrs = match.groups()
-      kind = opcode.removesuffix("-start")
-      if kind in KINDS:
-        totals[kind][0] += times
-        totals[kind][1] += times * _sent_bytes(kind, opcode, type_text, attrs, num_devices)
+      yield name, line, match, times, looped
+      opcode, attrs = match.group(2), match.group(3)
       if opcode == "while":
         body = re.search(r"body=%([^\s,]+)", attrs).group(1)
         condition = re.search(r"condition=%([^\s,]+)", attrs).group(1)
-        visit(body, times * _trip_count(bodies.get(condition, [])))
-      elif opcode not in ("async-update", "async-done"):  # those name their start's computation again
-        branches = re.search(r"branch_computations=\{([^}]*)\}", attrs)
-        called = re.findall(r"(?:calls|true_computation|false_computation)=%([^\s,]+)", attrs)
-        for callee in called + (re.findall(r"%([^\s,]+)", branches.group(1)) if branches else []):
-          visit(callee, times)
+        trips = _trip_count(condition, bodies)
+        yield from visit(body, times * trips, True)
+      elif opcode in ("call", "conditional", "async-start"):  # async-start: the op it wraps
+        for callee in _called([line]):
+          yield from visit(callee, times, looped)
 
-  visit(entry, 1)
+  yield from visit(module.entry, 1, False)
+
+
+def collective_kind(opcode: str) -> str | None:
+  kind = opcode.removesuffix("-start")
+  return kind if kind in KINDS else None
+
+
+def sent_bytes(line_match, num_devices: int) -> float:
+  """What one device sends for a collective instruction (the ring model above)."""
+  type_text, opcode, attrs = line_match.groups()
+  return _sent_bytes(collective_kind(opcode), opcode, type_text, attrs, num_devices)
+
+
+def collectives(hlo_text: str, num_devices: int) -> list[dict]:
+  """[{kind, count, bytes}] per execution of the module, one entry per collective kind present."""
+  totals = collections.defaultdict(lambda: [0, 0.0])
+  for _, _, match, times, _ in walk(parse(hlo_text)):
+    kind = collective_kind(match.group(2))
+    if kind:
+      totals[kind][0] += times
+      totals[kind][1] += times * sent_bytes(match, num_devices)
   return [{"kind": kind, "count": count, "bytes": int(sent)}
           for kind, (count, sent) in sorted(totals.items(), key=lambda kv: KINDS.index(kv[0]))]
 
 
+_CALLS = re.compile(r"\b(?:calls|to_apply|called_computations|branch_computations|body|condition|"
+                    r"true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)")
+
+
+def _called(lines: list[str]) -> list[str]:
+  return [name for line in lines for group in _CALLS.findall(line) for name in re.findall(r"%([^\s,{}]+)", group)]
+
+
+def op_module(module: Module, computation: str, line: str) -> str:
+  """A module of one instruction of `computation`: its operands become the entry's parameters, and the
+  computations it calls (a fusion's, a reducer) come along, so that XLA's cost analysis can read it."""
+  bodies, headers = module.bodies, module.headers
+  types = module.types[computation]
+  name, type_text, opcode, rest = _DEFINED_FULL.match(line).groups()
+  depth, end = 1, 0
+  for end, char in enumerate(rest):  # the operand list closes at the matching parenthesis
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if depth == 0:
+      break
+  operands, attrs = re.findall(r"%([^\s,()]+)", rest[:end]), rest[end + 1:]
+  needed, queue = [], _called([line])
+  while queue:
+    callee = queue.pop()
+    if callee not in needed and callee in bodies:
+      needed.append(callee)
+      queue.extend(_called(bodies[callee]))
+  order = list(bodies)
+  callees = ["\n".join([headers[c], *bodies[c], "}"]) for c in sorted(needed, key=order.index)]
+  params = [f"  %p{i} = {types[o]} parameter({i})" for i, o in enumerate(operands)]
+  root = f"  ROOT %{name} = {type_text} {opcode}({', '.join(f'%p{i}' for i in range(len(operands)))}){attrs}"
+  return "\n\n".join(["HloModule op", *callees, "\n".join(["ENTRY %op {", *params, root, "}"])])
+
+
 _NAMED = re.compile(r"^\s+(?:ROOT )?%(\S+) = \(?([a-z][a-z0-9]*)\[")
+_DEFINED = re.compile(r"^\s+(?:ROOT )?%(\S+) = (.*?) [a-z][a-z0-9-]*\(")
+_DEFINED_FULL = re.compile(r"^\s+(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9-]*)\((.*)$")
 
 
 def matmul_types(hlo_text: str) -> collections.Counter:

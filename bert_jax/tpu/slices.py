@@ -2,10 +2,11 @@
 and the per-chip figures that the compile report and its estimates use.
 
 The number in a name counts TensorCores for v3, v4 and v5p (two per chip) and chips for v5litepod
-(v5e) and v6e. Per-chip figures (bf16 peak, HBM capacity, bidirectional inter-chip interconnect
-bandwidth) are the Cloud TPU system-architecture pages' (cloud.google.com/tpu/docs/v3 .. v6e);
-v4's ICI (6 links x 50 GB/s each way) is from Jouppi et al., ISCA 2023, v3's (4 links x 656 Gbit/s)
-from Jouppi et al., CACM 2020.
+(v5e) and v6e. Per-chip figures (bf16 peak, HBM capacity and bandwidth,
+bidirectional inter-chip interconnect bandwidth) are the Cloud TPU system-architecture pages'
+(cloud.google.com/tpu/docs/v3 .. v6e); v4's ICI (6 links x 50 GB/s each way) and HBM bandwidth
+(1.2 TB/s) are from Jouppi et al., ISCA 2023, v3's (4 links x 656 Gbit/s; 900 GB/s) from Jouppi et al.,
+CACM 2020.
 """
 from __future__ import annotations
 
@@ -32,14 +33,15 @@ class Chip:
   chips_per_host: int
   torus_dims: int
   max_chips: int
+  hbm_bytes_per_s: float
 
 
 CHIPS = {
-    "v3": Chip("v3", 2, 2, "default", 32 * GIB, 123e12, 4 * 656e9 / 8, 4, 2, 1024),
-    "v4": Chip("v4", 2, 1, "megacore", 32 * GIB, 275e12, 6 * 2 * 50e9, 4, 3, 4096),
-    "v5litepod": Chip("v5e", 1, 1, "default", 16 * GIB, 197e12, 400e9, 8, 2, 256),
-    "v5p": Chip("v5", 2, 1, "megacore", 95 * GIB, 459e12, 1200e9, 4, 3, 6144),
-    "v6e": Chip("v6e", 1, 1, "default", 32 * GIB, 918e12, 800e9, 8, 2, 256),
+    "v3": Chip("v3", 2, 2, "default", 32 * GIB, 123e12, 4 * 656e9 / 8, 4, 2, 1024, 900e9),
+    "v4": Chip("v4", 2, 1, "megacore", 32 * GIB, 275e12, 6 * 2 * 50e9, 4, 3, 4096, 1200e9),
+    "v5litepod": Chip("v5e", 1, 1, "default", 16 * GIB, 197e12, 400e9, 8, 2, 256, 819e9),
+    "v5p": Chip("v5", 2, 1, "megacore", 95 * GIB, 459e12, 1200e9, 4, 3, 6144, 2765e9),
+    "v6e": Chip("v6e", 1, 1, "default", 32 * GIB, 918e12, 800e9, 8, 2, 256, 1638e9),
 }
 _ALIASES = {"v5e": "v5litepod"}  # the name MaxText and GKE use for v5litepod
 

@@ -15,7 +15,8 @@ handed to the objective's `sums(..., teacher=)` (SMART's Bregman proximal point 
 An objective holds a model and says how a batch is scored: `init(rng, batch)`, `sums(params, batch,
 rng, deterministic)` additive over rows, `counts(batch)` from the data only, `loss(sums, counts)`
 linear in the sums and `metrics(sums, counts)`. So micro-batches (train.grad_accum_steps) give
-exactly the full batch's gradient, for every job.
+exactly the full batch's gradient, for every job; each device sums its micro-batches' gradients and
+they are reduced across devices once per step (training/accumulate.py).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import optax
 from jax.sharding import Mesh, Sharding
 
 from bert_jax.errors import UserError
-from bert_jax.training import batch_warmup, finite, objectives, optim, partitioning
+from bert_jax.training import accumulate, batch_warmup, finite, objectives, optim, partitioning
 from bert_jax.training.objectives.base import Objective
 
 
@@ -66,14 +67,6 @@ class TrainSetup:
   load_frozen: Callable[[], tuple] = tuple
 
 
-def _split_micro_batches(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
-  """[B, ...] -> [A, B/A, ...] taking strided rows, so every device keeps rows of every micro-batch."""
-  def split(x):
-    x = x.reshape((x.shape[0] // num_micro, num_micro) + x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
-  return {k: split(v) for k, v in batch.items()}
-
-
 def freeze(params: Any, trainable: Any) -> Any:
   """params with the leaves whose `trainable` entry is False cut from the gradient."""
   if trainable is None:
@@ -83,9 +76,11 @@ def freeze(params: Any, trainable: Any) -> Any:
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *, objective,
                tx: optax.GradientTransformation, schedule: optax.Schedule, grad_accum_steps: int,
+               param_specs: Any, axis_rules: tuple, grad_reduce_dtype: str = "float32",
                trainable: Any = None, teacher_momentum: Callable | None = None
                ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step over the global batch, accumulating gradients over micro-batches."""
+  """One optimizer step over the global batch. With micro-batches (or a bfloat16 reduction) each device
+  sums its micro-batches' gradients and they are reduced across devices once (training/accumulate.py)."""
   rng = jax.random.fold_in(rng, state.step)
   counts = objective.counts(batch)
   teacher = {} if state.teacher is None else {"teacher": state.teacher}
@@ -95,22 +90,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
     return objective.loss(sums, counts), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
+  if grad_accum_steps == 1 and grad_reduce_dtype == "float32":
+    # One pass: XLA reduces each layer's gradient as the backward pass makes it, overlapped with the
+    # layers below (and with fsdp gathers each layer's weights when it needs them).
     (_, sums), grads = grad_fn(state.params, batch, rng)
   else:
-    micro = _split_micro_batches(batch, grad_accum_steps)
-
-    def body(carry, xs):
-      grads_acc, sums_acc = carry
-      micro_batch, index = xs
-      (_, sums), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, index))
-      return (jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)), None
-
-    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-    zero_sums = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-        lambda: objective.sums(state.params, jax.tree.map(lambda x: x[0], micro), rng, False, **teacher)))
-    (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums),
-                                    (micro, jnp.arange(grad_accum_steps)))
+    grads, sums = accumulate.gradients(grad_fn, state.params, batch, rng, param_specs=param_specs,
+                                       num_micro=grad_accum_steps, axis_rules=axis_rules,
+                                       reduce_dtype=grad_reduce_dtype, trainable=trainable)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = objective.metrics(sums, counts)
@@ -137,7 +124,8 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[st
 
 
 def check_batch_layout(train_cfg: ml_collections.ConfigDict, mesh: Mesh) -> None:
-  """The global batch splits over the data-parallel devices, micro-batches and processes."""
+  """The global batch splits over the data-parallel devices, micro-batches and processes; the gradients'
+  reduction dtype is one we know."""
   batch, accum = train_cfg.batch_size, train_cfg.grad_accum_steps
   if batch < 1:
     raise UserError(f"train.batch_size={batch} must be >= 1")
@@ -150,6 +138,9 @@ def check_batch_layout(train_cfg: ml_collections.ConfigDict, mesh: Mesh) -> None
   if train_cfg.eval_batch_size % dp:
     raise UserError(f"train.eval_batch_size={train_cfg.eval_batch_size} must be a multiple of the "
                     f"data-parallel size {dp} (mesh.data x mesh.fsdp)")
+  reduce_dtype = train_cfg.grad_reduce_dtype
+  if reduce_dtype not in accumulate.REDUCE_DTYPES:
+    raise UserError(f"train.grad_reduce_dtype={reduce_dtype!r}: choose one of {sorted(accumulate.REDUCE_DTYPES)}")
   if jax.process_count() > 1 and batch % jax.process_count():
     raise UserError(f"train.batch_size={batch} is not divisible by the {jax.process_count()} processes")
 
@@ -166,7 +157,8 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
 
   init_params: rng -> the boxed params tree (logical axis names on every leaf). make_tx: the abstract
   boxed params -> (optimizer, schedule). step_fn(state, batch, rng, *extra, objective=, tx=,
-  schedule=, grad_accum_steps=) -> (state, metrics), with `extra_shardings` for the extra arguments.
+  schedule=, grad_accum_steps=, param_specs=, axis_rules=, grad_reduce_dtype=) -> (state, metrics), with
+  `extra_shardings` for the extra arguments.
   eval_fn(params, batch, objective=) -> outputs in `eval_out_sharding(mesh)`. trainable: a tree of
   bools like the params (None: all train). teacher_momentum: step -> beta; the state then keeps a
   teacher, starting as the initial params.
@@ -185,8 +177,11 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
   data, replicated = partitioning.batch_sharding(mesh), partitioning.replicated(mesh)
   options = {**({} if trainable is None else {"trainable": trainable}),
              **({} if teacher_momentum is None else {"teacher_momentum": teacher_momentum})}
+  param_specs = jax.tree.map(lambda s: s.spec, state_shardings.params)
   step = finite.guard_step(functools.partial(step_fn, objective=objective, tx=tx, schedule=schedule,
-                                             grad_accum_steps=config.train.grad_accum_steps, **options),
+                                             grad_accum_steps=config.train.grad_accum_steps,
+                                             param_specs=param_specs, axis_rules=axis_rules,
+                                             grad_reduce_dtype=config.train.grad_reduce_dtype, **options),
                            skip=config.train.skip_nonfinite_steps > 0)
   return TrainSetup(
       config=config, mesh=mesh, objective=objective, tx=tx, schedule=schedule, num_steps=num_steps,

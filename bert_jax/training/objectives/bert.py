@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import models
+from bert_jax.models import families
 from bert_jax.models.bert import ModelOutput
 from bert_jax.models.config import ModelConfig
 from bert_jax.training.objectives.base import (HEAD_NAMES, Batch, mlm_sums, model_inputs,
@@ -20,7 +20,7 @@ class BertPretraining:
 
   def __init__(self, model_config: ModelConfig):
     self.config = model_config
-    self.model = models.build(model_config)
+    self.model = families.build(model_config)
     self.sentence = model_config.sentence_head
 
   def init(self, rng: jax.Array, batch: Batch) -> Any:

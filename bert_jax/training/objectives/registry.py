@@ -12,7 +12,7 @@ from typing import Callable
 import ml_collections
 
 from bert_jax.errors import UserError
-from bert_jax import models
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 from bert_jax.training.objectives.base import PretrainingObjective, refuse_structbert_inputs
 
@@ -35,7 +35,7 @@ def register(name: str, structural_inputs: bool = False) -> Callable[[Factory], 
 
 def make_objective(config: ml_collections.ConfigDict) -> PretrainingObjective:
   """The objective named by `config.objective`."""
-  model_config = models.model_config(config.model.to_dict())
+  model_config = families.model_config(config.model.to_dict())
   if config.objective not in _FACTORIES:
     raise UserError(f"objective={config.objective!r} is not one of {tuple(_FACTORIES)}")
   if config.objective not in _STRUCTURAL:

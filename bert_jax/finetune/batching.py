@@ -1,0 +1,132 @@
+"""Fine-tuning and prediction batches, padded to max_seq_length or cut to length buckets.
+
+With `data.length_buckets` (e.g. (32, 64, 128, 256, 384, 512); max_seq_length is always the last
+bucket) a row goes to the smallest bucket that holds its tokens, a batch holds rows of one bucket
+only, and its features are cut to that bucket's length: each bucket is one compiled shape, and a
+short row no longer pays for max_seq_length (MLPerf's TPU BERT did the same). A row's outputs do not
+depend on the padding after it (attention masks it out, positions count from the start), so they
+are the padded run's; outputs with a length axis come back padded with zeros to max_seq_length.
+
+Training order (deterministic, resumable at any step): epoch e permutes the rows with (seed, e) as the
+padded run does; with buckets each bucket's rows, in that order, are cut into batches (a bucket's
+last partial batch waits for the next epoch's permutation) and the batches are shuffled with
+(seed, e, 1). An epoch still counts rows // batch_size steps for the schedule: the bucketed batches
+run as one stream, epoch after epoch.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from bert_jax.errors import UserError
+from bert_jax.finetune.features import MODEL_INPUTS
+from bert_jax.training import partitioning
+
+Features = dict[str, np.ndarray]
+
+
+def buckets(length_buckets: Sequence[int], max_seq_length: int) -> tuple[int, ...]:
+  """The bucket lengths, ascending, ending with max_seq_length; () means padding every row to it."""
+  values = tuple(int(b) for b in length_buckets)
+  if not values:
+    return ()
+  if list(values) != sorted(set(values)) or values[0] < 1 or values[-1] > max_seq_length:
+    raise UserError(f"data.length_buckets={values} must be increasing lengths between 1 and "
+                    f"data.max_seq_length={max_seq_length}, e.g. (32, 64, 128)")
+  return values if values[-1] == max_seq_length else values + (max_seq_length,)
+
+
+def row_lengths(features: Features) -> np.ndarray:
+  """int[N]: each row's tokens up to its last unmasked position."""
+  mask = np.asarray(features["attention_mask"]) != 0
+  return np.where(mask.any(1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
+
+
+def bucket_of(features: Features, lengths: tuple[int, ...]) -> np.ndarray:
+  """int[N]: the index of the smallest bucket holding each row."""
+  return np.searchsorted(np.asarray(lengths), row_lengths(features), side="left")
+
+
+def cut(features: Features, rows: np.ndarray, length: int) -> Features:
+  """The rows' features, their length axis (axis 1 of size max_seq_length) cut to `length`."""
+  full = features["input_ids"].shape[1]
+  return {k: (v[rows][:, :length] if v.ndim > 1 and v.shape[1] == full else v[rows]) for k, v in features.items()}
+
+
+def _epoch_batches(bucket: np.ndarray, order: np.ndarray, batch_size: int, seed: int, epoch: int
+                   ) -> list[np.ndarray]:
+  """One epoch's batches of row indices: each bucket's rows in `order`, cut into full batches, shuffled."""
+  batches = []
+  for b in range(bucket.max() + 1):
+    rows = order[bucket[order] == b]
+    batches += [rows[i:i + batch_size] for i in range(0, len(rows) - batch_size + 1, batch_size)]
+  return [batches[i] for i in np.random.default_rng([seed, epoch, 1]).permutation(len(batches))]
+
+
+def train_batches(features: Features, batch_size: int, seed: int, start_step: int, end_step: int,
+                  lengths: tuple[int, ...] = ()) -> Iterator[Features]:
+  """The batches of steps [start_step, end_step), so a resumed run sees exactly the batches an
+  uninterrupted one would; `lengths`: the buckets (`buckets`), () to pad every row."""
+  n = len(features["input_ids"])
+  steps_per_epoch = max(n // batch_size, 1)
+  if not lengths:  # epoch e: permutation (seed, e), cut in order, remainder dropped
+    epoch, order = -1, None
+    for step in range(start_step, end_step):
+      if step // steps_per_epoch != epoch:
+        epoch = step // steps_per_epoch
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+      yield {k: v[order[(step % steps_per_epoch) * batch_size:][:batch_size]] for k, v in features.items()}
+    return
+  bucket = bucket_of(features, lengths)
+  per_epoch = int(sum(np.bincount(bucket, minlength=len(lengths)) // batch_size))
+  if not per_epoch:
+    raise UserError(f"data.length_buckets={lengths}: no bucket holds train.batch_size={batch_size} training "
+                    "rows; use fewer buckets or a smaller batch")
+  epoch, batches = -1, []
+  for step in range(start_step, end_step):
+    if step // per_epoch != epoch:
+      epoch = step // per_epoch
+      batches = _epoch_batches(bucket, np.random.default_rng([seed, epoch]).permutation(n), batch_size, seed, epoch)
+    rows = batches[step % per_epoch]
+    yield cut(features, rows, lengths[bucket[rows[0]]])
+
+
+def _length_axes(apply: Callable, params: Any, rows: int, lengths: Sequence[int]) -> dict[str, int | None]:
+  """Which axis of each output follows the input length (None: none), from abstract evaluation at the
+  first and last of two or more lengths."""
+  def shapes(length):
+    batch = {k: jax.ShapeDtypeStruct((rows, length), np.int32) for k in MODEL_INPUTS}
+    return jax.eval_shape(apply, params, batch)
+  a, b = shapes(lengths[-1]), shapes(lengths[0])
+  return {k: next((i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y), None) for k in a}
+
+
+def run_model(apply: Callable, params: Any, mesh, features: Features, batch_size: int,
+              lengths: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+  """`apply(params, batch)` (jitted, batch-sharded outputs) over every row of `features`, one row of
+  outputs per row in order; with buckets, in batches of one bucket padded to batch_size rows (one
+  compiled shape per bucket), length axes padded back to max_seq_length with zeros."""
+  inputs = {k: features[k] for k in MODEL_INPUTS}
+  full = inputs["input_ids"].shape[1]
+  lengths = lengths or (full,)
+  bucket, n = bucket_of(inputs, lengths), len(inputs["input_ids"])
+  axes = _length_axes(apply, params, batch_size, lengths) if len(lengths) > 1 else {}
+  outputs: dict[str, np.ndarray] = {}
+  for b, length in enumerate(lengths):
+    members = np.flatnonzero(bucket == b)
+    for start in range(0, len(members), batch_size):
+      rows = members[start:start + batch_size]
+      batch = cut(inputs, np.concatenate([rows, np.full(batch_size - len(rows), rows[0])]), length)
+      got = jax.device_get(apply(params, partitioning.global_batch(batch, mesh)))
+      for k, v in got.items():
+        v = v[:len(rows)]
+        if axes.get(k) is not None:
+          pad = [(0, 0)] * v.ndim
+          pad[axes[k]] = (0, full - v.shape[axes[k]])
+          v = np.pad(v, pad)
+        if k not in outputs:
+          outputs[k] = np.zeros((n,) + v.shape[1:], v.dtype)
+        outputs[k][rows] = v
+  return outputs

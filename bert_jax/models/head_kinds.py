@@ -1,0 +1,240 @@
+"""The fine-tuning head kinds (classification, regression, token, span), one `HeadKind` record each.
+
+A kind maps to its Flax module (its parameters under `head/`), its loss as an additive sum and the
+count that divides it, SMART's divergence between two of its outputs, the records a prediction
+becomes, and its Hugging Face class, default rows and config keys. finetune/ (model, objective,
+SMART, predict) and conversion/ (export) read the record; a new kind is one `register` here.
+
+  classification / regression: the family's summary of the sequence (`Family.summary`; BERT: the
+    pooled [CLS] vector) or, with pooling=layer_mix, a learned mix of every layer's [CLS] vector,
+    dropout, dense -> logits [B, C] (regression: one value [B])
+  token: every position's vector (through `Family.token_transform` where the family has one),
+    dropout, dense -> logits [B, T, C]
+  span: every position's vector (the same), dense -> start and end logits [B, T], padding masked out
+Token and span heads with pooling=layer_mix read the same mix of every layer's vector at each position
+instead of the last layer's (the BERT paper's feature-based NER mixes layers this way).
+
+Losses are sums over rows (or labelled tokens) divided by a count that depends on the data only, so
+micro-batches give exactly the full batch's gradient (training/step.py):
+  classification: cross-entropy / rows; regression: squared error / rows;
+  token: cross-entropy / labelled tokens; span: (start + end cross-entropy) / 2 / rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bert_jax.errors import UserError
+from bert_jax.models import bert, families
+from bert_jax.models.dropout import Dropout
+from bert_jax.models.families import Row, dense_rows, hf_only
+
+Array = jax.Array
+Batch = Mapping[str, Array]
+POOLINGS = ("pooled", "layer_mix")
+
+
+class LayerMix(nn.Module):
+  """[L+1, B, ..., H] -> [B, ..., H]: gamma * sum_l softmax(w)_l h_l ([CLS] vectors or every token's)."""
+
+  @nn.compact
+  def __call__(self, layers: Array) -> Array:
+    # Not named "layers": that logical name marks scanned, stacked layer weights.
+    weights = self.param("layer_weights", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                                       (None,)), (layers.shape[0],))
+    gamma = self.param("gamma", nn.with_logical_partitioning(nn.initializers.ones_init(), ()), ())
+    mixed = jnp.tensordot(jax.nn.softmax(weights), layers.astype(jnp.float32), axes=1)
+    return (gamma * mixed).astype(layers.dtype)
+
+
+class _Head(nn.Module):
+  """The fields every head module takes (FinetuneModel builds it as `head`)."""
+  config: Any
+  num_labels: int
+  pooling: str = "pooled"
+  dropout: float = 0.1
+
+  def tokens(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
+    """[B, T, H]: the layer mix of every layer's vectors, or the family's token transform of the last
+    layer's (its own module under head/token_transform), or the last layer's as they are."""
+    if self.pooling == "layer_mix":
+      return LayerMix(name="layer_mix")(out.hidden_states)
+    transform = families.of(self.config).token_transform
+    if transform is None:
+      return out.last_hidden_state
+    return transform(self.config, name="token_transform")(out, attention_mask, deterministic)
+
+
+class SequenceHead(_Head):
+  """classification (logits [B, C]) and, with regression=True, regression (one value [B])."""
+  regression: bool = False
+
+  @nn.compact
+  def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
+    drop = Dropout(self.dropout)
+    if self.pooling == "layer_mix":
+      h = LayerMix(name="layer_mix")(out.hidden_states[:, :, 0])
+    else:
+      h = summarize(self.config, out, attention_mask, deterministic)
+    logits = bert.dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(
+        drop(h, deterministic=deterministic)).astype(jnp.float32)
+    return {"logits": logits[:, 0] if self.regression else logits}
+
+
+def summarize(config: Any, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
+  """[B, H]: the family's summary of each row (its own module under head/summary, or the pooled output)."""
+  summary = families.of(config).summary
+  if summary is None:
+    return out.pooled_output
+  return summary(config, name="summary")(out, attention_mask, deterministic)
+
+
+class TokenHead(_Head):
+  @nn.compact
+  def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
+    drop = Dropout(self.dropout)
+    h = drop(self.tokens(out, attention_mask, deterministic), deterministic=deterministic)
+    return {"logits": bert.dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(h)
+                      .astype(jnp.float32)}
+
+
+class SpanHead(_Head):
+  @nn.compact
+  def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
+    tokens = self.tokens(out, attention_mask, deterministic)
+    logits = bert.dense(self.config, 2, ("embed", "classes"), "span")(tokens).astype(jnp.float32)
+    logits = jnp.where(attention_mask[..., None] > 0, logits, -1e9)
+    return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+
+
+def symmetric_kl(p_logits: Array, q_logits: Array) -> Array:
+  """KL(P||Q) + KL(Q||P) over the last axis, from logits: [..., C] -> [...]."""
+  log_p, log_q = jax.nn.log_softmax(p_logits, axis=-1), jax.nn.log_softmax(q_logits, axis=-1)
+  return jnp.sum((jnp.exp(log_p) - jnp.exp(log_q)) * (log_p - log_q), axis=-1)
+
+
+def _per_row(batch: Batch) -> Array:
+  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
+
+def _per_labelled_token(batch: Batch) -> Array:
+  return jnp.maximum(jnp.sum(batch["label_weights"]), 1.0)
+
+
+def _xent(logits: Array, labels: Array) -> Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def _class_records(outputs: dict[str, np.ndarray], labels: tuple[str, ...]) -> list[dict]:
+  logits = outputs["logits"].astype(np.float64)
+  probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
+  probabilities /= probabilities.sum(axis=-1, keepdims=True)
+  return [{"label": labels[int(i)], "score": float(p[i]), "scores": dict(zip(labels, map(float, p)))}
+          for i, p in zip(np.argmax(logits, axis=-1), probabilities)]
+
+
+def _labelled(problem_type: str | None = None) -> Callable[[tuple[str, ...]], dict]:
+  """HF config keys for a head with these class names (regression: one output, HF's default name)."""
+  def keys(labels: tuple[str, ...]) -> dict:
+    names = labels or ("LABEL_0",)
+    d = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    return {**d, "problem_type": problem_type} if problem_type else d
+  return keys
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HeadKind:
+  """One head kind (see the module docstring).
+
+  module: the Flax module class (config, num_labels, pooling, dropout), called as
+  (out: ModelOutput, attention_mask, deterministic) -> outputs; reads_summary: it reads the family's
+  sequence summary (so the encoder keeps `Family.summary_heads`). loss(outputs, batch) -> the summed
+  loss; count(batch) -> what divides it; divergence(a, b, batch) -> SMART's l_s between two outputs,
+  summed like the loss. records(outputs, labels) -> one prediction record per row (None: the task
+  module decodes, as token and span outputs need the featurization). hf_class: the suffix of the HF
+  class (Bert + ForSequenceClassification); hf_rows: its head's rows (a family may override them,
+  `HFNames.task_rows`); hf_config(labels) -> the keys its config.json adds.
+  """
+  name: str
+  module: Callable[..., nn.Module]
+  reads_summary: bool
+  loss: Callable[[dict[str, Array], Batch], Array]
+  count: Callable[[Batch], Array]
+  divergence: Callable[[dict[str, Array], dict[str, Array], Batch], Array]
+  hf_class: str
+  hf_rows: tuple[Row, ...]
+  hf_config: Callable[[tuple[str, ...]], dict]
+  records: Callable[[dict[str, np.ndarray], tuple[str, ...]], list[dict]] | None = None
+
+  def build(self, config: Any, num_labels: int, pooling: str, dropout: float) -> nn.Module:
+    return self.module(config=config, num_labels=num_labels, pooling=pooling, dropout=dropout)
+
+  def encoder_config(self, config: Any, pooling: str) -> Any:
+    """The encoder without pretraining heads; the summary's heads (BERT's pooler) only where this head
+    reads them."""
+    family = families.of(config)
+    return family.with_heads(config, family.summary_heads if self.reads_summary and pooling == "pooled" else ())
+
+
+_KINDS: dict[str, HeadKind] = {}
+
+
+def register(kind: HeadKind) -> HeadKind:
+  if kind.name in _KINDS:
+    raise ValueError(f"head kind {kind.name!r} is registered twice")
+  _KINDS[kind.name] = kind
+  return kind
+
+
+def names() -> tuple[str, ...]:
+  return tuple(_KINDS)
+
+
+def get(name: str) -> HeadKind:
+  if name not in _KINDS:
+    raise UserError(f"head kind {name!r} is not one of {names()}")
+  return _KINDS[name]
+
+
+_CLASSIFIER = hf_only(dense_rows("head/classifier", "classifier", None), part="task")
+
+register(HeadKind(
+    name="classification", module=SequenceHead, reads_summary=True,
+    loss=lambda outputs, batch: jnp.sum(_xent(outputs["logits"], batch["label"])),
+    count=_per_row,
+    divergence=lambda a, b, batch: jnp.sum(symmetric_kl(a["logits"], b["logits"])),
+    records=_class_records,
+    hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER,
+    hf_config=_labelled("single_label_classification")))
+
+register(HeadKind(
+    name="regression", module=lambda **fields: SequenceHead(**fields, regression=True), reads_summary=True,
+    loss=lambda outputs, batch: jnp.sum(jnp.square(outputs["logits"] - batch["label"])),
+    count=_per_row,
+    divergence=lambda a, b, batch: jnp.sum(jnp.square(a["logits"] - b["logits"])),
+    records=lambda outputs, labels: [{"value": float(v)} for v in outputs["logits"]],
+    hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER, hf_config=_labelled("regression")))
+
+register(HeadKind(
+    name="token", module=TokenHead, reads_summary=False,
+    loss=lambda outputs, batch: jnp.sum(_xent(outputs["logits"], batch["token_labels"]) * batch["label_weights"]),
+    count=_per_labelled_token,
+    divergence=lambda a, b, batch: jnp.sum(symmetric_kl(a["logits"], b["logits"]) * batch["label_weights"]),
+    hf_class="ForTokenClassification", hf_rows=_CLASSIFIER, hf_config=_labelled()))
+
+register(HeadKind(
+    name="span", module=SpanHead, reads_summary=False,
+    loss=lambda outputs, batch: jnp.sum(_xent(outputs["start_logits"], batch["start_positions"])
+                                        + _xent(outputs["end_logits"], batch["end_positions"])) / 2,
+    count=_per_row,
+    divergence=lambda a, b, batch: jnp.sum(symmetric_kl(a["start_logits"], b["start_logits"])
+                                           + symmetric_kl(a["end_logits"], b["end_logits"])) / 2,
+    # HF's QA classes read num_labels=2 (start, end), its default.
+    hf_class="ForQuestionAnswering", hf_rows=hf_only(dense_rows("head/span", "qa_outputs", None), part="task"),
+    hf_config=lambda labels: {}))
