@@ -26,6 +26,7 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6",
+        "jaxlib",  # tpu/estimate.py parses HLO with jaxlib's own parser
         "flax>=0.10",
         "optax>=0.2.4",
         "orbax-checkpoint>=0.11",
