@@ -143,6 +143,8 @@ class FineTuning:
   params/ keeps of them."""
 
   def tokenizer(self, config: ml_collections.ConfigDict):
+    # The encoder's sizes (data.max_seq_length against its positions) are checked before any data is read.
+    init.model_config(config, workdir_lib.read_config(config.init_from) if config.init_from else None)
     return init.load_tokenizer(config)
 
   def model_config(self, config: ml_collections.ConfigDict, task: Task) -> Any:
