@@ -268,7 +268,7 @@ def test_orbax_loops_finish_their_work_before_closing():
   """What tensorstore does when one of a restore's reads fails: the other reads complete later, from their
   own threads, into the loop orbax ran the restore on. orbax closed that loop as soon as the first read
   failed, and each late read printed "RuntimeError: Event loop is closed"."""
-  late = []
+  late, threads = [], []
 
   async def read(loop, fail):
     if fail:
@@ -283,7 +283,8 @@ def test_orbax_loops_finish_their_work_before_closing():
       except RuntimeError as e:
         late.append(str(e))
 
-    threading.Thread(target=complete).start()
+    threads.append(threading.Thread(target=complete))
+    threads[-1].start()
     return await future
 
   async def restore():
@@ -292,6 +293,8 @@ def test_orbax_loops_finish_their_work_before_closing():
 
   with pytest.raises(ValueError, match="a damaged array"):
     asyncio_utils.run_sync(restore())
+  for thread in threads:  # the late read's thread records its outcome after handing the result over
+    thread.join()
   assert late == ["delivered"]
 
 
