@@ -9,6 +9,7 @@ import pytest
 
 import data_fixtures
 from bert_jax import cli
+from core_helpers import slow
 
 pytest.importorskip("qwix")
 
@@ -32,6 +33,7 @@ def teacher(sst2_finetuned):
   return data, workdir
 
 
+@slow  # two 4-epoch student runs: ~60 s on 2 cores; the losses are tested against NumPy in the suite
 def test_distilled_student_beats_the_student_without_teacher(teacher, tmp_path):
   """The distillation set's labels are coin flips: without the teacher the student stays near chance;
   with the teacher's soft targets (temperature 1, no hard loss) it learns the teacher's rule."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import data_fixtures
+from core_helpers import slow
 from bert_jax.cli import main
 from bert_jax.configs import common
 from bert_jax.data_pipelines import service
@@ -21,9 +22,10 @@ def _free_port():
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
+  corpus = data_fixtures.write_corpus(tmp_path_factory.mktemp("corpus"), num_docs=24, sentences_per_doc=6)
   out = tmp_path_factory.mktemp("rows")
   assert main(["data", "prepare", "--format", "bert_tfrecord", "--config", "configs/bert.py:demo", "--output",
-               str(out), "--workers", "1", "--config.data.num_shards=8", "--config.data.max_seq_length=48",
+               str(out), f"--config.data.corpus={corpus}", "--workers", "1", "--config.data.num_shards=8", "--config.data.max_seq_length=48",
                "--config.data.max_predictions_per_seq=8"]) == 0
   return str(out / "*.tfrecord")
 
@@ -61,6 +63,7 @@ def _assert_same(a, b):
       np.testing.assert_array_equal(x[name], y[name], err_msg=name)
 
 
+@slow  # a dispatcher and two workers: ~50 s on 2 cores (BERT_JAX_SLOW_TESTS=1)
 def test_the_service_gives_the_in_process_batches_and_resumes(rows, address, tmp_path):
   local, _ = _read(_cfg(rows), 6)
   served, _ = _read(_cfg(rows, service_address=address), 6)

@@ -38,7 +38,7 @@ def train_losses(spec, workdir, *overrides):
 
 @pytest.mark.parametrize("spec, overrides", [
     # LAMB scales each step to lr x the weight norm: small initial weights need a larger rate to move.
-    ("configs/albert.py:tiny", ["--config.optimizer.learning_rate=2e-2"]),
+    pytest.param("configs/albert.py:tiny", ["--config.optimizer.learning_rate=2e-2"], marks=slow),  # 30 s
     pytest.param("configs/electra.py:tiny", [], marks=slow),  # 90 s; ELECTRA's two losses: test_family_models
     ("configs/spanbert.py:tiny", []),
 ])

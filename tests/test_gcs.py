@@ -27,9 +27,8 @@ pytest.importorskip("gcp_storage_emulator")
 import gcsfs  # noqa: E402
 from etils import epath  # noqa: E402
 
-from bert_jax import cli, params_checkpoint, run_lock, workdir  # noqa: E402
+from bert_jax import cli, params_checkpoint, workdir  # noqa: E402
 from bert_jax.data_pipelines import embedded  # noqa: E402
-from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
 from core_helpers import slow
 
@@ -246,6 +245,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@slow  # a killed run and its rerun in the emulated bucket: ~50 s on 2 cores
 def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_last_complete_checkpoint(bucket_env, bucket, tmp_path,
                                                                                         capsys):
   """SIGKILL while step 4's state is being committed (an async save, as by default): its objects are in the

@@ -17,7 +17,7 @@ from bert_jax.ops import distill_losses as losses
 from bert_jax.training import trainer
 from bert_jax.training.objectives import model_inputs
 from bert_jax.training.objectives.distill_mlm import DistillMlmPretraining
-from core_helpers import random_batch
+from core_helpers import random_batch, slow
 
 SMALL = dict(vocab_size=128, hidden_size=16, num_heads=2, intermediate_size=32, max_position_embeddings=32)
 # The embedded corpus, short rows; the demo model (2 x 128) as the teacher.
@@ -159,6 +159,7 @@ def _logged(workdir, key):
   return [r[key] for r in map(json.loads, open(workdir / "metrics.jsonl")) if key in r]
 
 
+@slow  # a 100-step teacher and two 40-step students: ~60 s on 2 cores
 def test_the_teacher_lowers_the_students_mlm_loss(corpus_teacher, tmp_path, capsys):
   """The same fresh student, seed and batches with and without the soft-target loss (soft_weight=0 still
   logs the KL to the teacher). The logged MLM loss of steps 31-40 is each step's batch scored before its
