@@ -21,6 +21,8 @@ import sentencepiece as spm  # noqa: E402
 import bert_jax  # noqa: E402
 from bert_jax.cli import main  # noqa: E402
 from bert_jax.data_pipelines import fairseq_spm  # noqa: E402
+from core_helpers import slow  # noqa: E402
+import test_conversion_heads as heads_test  # noqa: E402
 
 DATA = pathlib.Path(__file__).parent / "testdata"
 FRENCH = (DATA / "french.txt").read_text(encoding="utf-8").splitlines()
@@ -146,3 +148,58 @@ def test_convert_both_ways(hf, tmp_path):
   assert type(tokenizer).__name__ == type(reference).__name__
   for line in HELD_OUT[:40]:
     assert tokenizer(line)["input_ids"] == reference(line)["input_ids"], line
+
+
+def _french_sst2(directory: pathlib.Path) -> str:
+  """sst2-format train.tsv/dev.tsv of French sentences whose label is their first word (vrai/faux)."""
+  directory.mkdir()
+  rng = np.random.default_rng(0)
+  for split, lines in (("train", FRENCH[:128]), ("dev", FRENCH[128:160])):
+    rows = ["sentence\tlabel"]
+    for line in lines:
+      label = int(rng.integers(2))
+      rows.append(f"{('faux', 'vrai')[label]} {line}\t{label}")
+    (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+  return str(directory)
+
+
+@pytest.mark.parametrize("family,kind", [("camembert", "classification"), ("xlm-roberta", "token")])
+def test_fine_tuned_heads_export(tmp_path, monkeypatch, family, kind):
+  """A fine-tuned head (random weights, test_conversion_heads' workdir) exports to Camembert/XLMRoberta
+  For<Task>, whose logits are the Predictor's."""
+  prefix = VARIANTS[family][0]
+  monkeypatch.setitem(heads_test.FAMILIES, family, (prefix, dict(
+      family=family, position_style="roberta", pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5,
+      max_position_embeddings=66)))
+  config, params = heads_test.fine_tuned_workdir(tmp_path / "ft", family, kind)
+  assert main(["convert", "--to", "hf", str(tmp_path / "ft"), str(tmp_path / "hf")]) == 0
+  model = getattr(transformers, prefix + heads_test.HF_CLASSES[kind]).from_pretrained(tmp_path / "hf").eval()
+  assert model.config.model_type == family
+  rows = heads_test.batch(config)
+  ours = bert_jax.Predictor.build(config, params, tokenizer=None).run(rows)["logits"]
+  theirs = heads_test.hf_logits(model, kind, rows)["logits"]
+  keep = rows["attention_mask"] > 0 if kind == "token" else slice(None)
+  np.testing.assert_allclose(ours[keep], theirs[keep], atol=1e-5, rtol=0)
+  assert np.abs(theirs).max() > 0.05
+
+
+@slow  # a ~3 min chain on a loaded 2-core machine; its parts are the tests above
+def test_finetune_predict_and_export(tmp_path, spm_model):
+  """`bert-jax finetune` from the HF CamemBERT folder itself (init_from), its tokenizer travelling with the
+  run: the exported CamembertForSequenceClassification and its tokenizer give the Predictor's logits."""
+  folder, _, _ = _folders(tmp_path, "camembert", spm_model)
+  workdir = tmp_path / "ft"
+  assert main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(workdir),
+               f"--config.init_from={folder}", f"--config.data.data_dir={_french_sst2(tmp_path / 'sst2')}",
+               "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.epochs=1",
+               "--config.train.eval_batch_size=32", "--config.train.tensorboard=false"]) == 0
+  sentences = ["vrai Le chat dort.", "faux Il pleut à Paris 😀", HELD_OUT[3]]
+  ours = bert_jax.Predictor.load(str(workdir)).outputs(sentences)["logits"]
+  assert main(["convert", "--to", "hf", str(workdir), str(tmp_path / "hf")]) == 0
+  model = transformers.CamembertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  with torch.no_grad():
+    theirs = model(**tokenizer(sentences, padding=True, truncation=True, max_length=32,
+                               return_tensors="pt")).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+  assert np.abs(theirs).max() > 0.01
