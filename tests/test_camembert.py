@@ -21,6 +21,7 @@ import sentencepiece as spm  # noqa: E402
 import bert_jax  # noqa: E402
 from bert_jax.cli import main  # noqa: E402
 from bert_jax.data_pipelines import fairseq_spm  # noqa: E402
+from bert_jax.data_pipelines.tokenizers import load_tokenizer  # noqa: E402
 from core_helpers import slow  # noqa: E402
 import test_conversion_heads as heads_test  # noqa: E402
 
@@ -203,3 +204,53 @@ def test_finetune_predict_and_export(tmp_path, spm_model):
                                return_tensors="pt")).logits.numpy()
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
   assert np.abs(theirs).max() > 0.01
+
+
+@pytest.mark.parametrize("kind,head", [("camembert_spm", 5), ("xlmr_spm", 2)])
+def test_vocabulary_training_writes_the_fairseq_layout(tmp_path, kind, head):
+  """`bert-jax vocab --type camembert_spm|xlmr_spm`: a cased unigram model and the tokenizer.json of its layout,
+  which transformers loads and tokenizes with as bert_jax does; whole-word masking sees its word starts."""
+  corpus = tmp_path / "fr.txt"
+  corpus.write_text("\n".join(FRENCH[:TRAIN]) + "\n", encoding="utf-8")
+  assert main(["vocab", "--type", kind, "--size", "400", "--corpus", str(corpus), "--output",
+               str(tmp_path / "vocab")]) == 0
+  assert sorted(os.listdir(tmp_path / "vocab")) == ["sentencepiece.bpe.model", "tokenizer.json"]
+  ours = load_tokenizer(str(tmp_path / "vocab" / "sentencepiece.bpe.model"), kind=kind)
+  prefix = VARIANTS["camembert" if kind == "camembert_spm" else "xlm-roberta"][0]
+  theirs = getattr(transformers, f"{prefix}Tokenizer").from_pretrained(tmp_path / "vocab")
+  assert ours.vocab_size == len(theirs) == 400 + head and ours.special_ids["[PAD]"] == theirs.pad_token_id == 1
+  for line in HELD_OUT:
+    assert ours.encode(line) == theirs(line, add_special_tokens=False)["input_ids"], line
+  assert "Le" not in ours.vocab[:head] and ours.vocab[-1] == "<mask>"
+  word_starts = ~ours.continuation_mask()
+  pieces = theirs.convert_ids_to_tokens(ours.encode("Les randonneurs"))
+  assert [word_starts[ours.vocab.index(p)] for p in pieces] == [p.startswith("\u2581") for p in pieces]
+  assert not all(word_starts[ours.vocab.index(p)] for p in pieces)  # a word of several pieces
+
+
+@slow  # ~2 min on a loaded 2-core machine (the embedded corpus's unigram vocabulary, once, and compiles)
+def test_camembert_tiny_pretrains_and_exports_as_camembert(tmp_path):
+  """configs/camembert.py:tiny pretrains a few steps; `convert --to hf` gives a CamembertForMaskedLM and a
+  CamembertTokenizer that reproduce bert_jax's logits and ids."""
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import trainer  # pylint: disable=import-outside-toplevel
+  config = load_config("configs/camembert.py:tiny", [
+      "--config.train.batch_size=8", "--config.data.max_seq_length=32", "--config.train.num_steps=4",
+      "--config.train.log_every_steps=2", "--config.train.eval_every_steps=0", "--config.checkpoint.every_steps=100",
+      "--config.checkpoint.async_save=False", "--config.data.num_shards=2", "--config.optimizer.warmup_steps=2"])
+  assert config.data.masking == "whole_word" and config.data.tokenizer == "camembert_spm"
+  trainer.pretrain(config, str(tmp_path / "run"))
+  assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+  model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+  assert type(model).__name__ == "CamembertForMaskedLM"
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  ours = bert_jax.load_tokenizer(str(tmp_path / "run"))
+  assert type(theirs).__name__ == "CamembertTokenizer" and ours.kind == "camembert_spm"
+  lines = ["The module returns a list of strings.", "Le chat dort.", "An object's attributes, e.g. __dict__."]
+  for line in lines:
+    assert ours.encode(line) == theirs(line, add_special_tokens=False)["input_ids"], line
+  ids, mask = _batch(ours, lines)
+  encoder, params = bert_jax.load_pretrained(str(tmp_path / "run"))
+  logits = np.asarray(encoder.apply({"params": params}, ids, attention_mask=mask).mlm_logits)
+  keep = mask.astype(bool)
+  np.testing.assert_allclose(logits[keep], _reference(model, ids, mask)[0][keep], atol=1e-4, rtol=0)
