@@ -11,18 +11,22 @@ A Hugging Face folder holds `sentencepiece.bpe.model` and/or `tokenizer.json`; t
 tokenizer.json when it is there, so this does too, and otherwise lays the model out as transformers'
 converters do. Either way encoding is what transformers' tokenizer does: text split on added tokens
 (`<mask>` eating the spaces before it), the normalizer (the model's precompiled character map, nmt_nfkc
-for spm_train's models; none at all in a tokenizer.json without one), words split on Unicode white
+for spm_train's models, applied per grapheme cluster as tokenizers' Precompiled does; none at all in a
+tokenizer.json without one), words split on Unicode white
 space, each word marked with `▁` (Metaspace), and each word's best Unigram segmentation, without byte
-fallback (transformers' two classes turn it off). No lower-casing and no ALBERT preprocessing. The Unigram search and the character map run in the sentencepiece library,
-over a model rebuilt (in protobuf's wire format, written here) with transformers' ids.
+fallback (transformers' two classes turn it off). No lower-casing and no ALBERT preprocessing. The Unigram
+search runs in the sentencepiece library, over a model rebuilt (in protobuf's wire format, written here)
+with transformers' ids.
 """
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import struct
+import unicodedata
 
 import numpy as np
 
@@ -136,6 +140,164 @@ def write_model(pieces: list[tuple[str, float, int]], charsmap: bytes = b"", byt
   return bytes(out)
 
 
+# --- the Precompiled normalizer, as tokenizers applies it ---------------------------------------------------
+
+class _Charsmap:
+  """The Precompiled normalizer of tokenizers (transformers' tokenizers of SentencePiece models) over a
+  model's precompiled character map: a darts-clone double-array trie of byte strings and their
+  replacements. As tokenizers does, a grapheme cluster of under 6 bytes is replaced whole by the
+  replacement of its *first* (shortest) prefix in the map, when it has one; other clusters, and those,
+  character by character."""
+  def __init__(self, data: bytes):
+    size = struct.unpack("<I", data[:4])[0]
+    self.array = struct.unpack(f"<{size // 4}I", data[4:4 + size])
+    self.blob = data[4 + size:]
+    self.cache = {}
+
+  def prefix_first(self, key: bytes) -> int | None:
+    """The replacement's offset of the shortest prefix of `key` in the trie (darts-clone's layout)."""
+    a = self.array
+    pos = 0
+    unit = a[pos]
+    pos ^= (unit >> 10) << ((unit & (1 << 9)) >> 6)
+    for c in key:
+      if c == 0:
+        break
+      pos ^= c
+      if pos >= len(a):
+        return None
+      unit = a[pos]
+      if unit & ((1 << 31) | 0xFF) != c:
+        return None
+      pos ^= (unit >> 10) << ((unit & (1 << 9)) >> 6)
+      if (unit >> 8) & 1:
+        return a[pos] & ((1 << 31) - 1)
+    return None
+
+  def transform(self, chunk: str) -> str | None:
+    found = self.cache.get(chunk, 0)
+    if found == 0:
+      index = self.prefix_first(chunk.encode("utf-8"))
+      if index is not None:
+        end = self.blob.index(b"\0", index)
+        found = self.blob[index:end].decode("utf-8")
+      else:
+        found = None
+      if len(self.cache) < 1 << 16:
+        self.cache[chunk] = found
+    return found
+
+  def normalize(self, text: str) -> str:
+    if text.isascii() and "\r\n" not in text:  # one character per cluster
+      return "".join(ch if (norm := self.transform(ch)) is None else norm for ch in text)
+    out = []
+    for g in _graphemes(text):
+      if len(g.encode("utf-8")) < 6:
+        norm = self.transform(g)
+        if norm is not None:
+          out.append(norm)
+          continue
+      for ch in g:
+        norm = self.transform(ch)
+        out.append(ch if norm is None else norm)
+    return "".join(out)
+
+
+_PREPEND = frozenset([*range(0x600, 0x606), 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x110BD, 0x110CD])
+_OTHER_EXTEND = frozenset([0x200C, 0xFF9E, 0xFF9F, *range(0x1F3FB, 0x1F400), *range(0xE0020, 0xE0080)])
+_SPACING_EXTRA = frozenset([0xE33, 0xEB3])
+_PICT_RANGES = ((0x1F000, 0x1F0FF), (0x1F10D, 0x1F10F), (0x1F12F, 0x1F12F), (0x1F16C, 0x1F171), (0x1F17E, 0x1F17F),
+                (0x1F18E, 0x1F18E), (0x1F191, 0x1F19A), (0x1F1AD, 0x1F1E5), (0x1F201, 0x1F20F), (0x1F21A, 0x1F21A),
+                (0x1F22F, 0x1F22F), (0x1F232, 0x1F23A), (0x1F23C, 0x1F23F), (0x1F249, 0x1F3FA), (0x1F400, 0x1F53D),
+                (0x1F546, 0x1F64F), (0x1F680, 0x1F6FF), (0x1F774, 0x1F77F), (0x1F7D5, 0x1F7FF), (0x1F80C, 0x1F80F),
+                (0x1F848, 0x1F84F), (0x1F85A, 0x1F85F), (0x1F888, 0x1F88F), (0x1F8AE, 0x1F8FF), (0x1F90C, 0x1F93A),
+                (0x1F93C, 0x1F945), (0x1F947, 0x1FAFF), (0x1FC00, 0x1FFFD), (0x2600, 0x27BF), (0x2300, 0x23FF))
+_PICT_SINGLE = frozenset([0xA9, 0xAE, 0x203C, 0x2049, 0x2122, 0x2139, *range(0x2194, 0x219A), 0x21A9, 0x21AA,
+                          0x24C2, 0x25AA, 0x25AB, 0x25B6, 0x25C0, *range(0x25FB, 0x25FF), 0x2934, 0x2935,
+                          *range(0x2B05, 0x2B08), 0x2B1B, 0x2B1C, 0x2B50, 0x2B55, 0x3030, 0x303D, 0x3297, 0x3299])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _gcb(ch: str) -> str:
+  """The character's Grapheme_Cluster_Break property (Extended_Pictographic as "Pict"), approximately."""
+  cp = ord(ch)
+  if cp == 0x0D:
+    return "CR"
+  if cp == 0x0A:
+    return "LF"
+  if cp == 0x200D:
+    return "ZWJ"
+  if 0x1F1E6 <= cp <= 0x1F1FF:
+    return "RI"
+  if cp in _PREPEND:
+    return "Prepend"
+  if cp in _OTHER_EXTEND:
+    return "Extend"
+  cat = unicodedata.category(ch)
+  if cat in ("Mn", "Me"):
+    return "Extend"
+  if cat == "Mc" or cp in _SPACING_EXTRA:
+    return "SpacingMark"
+  if cat in ("Cc", "Zl", "Zp", "Cf", "Cs") or (cat == "Cn" and 0xE0000 <= cp <= 0xE0FFF):
+    return "Control"
+  if 0x1100 <= cp <= 0x115F or 0xA960 <= cp <= 0xA97C:
+    return "L"
+  if 0x1160 <= cp <= 0x11A7 or 0xD7B0 <= cp <= 0xD7C6:
+    return "V"
+  if 0x11A8 <= cp <= 0x11FF or 0xD7CB <= cp <= 0xD7FB:
+    return "T"
+  if 0xAC00 <= cp <= 0xD7A3:
+    return "LV" if (cp - 0xAC00) % 28 == 0 else "LVT"
+  if cp in _PICT_SINGLE or any(a <= cp <= b for a, b in _PICT_RANGES):
+    return "Pict"
+  return "Other"
+
+
+def _graphemes(text: str) -> list[str]:
+  """Extended grapheme clusters (UAX #29's rules, from unicodedata's categories; Indic conjuncts are not
+  joined, which leaves them over 6 bytes or without a replacement alike)."""
+  clusters, start, prev, pict_zwj, ri_count = [], 0, None, False, 0
+  in_pict = False
+  for i, ch in enumerate(text):
+    kind = _gcb(ch)
+    if prev is None:
+      join = False
+    elif prev == "CR" and kind == "LF":
+      join = True
+    elif prev in ("Control", "CR", "LF") or kind in ("Control", "CR", "LF"):
+      join = False
+    elif prev == "L" and kind in ("L", "V", "LV", "LVT"):
+      join = True
+    elif prev in ("LV", "V") and kind in ("V", "T"):
+      join = True
+    elif prev in ("LVT", "T") and kind == "T":
+      join = True
+    elif kind in ("Extend", "ZWJ", "SpacingMark"):
+      join = True
+    elif prev == "Prepend":
+      join = True
+    elif prev == "ZWJ" and kind == "Pict" and pict_zwj:
+      join = True
+    elif prev == "RI" and kind == "RI":
+      join = ri_count % 2 == 1
+    else:
+      join = False
+    if not join and i:
+      clusters.append(text[start:i])
+      start = i
+    # GB11 state: a pictographic char followed by Extend* then ZWJ
+    if kind == "Pict":
+      in_pict = True
+    elif kind != "Extend" and kind != "ZWJ":
+      in_pict = False
+    pict_zwj = in_pict and kind == "ZWJ"
+    ri_count = ri_count + 1 if kind == "RI" else 0
+    prev = kind
+  if text:
+    clusters.append(text[start:])
+  return clusters
+
+
 # --- the vocabulary as transformers lays it out ---------------------------------------------------------------
 
 def fairseq_vocab(kind: str, pieces: list[tuple[str, float, int]]) -> list[tuple[str, float]]:
@@ -182,10 +344,7 @@ class FairseqSentencePieceTokenizer:
       types = [_UNKNOWN if i == unk_id else _CONTROL if i in special else _NORMAL for i in range(len(vocab))]
       self._sp = spm.SentencePieceProcessor(model_proto=write_model(
           [(p, s, t) for (p, s), t in zip(vocab, types)], b"", False, unk_id))
-      self._normalizer = None
-      if charsmap:
-        self._normalizer = spm.SentencePieceNormalizer(model_proto=write_model(
-            [("<unk>", 0.0, _UNKNOWN)], charsmap))
+      self._normalizer = _Charsmap(charsmap) if charsmap else None
     except (OSError, RuntimeError, ValueError, KeyError, IndexError, UnicodeDecodeError) as e:
       raise DataError(f"cannot load {kind} tokenizer {path}: {e}; pass a {HF_MODEL_FILE} or "
                       f"{HF_TOKENIZER_FILE}") from None

@@ -31,7 +31,9 @@ OTHER = (DATA / "multilingual.txt").read_text(encoding="utf-8").splitlines()
 TRAIN = 200
 HELD_OUT = FRENCH[TRAIN:] + OTHER + [
     "  espaces   multiples\tet tabulations  ", "", "Il a dit <mask> hier.", "ﬁn ½ ＡＢＣ…", "l’été « oui »",
-    "e\u0301te\u0301 (accents décomposés)", "x\u00a0y\u202fz"]
+    "e\u0301te\u0301 (accents décomposés)", "x\u00a0y\u202fz",
+    # grapheme clusters the character map sees whole (tokenizers' Precompiled) or character by character
+    "é\u0301\u0301 e\u0301\u0300 ﬁ\u0301 a\r\nb 👨\u200d👩\u200d👧 1\ufe0f\u20e3 \u200bzéro"]
 
 
 def _hf_vocab(family: str, sp) -> list[tuple[str, float]]:
