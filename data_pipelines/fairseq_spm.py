@@ -340,10 +340,15 @@ class FairseqSentencePieceTokenizer:
         pieces, charsmap, _ = read_model(raw)  # transformers' classes turn byte fallback off
         vocab, unk_id, self.prepend = fairseq_vocab(kind, pieces), 3, "always"
         added = _added_tokens(vocab)
+      for a in sorted(added, key=lambda a: a["id"]):  # added tokens past the model's vocabulary take their ids
+        if a["id"] >= len(vocab):
+          vocab += [(f"<unused{i}>", 0.0) for i in range(len(vocab), a["id"])] + [(a["content"], 0.0)]
       special = {a["id"] for a in added}
       types = [_UNKNOWN if i == unk_id else _CONTROL if i in special else _NORMAL for i in range(len(vocab))]
-      self._sp = spm.SentencePieceProcessor(model_proto=write_model(
-          [(p, s, t) for (p, s), t in zip(vocab, types)], b"", False, unk_id))
+      pieces = [(p, s, t) for (p, s), t in zip(vocab, types)]
+      if _NORMAL not in types:  # sentencepiece loads no model without a piece (a vocabulary of symbols alone)
+        pieces.append(("\U0010ffff", -1e9, _NORMAL))
+      self._sp = spm.SentencePieceProcessor(model_proto=write_model(pieces, b"", False, unk_id))
       self._normalizer = _Charsmap(charsmap) if charsmap else None
     except (OSError, RuntimeError, ValueError, KeyError, IndexError, UnicodeDecodeError) as e:
       raise DataError(f"cannot load {kind} tokenizer {path}: {e}; pass a {HF_MODEL_FILE} or "

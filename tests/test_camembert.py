@@ -256,3 +256,14 @@ def test_camembert_tiny_pretrains_and_exports_as_camembert(tmp_path):
   logits = np.asarray(encoder.apply({"params": params}, ids, attention_mask=mask).mlm_logits)
   keep = mask.astype(bool)
   np.testing.assert_allclose(logits[keep], _reference(model, ids, mask)[0][keep], atol=1e-4, rtol=0)
+
+
+def test_a_tokenizer_of_symbols_alone_loads_as_transformers_saves_it(tmp_path):
+  """CamembertTokenizer(vocab_file=...) in transformers 5 keeps fairseq's symbols alone (its converter runs in
+  from_pretrained only); such a folder's tokenizer.json, its added tokens past the vocabulary, still loads."""
+  reference = transformers.CamembertTokenizer()
+  reference.save_pretrained(tmp_path)
+  ours = fairseq_spm.FairseqSentencePieceTokenizer(str(tmp_path / "tokenizer.json"), "camembert_spm")
+  assert ours.vocab_size == len(reference)
+  for line in ["Le chat dort.", "a <mask> b", "<s>x</s>", ""]:
+    assert ours.encode(line) == reference(line, add_special_tokens=False)["input_ids"], line
