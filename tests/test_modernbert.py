@@ -7,6 +7,7 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import torch
@@ -18,6 +19,7 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.conversion import common, hf, native
 from bert_jax.data_pipelines import embedded
+from bert_jax.finetune import modes
 from bert_jax.conversion.params import param_shapes
 from bert_jax.models import ModernBertConfig, ModernBertModel, build, families, model_config
 from bert_jax.training import benchmark, objectives, partitioning, trainer
@@ -183,6 +185,16 @@ def test_finetune_predict_and_export_a_tiny_modernbert(tmp_path, capsys):
     probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     np.testing.assert_allclose(sorted(record["scores"].values()), sorted(probabilities), atol=1e-5)
     assert record["score"] == pytest.approx(probabilities.max(), abs=1e-5)
+
+
+def test_adapters_are_refused_and_feature_mode_drops_every_dropout():
+  """train.mode through the record: ModernBERT has no Houlsby adapters (one line); feature mode's dropout-off
+  reaches its embedding, MLP and attention dropouts (with_dropout)."""
+  config = _tiny(embedding_dropout=0.1, mlp_dropout=0.1, attention_dropout=0.1)
+  with pytest.raises(bert_jax.errors.UserError, match="train.mode=adapters: .* a modernbert model has none"):
+    modes.model_config(config, ml_collections.ConfigDict({"mode": "adapters", "adapter_size": 8}))
+  off = modes.model_config(config, ml_collections.ConfigDict({"mode": "feature"}))
+  assert (off.embedding_dropout, off.mlp_dropout, off.attention_dropout) == (0.0, 0.0, 0.0)
 
 
 def _tiny(**changes):
