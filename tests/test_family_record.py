@@ -300,7 +300,7 @@ def test_a_roberta_layout_family_is_one_record(monkeypatch, tmp_path):
 
 
 def test_registry_lookups_and_the_family_key():
-  assert families.names()[:4] == ("bert", "albert", "electra", "roberta")  # every module of models/records/
+  assert families.names()[:5] == ("bert", "albert", "electra", "modernbert", "roberta")  # every module of records/
   with pytest.raises(UserError, match=r"model.family='xlnet_typo' is not one of \('bert', 'albert'"):
     families.get("xlnet_typo")
   with pytest.raises(UserError, match="unknown architecture GPT2LMHeadModel"):
