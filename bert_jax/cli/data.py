@@ -127,7 +127,9 @@ def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
   p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
                                              "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
-  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
+  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece", "camembert_spm", "xlmr_spm"),
+                 help="camembert_spm / xlmr_spm: SentencePiece in CamemBERT's / XLM-R's fairseq layout (cased; writes "
+                      "sentencepiece.bpe.model and tokenizer.json)")
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
   p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
