@@ -13,10 +13,15 @@ import torch
 import transformers
 
 import bert_jax
-from bert_jax import cli
+from bert_jax import cli, jobs, params_checkpoint, presets
+from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
+from bert_jax.finetune import heads
+from bert_jax.finetune.predict import Predictor
 from bert_jax.models import families
 from bert_jax.models.mobilebert import MobileBertConfig, MobileBertModel
+from bert_jax.training import info, trainer
+from core_helpers import slow
 
 VOCAB, LENGTH = 99, 10
 LENGTHS = np.array([[10], [6], [3]])
@@ -143,3 +148,83 @@ def test_config_errors_name_the_field():
   with pytest.raises(UserError, match="num_heads=3 must divide the attention's width 128"):
     MobileBertConfig(num_heads=3)
   assert families.model_config(MobileBertConfig().to_dict()) == MobileBertConfig()
+
+
+def test_base_preset_has_the_published_size_and_transformers_count():
+  """configs/mobilebert.py:base's backbone (embeddings, encoder, pooler): the paper's 25.3M within 4%, and
+  exactly transformers' MobileBertModel of google/mobilebert-uncased's config (torch's meta device)."""
+  config = load_config("configs/mobilebert.py:base")
+  counted = presets.backbone_params(config.model)
+  assert abs(counted / 25.3e6 - 1) < 0.04, counted
+  with torch.device("meta"):
+    hf_model = transformers.MobileBertModel(transformers.MobileBertConfig())
+  assert counted == sum(p.numel() for p in hf_model.parameters())
+
+
+def test_tiny_preset_builds_through_the_pretraining_objective():
+  """`bert-jax info`'s count of the tiny preset (the objective's backbone) is the presets table's."""
+  config = load_config("configs/mobilebert.py:tiny")
+  built = jobs.with_step(config, "configs/mobilebert.py:tiny", "info").step(config, None)
+  assert presets.backbone_params(config.model) == info.model_info(*built)["num_params"]
+
+
+@slow  # ~1 min of CPU, mostly compiling (BERT_JAX_SLOW_TESTS=1)
+def test_tiny_pretraining_loss_falls(tmp_path):
+  """MLM + NSP on the embedded corpus: 40 small steps (LAMB moves small weights by lr x their norm: a
+  larger rate, as ALBERT's tiny test)."""
+  config = load_config("configs/mobilebert.py:tiny", [
+      "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.train.num_steps=40",
+      "--config.train.log_every_steps=5", "--config.train.eval_every_steps=0", "--config.checkpoint.every_steps=1000",
+      "--config.checkpoint.async_save=False", "--config.data.num_shards=4", "--config.optimizer.warmup_steps=5",
+      "--config.optimizer.learning_rate=2e-2"])
+  trainer.pretrain(config, str(tmp_path))
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  losses = [r["loss"] for r in rows if "loss" in r]
+  assert losses[-1] < losses[0] - 0.4, losses
+  assert "nsp_loss" in rows[-1] or any("nsp_loss" in r for r in rows)
+
+
+TINY = MobileBertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=24,
+                        embedding_size=8, intra_bottleneck_size=16, num_feedforward_networks=2,
+                        max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0)
+HF_CLASSES = {"classification": "MobileBertForSequenceClassification", "token": "MobileBertForTokenClassification",
+              "span": "MobileBertForQuestionAnswering"}
+
+
+def _fine_tuned(directory, kind, labels):
+  """A `bert-jax finetune` workdir with random weights (NoNorm scales near 1, every bias nonzero)."""
+  config = heads.encoder_config(TINY, kind, "pooled")
+  model = heads.FinetuneModel(config, kind, 2 if kind == "span" else len(labels))
+  ids = jnp.ones((1, LENGTH), jnp.int32)
+  abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), ids, ids, ids * 0)["params"])
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + 0.1 * rng.standard_normal(x.shape))
+      .astype(np.float32), abstract)
+  saved = {"model": config.to_dict(), "head": {"pooling": "pooled", "dropout": 0.1},
+           "task": {"family": "test", "name": f"mobilebert_{kind}", "head": kind, "num_labels": len(labels) or 2,
+                    "labels": list(labels)},
+           "data": {"max_seq_length": LENGTH}, "train": {"eval_batch_size": 4}}
+  params_checkpoint.save_params(str(directory), params, saved)
+  return saved, params
+
+
+@pytest.mark.parametrize("kind,labels", [("classification", ("neg", "pos", "mixed")), ("token", ("O", "B", "I")),
+                                         ("span", ())])
+def test_fine_tuned_heads_export_to_transformers_task_classes(tmp_path, capsys, kind, labels):
+  saved, params = _fine_tuned(tmp_path / "ft", kind, labels)
+  assert ("pooler" in params) == (kind == "classification")  # the family's summary: BERT's pooler
+  assert cli.main(["convert", "--to", "hf", str(tmp_path / "ft"), str(tmp_path / "hf")]) == 0
+  assert "not written" not in capsys.readouterr().out
+  hf_model = getattr(transformers, HF_CLASSES[kind]).from_pretrained(tmp_path / "hf").eval()
+  ids, mask, types = _inputs()
+  rows = {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32),
+          "token_type_ids": types.astype(np.int32)}
+  ours = Predictor.build(saved, params, tokenizer=None).run(rows)
+  theirs = _torch(hf_model, ids, mask, types)
+  real = mask.astype(bool)
+  for key in ("start_logits", "end_logits") if kind == "span" else ("logits",):
+    got, want = ours[key], getattr(theirs, key).numpy()
+    got, want = (got, want) if kind == "classification" else (got[real], want[real])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(want).max() > 0.05
