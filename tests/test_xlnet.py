@@ -13,7 +13,8 @@ import torch
 import transformers
 
 import bert_jax
-from bert_jax import cli
+from bert_jax import cli, params_checkpoint
+from bert_jax.finetune import heads
 from bert_jax.models import xlnet
 from bert_jax.models.xlnet import XLNetConfig, XLNetModel
 
@@ -230,3 +231,33 @@ def test_converts_from_and_to_hugging_face(tmp_path):
   base.save_pretrained(tmp_path / "bare")
   model, params = bert_jax.load_pretrained(str(tmp_path / "bare"))
   assert not model.config.mlm_head and "mlm_head" not in params
+
+
+def test_fine_tuned_heads_export_to_transformers(tmp_path, capsys):
+  """Sequence classification reads the last (real) token's summary, as XLNetForSequenceClassification;
+  token classification every position's vector; both export and give transformers' logits."""
+  ids, mask, token_types = _batch()
+  classes = {"classification": transformers.XLNetForSequenceClassification,
+             "token": transformers.XLNetForTokenClassification}
+  for kind, hf_class in classes.items():
+    config = heads.encoder_config(XLNetConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                                              intermediate_size=37, scan_layers=False), kind, "pooled")
+    model = heads.FinetuneModel(config, kind, 3)
+    abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), *map(jnp.asarray, (ids, mask, token_types))))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32), abstract["params"])
+    assert ("summary" in params["head"]) == (kind == "classification") and "mlm_head" not in params
+    saved = {"model": config.to_dict(), "head": {"pooling": "pooled", "dropout": 0.1},
+             "task": {"family": "test", "name": f"x_{kind}", "head": kind, "num_labels": 3, "labels": ["a", "b", "c"]},
+             "data": {"max_seq_length": T}, "train": {"eval_batch_size": 4}}
+    params_checkpoint.save_params(str(tmp_path / kind), params, saved)
+    assert cli.main(["convert", "--to", "hf", str(tmp_path / kind), str(tmp_path / f"{kind}_hf")]) == 0
+    assert "not written" not in capsys.readouterr().out
+    reference = hf_class.from_pretrained(tmp_path / f"{kind}_hf").eval()
+    with torch.no_grad():
+      want = reference(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       token_type_ids=torch.tensor(token_types)).logits.numpy()
+    got = np.asarray(model.apply({"params": params}, *map(jnp.asarray, (ids, mask, token_types)))["logits"])
+    at = mask.astype(bool) if kind == "token" else slice(None)
+    np.testing.assert_allclose(got[at], want[at], atol=1e-5)
+    assert np.abs(want).max() > 0.1

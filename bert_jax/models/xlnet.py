@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models.bert import ModelOutput, constrain_hidden, gelu, layer_head_mask, lookup, rows_of
+from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, rows_of
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
@@ -413,3 +413,18 @@ def next_memory(inputs: Array, mems: Optional[Array], cfg: XLNetConfig) -> Array
   current = inputs[:, :, :cfg.reuse_len] if cfg.reuse_len else inputs
   both = current if mems is None else jnp.concatenate([mems.astype(current.dtype), current], axis=2)
   return jax.lax.stop_gradient(both[:, :, -cfg.mem_len:])
+
+
+class LastTokenSummary(nn.Module):
+  """XLNet's sequence summary for sequence-level fine-tuning heads (Hugging Face's XLNetSequenceSummary,
+  summary_type="last"): tanh(dense(the last real token's vector)), [B, H]. XLNet pads on the left, so
+  the last real token is the last position there; a right-padded batch gives the same token."""
+  config: XLNetConfig
+
+  @nn.compact
+  def __call__(self, out: ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
+    del deterministic  # the head's dropout follows (Hugging Face's summary_last_dropout)
+    length = attention_mask.shape[1]
+    last = length - 1 - jnp.argmax(attention_mask[:, ::-1] > 0, axis=1)
+    h = jnp.take_along_axis(out.last_hidden_state, last[:, None, None], axis=1)[:, 0]
+    return jnp.tanh(dense(self.config, self.config.hidden_size, ("embed", "mlp"), "dense")(h))

@@ -1,8 +1,10 @@
-"""XLNet (Yang et al. 2019): Hugging Face's XLNetModel and XLNetLMHeadModel (bert_jax/models/xlnet.py).
+"""XLNet (Yang et al. 2019): Hugging Face's XLNetModel, XLNetLMHeadModel and XLNetFor{SequenceClassification,
+TokenClassification} (bert_jax/models/xlnet.py).
 
 Its own module and config (Transformer-XL relative attention, two streams, memory); the LM head is the
 word embeddings tied, plus a bias (lm_loss); a SentencePiece vocabulary, padded on the left. Hugging
-Face keeps q, k, v, o and r as [H, N, D] tensors, as bert_jax does, so they copy as they are.
+Face keeps q, k, v, o and r as [H, N, D] tensors, as bert_jax does, so they copy as they are. Sequence
+heads read the last real token's summary (models/xlnet.py:LastTokenSummary).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
-from bert_jax.models.xlnet import XLNetConfig, XLNetModel
+from bert_jax.models.xlnet import LastTokenSummary, XLNetConfig, XLNetModel
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "output": "o", "position_key": "r",
               "content_bias": "r_w_bias", "position_bias": "r_r_bias", "segment_bias": "r_s_bias",
@@ -29,6 +31,11 @@ _LAYER = tuple(
 _GLOBAL = (Row("backbone", "word_embedding/embedding", "{b}word_embedding.weight", None, "copy"),
            Row("backbone", "mask_emb", "{b}mask_emb", None, "copy"),
            Row("mlm", "mlm_head/output_bias", "lm_loss.bias", None, "copy"))
+
+# Fine-tuning heads: the sequence summary's dense + tanh and the classifier (logits_proj); token
+# classification's classifier keeps the kinds' default names.
+_SUMMARY = hf_only(dense_rows("head/summary/dense", "sequence_summary.summary", None)
+                   + dense_rows("head/classifier", "logits_proj", None), part="task")
 
 _ACTS_TO_OURS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
@@ -114,6 +121,10 @@ FAMILY = families.register(families.Family(
                        Architecture("XLNetModel", frozenset(), False)),
         read_config=read_hf_config, write_config=write_hf_config,
         tied={"lm_loss.weight": "{b}word_embedding.weight"},
+        task_rows={"classification": _SUMMARY, "regression": _SUMMARY},
+        no_task_export={"span": "is XLNet's beam-search span head (start and end top-n with their own layers); "
+                                "bert_jax's span head is XLNetForQuestionAnsweringSimple's, which it does not export"},
         tokenizer_class="XLNetTokenizer", tokenizer_settings={"padding_side": "left"}, lower_case=False),
     summary_heads=(),
+    summary=LastTokenSummary,
 ))
