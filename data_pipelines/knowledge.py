@@ -45,8 +45,17 @@ def _capitalised(word: str) -> bool:
   return word[0].isupper()
 
 
+# A cheap test that a run may be there: two capitalised-looking words (any character outside ASCII's lower case
+# may be a capital) with at most spaces, a "." and two connectors between them; most sentences fail it.
+_UPPER = "A-Z\u00c0-\u00de\u0100-\U0010ffff"
+_MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.\s*|\s+)(?:(?:{'|'.join(sorted(_CONNECTORS))})\s+){{0,2}}"
+                        rf"[{_UPPER}]")
+
+
 def capitalised_runs(text: str) -> list[tuple[int, int, int]]:
   """The offline default: runs of two or more capitalised words as entities (character spans)."""
+  if not _MAYBE_RUN.search(text):
+    return []
   words = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
   spans, i = [], 0
   while i < len(words):
