@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 from bert_jax import config_schema, pretrained, workdir as workdir_lib
 from bert_jax.conversion import native
@@ -158,16 +159,17 @@ def featurize(pairs: data.Pairs, tokenizer, length: int) -> dict[str, np.ndarray
   return features
 
 
-def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective, columns: int, num_train: int
-                ) -> tuple[TrainSetup, int]:
-  """The shared sharded setup for the objective; also the steps per epoch."""
+def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective, columns: int, num_train: int,
+                mesh: Mesh | None = None) -> tuple[TrainSetup, int]:
+  """The shared sharded setup for the objective (on config.mesh's devices, or `mesh`); also the steps per
+  epoch."""
   steps_per_epoch = max(num_train // config.train.batch_size, 1)
   num_steps = config_schema.run_steps(config.train, steps_per_epoch)
   dummy = jnp.zeros((1, columns, config.data.max_seq_length), jnp.int32)
   init_params = functools.partial(objective.init, batch={"input_ids": dummy, "attention_mask": dummy + 1})
   make_tx = lambda abstract: optim.make_optimizer(config.optimizer, num_steps, nn.meta.unbox(abstract),  # noqa: E731
                                                   objective.model.config)
-  return sharded_setup(config, objective, init_params, make_tx, num_steps), steps_per_epoch
+  return sharded_setup(config, objective, init_params, make_tx, num_steps, mesh=mesh), steps_per_epoch
 
 
 class Training:
