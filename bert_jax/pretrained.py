@@ -169,7 +169,7 @@ def build_tokenizer(info: common.Tokenizer):
   from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   if info.kind == "wordpiece" and info.max_chars_per_word:
     return load_vocab(files[0], info.lower_case, max_chars_per_word=info.max_chars_per_word)
-  return load_vocab(files[0], info.lower_case)
+  return load_vocab(files[0], info.lower_case, kind=info.kind)
 
 
 def load_tokenizer(path: str):

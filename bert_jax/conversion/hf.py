@@ -12,6 +12,7 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
+from bert_jax.data_pipelines import fairseq_spm
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
@@ -22,7 +23,8 @@ from bert_jax.models import families, head_kinds
 from bert_jax.models.families import Family
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer"}
+_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
+                    "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer"}
 # An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 
@@ -218,6 +220,9 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   family = converted.record
   if family.hf is None:
     raise UserError(f"the {family.name} family has no Hugging Face layout")
+  if getattr(converted.config, "sublayer_order", ""):
+    raise UserError(f"model.sublayer_order={converted.config.sublayer_order!r}: a sandwich transformer has no "
+                    "Hugging Face layout (its layers are not attention-then-feed-forward); keep it in bert_jax's format")
   export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
   names = {"b": family.hf.base_prefix if export.prefixed else ""}
   hf_config = {"architectures": [export.architecture], "model_type": family.hf.model_type,
@@ -249,6 +254,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
   workdir.write_tokenizer(directory, tokenizer.files)
+  if tokenizer.kind in fairseq_spm.KINDS and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
+    # transformers reads tokenizer.json without the sentencepiece library (a sentencepiece.bpe.model alone
+    # needs it and protobuf): write the one its tokenizer class would save.
+    built = fairseq_spm.FairseqSentencePieceTokenizer(next(iter(tokenizer.files.values())), tokenizer.kind)
+    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.hf_tokenizer_json(built))
   own = tokenizer.kind == family.tokenizer  # a family trained with another kind of tokenizer gets its generic class
   settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
               "do_lower_case": tokenizer.lower_case}

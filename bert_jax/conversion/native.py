@@ -26,6 +26,8 @@ def tokenizer(path: str) -> common.Tokenizer | None:
   kind = data.get("tokenizer") or ("sentencepiece" if located.suffix == ".model" else "wordpiece")
   if kind == "bpe":
     files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
+  elif kind in common.FAIRSEQ_KINDS:  # sentencepiece.bpe.model or tokenizer.json, under its own name
+    files = {located.name: str(located)}
   else:
     files = {common.TOKENIZER_FILES[kind][0]: str(located)}
   return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))

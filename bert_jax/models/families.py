@@ -215,7 +215,8 @@ class Family:
   before its token and span classifiers), or None to read `out.last_hidden_state`. with_dropout(config,
   hidden, attention): the config with the dropout rates a fine-tuning or inference run sets (BERT's
   `hidden_dropout` and `attention_dropout` by default; ModernBERT has embedding, MLP and attention
-  dropouts instead).
+  dropouts instead). backbone_params(model section) -> int: the backbone's parameter count from a
+  config's model section (`bert-jax presets`), for a family whose sizes BERT's formula does not describe.
   """
   name: str
   config: type
@@ -233,6 +234,7 @@ class Family:
   token_transform: Callable[..., nn.Module] | None = None
   with_dropout: Callable[[Config, float, float], Config] = (
       lambda config, hidden, attention: config.replace(hidden_dropout=hidden, attention_dropout=attention))
+  backbone_params: Callable[[Mapping[str, Any]], int] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -48,6 +48,12 @@ def buckets_for(max_seq_length: int) -> tuple[int, ...]:
   return (*sizes, max_seq_length)
 
 
+def token_ids(tokenizer, sentence: str, max_seq_length: int) -> list[int]:
+  """[CLS] the sentence's tokens [SEP], at most max_seq_length ids (sentence-transformers' truncation)."""
+  special = tokenizer.special_ids
+  return [special["[CLS]"], *tokenizer.encode(sentence)[:max_seq_length - 2], special["[SEP]"]]
+
+
 def _mesh():
   return partitioning.make_mesh(ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1}),
                                 jax.local_devices())
@@ -100,8 +106,7 @@ class Embedder:
 
   def tokenize(self, sentence: str) -> list[int]:
     """[CLS] the sentence's tokens [SEP], at most max_seq_length ids."""
-    special = self.tokenizer.special_ids
-    return [special["[CLS]"], *self.tokenizer.encode(sentence)[:self.pooling.max_seq_length - 2], special["[SEP]"]]
+    return token_ids(self.tokenizer, sentence, self.pooling.max_seq_length)
 
   def __call__(self, sentences: Sequence[str], *, progress: bool = False) -> np.ndarray:
     """float32[len(sentences), dimension], in the order given (a tqdm bar on stderr when `progress`

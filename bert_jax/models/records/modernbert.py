@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
 from bert_jax.models.families import Architecture, LayerSlot, Row, dense_rows, hf_only
+from bert_jax.models import families, modernbert
 from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel, TokenTransform
 
 HEADS = ("pooler", "mlm")
@@ -191,4 +191,5 @@ FAMILY = families.register(families.Family(
         tokenizer_class="RobertaTokenizer", lower_case=False),
     token_transform=TokenTransform,
     with_dropout=with_dropout,
+    backbone_params=modernbert.backbone_params,
 ))
