@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax import workdir
-from bert_jax.conversion import common, hf, modernbert, native, tf_checkpoint
+from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
 from bert_jax.errors import UserError
 from bert_jax.models import families
@@ -112,11 +112,8 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
-  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet (conversion/modernbert.py)
-    config = modernbert.with_heads(converted.config, modernbert.heads_of(converted.config) + converted.missing_heads)
-  else:
-    family = converted.record
-    config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
+  family = converted.record
+  config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
   ids = jnp.zeros((1, 1), jnp.int32)
   fresh = nn.meta.unbox(jax.jit(families.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
