@@ -112,12 +112,12 @@ def test_trigram_embedding_is_the_next_own_and_previous_token_projected():
                             max_position_embeddings=16, mlm_head=False, sentence_head="none", use_pooler=False)
   model = MobileBertModel(config)
   ids = jnp.asarray([[5, 7, 9, 11]])
-  params = jax.tree.map(np.asarray, nn.meta.unbox(model.init(jax.random.key(0), ids)["params"]))
+  params = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids)["params"]))
   emb = params["embeddings"]
   emb["position_embeddings"]["embedding"] = np.zeros_like(emb["position_embeddings"]["embedding"])
   emb["token_type_embeddings"]["embedding"] = np.zeros_like(emb["token_type_embeddings"]["embedding"])
   emb["norm"]["bias"] = np.zeros(8, np.float32)
-  out = model.apply({"params": params}, ids, output_hidden_states=True)
+  out = jax.jit(lambda p: model.apply({"params": p}, ids, output_hidden_states=True))(params)
   words = emb["word_embeddings"]["embedding"][np.asarray(ids[0])]
   padded = np.concatenate([np.zeros((1, 4)), words, np.zeros((1, 4))])
   trigram = np.concatenate([padded[2:], padded[1:-1], padded[:-2]], axis=-1)
