@@ -62,10 +62,15 @@ def _prepare(args):
     return
   if args.config:
     raise UserError("--config goes with --format bert_tfrecord; tokenized documents take --corpus and --vocab")
+  annotator = None
+  if args.knowledge or args.knowledge_phrases or args.knowledge_spacy:
+    annotator = {"phrases": args.knowledge_phrases, "spacy_model": args.knowledge_spacy}
+    if beam_args is not None:
+      raise UserError("--knowledge annotates in this machine's processes: leave out --runner")
   if beam_args is None:
     from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
     metadata = prepare.prepare(args.corpus, args.output, args.vocab, args.lower_case, args.corpus_format,
-                               args.workers, args.overwrite)
+                               args.workers, args.overwrite, annotator)
   else:
     from bert_jax.data_pipelines import beam_prepare  # pylint: disable=import-outside-toplevel
     metadata = beam_prepare.prepare_documents(args.corpus, args.output, beam_args, args.vocab, args.lower_case,
@@ -127,7 +132,9 @@ def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
   p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
                                              "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
-  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
+  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece", "camembert_spm", "xlmr_spm"),
+                 help="camembert_spm / xlmr_spm: SentencePiece in CamemBERT's / XLM-R's fairseq layout (cased; writes "
+                      "sentencepiece.bpe.model and tokenizer.json)")
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
   p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
@@ -160,6 +167,12 @@ def register(subparsers) -> None:
   p.add_argument("--workers", type=int, default=0, help="processes (0: one per CPU); with --runner DirectRunner, "
                  "its worker processes")
   p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous run in --output")
+  p.add_argument("--knowledge", action="store_true", help="keep phrase and entity spans with the documents, "
+                 "for data.masking=knowledge (default annotator: runs of capitalised words)")
+  p.add_argument("--knowledge-phrases", default="", metavar="FILE",
+                 help="--knowledge from a list file, one phrase or entity per line (data.knowledge.phrases)")
+  p.add_argument("--knowledge-spacy", default="", metavar="MODEL",
+                 help="--knowledge from a spaCy pipeline's entities and noun chunks (data.knowledge.spacy_model)")
   _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_prepare)

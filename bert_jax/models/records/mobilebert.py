@@ -11,6 +11,7 @@ from typing import Iterable
 
 from bert_jax.models import families
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
+from bert_jax.models import mobilebert
 from bert_jax.models.mobilebert import MobileBertConfig, MobileBertModel
 from bert_jax.models.records import bert_layout as bl
 
@@ -131,4 +132,5 @@ FAMILY = families.register(families.Family(
         tied={"cls.predictions.decoder.weight": "{b}embeddings.word_embeddings.weight",
               "cls.predictions.decoder.bias": "cls.predictions.bias"},
         buffers=bl.HF_BUFFERS, tokenizer_class="MobileBertTokenizer"),
+    backbone_params=mobilebert.backbone_params,
 ))
