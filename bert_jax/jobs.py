@@ -6,11 +6,13 @@ build from its config.
   pretrain         corpus    pretrain   training/trainer.py:pretrain   the objective's pretraining step
   finetune         dataset   finetune   finetune/trainer.py:finetune   - (it needs the task's data)
   distill          dataset   distill    compress/distill.py:distill    - (it needs the task's data)
+  theseus          dataset   distill    compress/theseus.py:distill    - (it needs the task's data)
   general_distill  corpus    distill    compress/general.py:distill    the student's pretraining step
   sbert            dataset   finetune   sbert/train.py:train           - (it needs its sentence pairs)
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
-distill or general_distill, configs/sbert.py: sbert), so the CLI, compile and info read this table instead of guessing from the
+distill, theseus or general_distill, configs/sbert.py: sbert), so the CLI, compile and info read this table instead
+of guessing from the
 config's other keys. A new job is one `register` call here and its module.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from bert_jax import config_schema
-from bert_jax.compress import distill, general
+from bert_jax.compress import distill, general, theseus
 from bert_jax.errors import UserError
 from bert_jax.finetune import trainer as finetune_trainer
 from bert_jax.sbert import train as sbert_train
@@ -99,6 +101,7 @@ CORPUS, DATASET = config_schema.CORPUS_JOBS, config_schema.DATASET_JOBS
 register(Job("pretrain", CORPUS, "pretrain", trainer.pretrain, trainer.summary, _pretraining_step, multihost=True))
 register(Job("finetune", DATASET, "finetune", finetune_trainer.finetune, finetune_trainer.summary))
 register(Job("distill", DATASET, "distill", distill.distill, finetune_trainer.summary))
+register(Job("theseus", DATASET, "distill", theseus.distill, finetune_trainer.summary))
 register(Job("general_distill", CORPUS, "distill", general.distill, trainer.summary, _student_step,
              multihost=True))
 register(Job("sbert", DATASET, "finetune", sbert_train.train, sbert_train.summary))

@@ -59,7 +59,7 @@ def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> di
     row["epochs"] = c.train.epochs
   else:
     row["num_steps"] = c.train.num_steps
-  if "distill" in c and c.distill.student_layers:  # the student is some of the teacher's layers
+  if "distill" in c and (c.distill.get("student_layers") or c.job == "theseus"):  # some of the teacher's layers
     row.update(model_from="the teacher")
   elif finetuning and "distill" not in c:  # the model section counts only without init_from
     row.update(model_from="init_from")

@@ -8,6 +8,8 @@ section; general distillation (`general-<size>`): a pretraining config (configs/
       --config.model.num_layers=4 --config.model.hidden_size=312 --config.distill.hidden_weight=1 ...
   bert-jax distill --config configs/distill.py:general-tiny --config.distill.teacher=runs/demo \
       --workdir runs/demo-general                # the demo model -> 1 layer, on the embedded corpus
+  bert-jax distill --config configs/distill.py:theseus --config.distill.teacher=runs/sst2 \
+      --config.data.data_dir=glue/SST-2 --workdir runs/sst2-theseus   # BERT-of-Theseus: 12 -> 6 layers
 
 Task distillation: the student is `distill.student_layers` of the teacher ("every_other": DistilBERT's
 init) or, with it empty, the architecture of config.model (or of init_from). Loss weights of 0 switch a
@@ -25,6 +27,7 @@ PRESETS = {
     "general-tiny": "general distillation (DistilBERT's loss) of a pretrained teacher on the embedded corpus",
     **{f"general-{size}": f"general distillation into a student of BERT-{size}'s size, on the pretraining corpus"
        for size in bert.SIZES if size != "tiny"},
+    "theseus": "BERT-of-Theseus on SST-2: the teacher's modules replaced by single layers on a linear curriculum",
 }
 
 
@@ -47,10 +50,28 @@ def _general(size: str) -> ml_collections.ConfigDict:
   return c
 
 
+def _theseus() -> ml_collections.ConfigDict:
+  """BERT-of-Theseus (Xu et al. 2020; bert_jax/compress/theseus.py) on SST-2: the predecessor (distill.teacher,
+  a fine-tuned workdir) in `modules` modules, each replaced by one successor layer with probability
+  min(1, replace_rate + (1 - replace_rate) t / T), T = curriculum_fraction of the steps; then the successor alone
+  for the rest of the run. GLUE's fine-tuning rate and batch (configs/glue.py), twice its epochs."""
+  c = glue.get_config("sst2")
+  c.job = "theseus"  # bert_jax/jobs.py; `bert-jax distill` runs it
+  c.distill = ml_collections.ConfigDict()
+  c.distill.teacher = ""  # the predecessor: a fine-tuning workdir of the same task
+  c.distill.modules = 0  # successor layers (each replacing teacher_layers / modules layers); 0: half the teacher's
+  c.distill.replace_rate = 0.3  # the curriculum's base replacement rate b
+  c.distill.curriculum_fraction = 0.5  # p reaches 1 after this fraction of the steps; the successor alone after
+  c.train.epochs = 6.0  # the curriculum's half, then the successor's fine-tuning
+  return c
+
+
 def get_config(arg: str = "embedded"):
   common.check_preset(arg, PRESETS)
   if arg.startswith("general-"):
     return _general(arg[len("general-"):])
+  if arg == "theseus":
+    return _theseus()
   c = glue.get_config(arg)
   c.job = "distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.distill = ml_collections.ConfigDict()

@@ -3,6 +3,8 @@ MobileBert* classes: tiny random models saved with save_pretrained, loaded with 
 compared at the real tokens of a padded batch; exported back with `bert-jax convert --to hf` and loaded in
 transformers again."""
 import json
+import shutil
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -21,6 +23,7 @@ from bert_jax.finetune.predict import Predictor
 from bert_jax.models import families
 from bert_jax.models.mobilebert import MobileBertConfig, MobileBertModel
 from bert_jax.training import info, trainer
+import data_fixtures
 from core_helpers import slow
 
 VOCAB, LENGTH = 99, 10
@@ -109,12 +112,12 @@ def test_trigram_embedding_is_the_next_own_and_previous_token_projected():
                             max_position_embeddings=16, mlm_head=False, sentence_head="none", use_pooler=False)
   model = MobileBertModel(config)
   ids = jnp.asarray([[5, 7, 9, 11]])
-  params = jax.tree.map(np.asarray, nn.meta.unbox(model.init(jax.random.key(0), ids)["params"]))
+  params = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids)["params"]))
   emb = params["embeddings"]
   emb["position_embeddings"]["embedding"] = np.zeros_like(emb["position_embeddings"]["embedding"])
   emb["token_type_embeddings"]["embedding"] = np.zeros_like(emb["token_type_embeddings"]["embedding"])
   emb["norm"]["bias"] = np.zeros(8, np.float32)
-  out = model.apply({"params": params}, ids, output_hidden_states=True)
+  out = jax.jit(lambda p: model.apply({"params": p}, ids, output_hidden_states=True))(params)
   words = emb["word_embeddings"]["embedding"][np.asarray(ids[0])]
   padded = np.concatenate([np.zeros((1, 4)), words, np.zeros((1, 4))])
   trigram = np.concatenate([padded[2:], padded[1:-1], padded[:-2]], axis=-1)
@@ -228,3 +231,38 @@ def test_fine_tuned_heads_export_to_transformers_task_classes(tmp_path, capsys, 
     got, want = (got, want) if kind == "classification" else (got[real], want[real])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert np.abs(want).max() > 0.05
+
+
+@slow  # fine-tuning end to end, ~1 min of CPU (BERT_JAX_SLOW_TESTS=1)
+def test_fine_tunes_from_a_transformers_checkpoint_and_exports_what_predict_says(tmp_path, capsys):
+  """A tiny transformers MobileBertModel with the embedded vocabulary -> convert -> finetune on SST-2 whose label
+  is each sentence's first word -> the dev accuracy rises well above chance; the HF export through
+  transformers' pipeline gives `bert-jax predict`'s labels and scores."""
+  vocab = data_fixtures.embedded_paths()[1]
+  torch.manual_seed(0)
+  hf_config = _hf_config(vocab_size=len(open(vocab, encoding="utf-8").read().splitlines()), hidden_size=32,
+                         num_hidden_layers=2, num_attention_heads=2, intra_bottleneck_size=16, embedding_size=8,
+                         max_position_embeddings=64)
+  transformers.MobileBertModel(hf_config).save_pretrained(tmp_path / "hf_base")
+  shutil.copyfile(vocab, tmp_path / "hf_base" / "vocab.txt")
+  (tmp_path / "hf_base" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+  assert cli.main(["convert", "--from", "hf", str(tmp_path / "hf_base"), str(tmp_path / "base")]) == 0
+  data = data_fixtures.write_first_word_sst2(tmp_path / "data")
+  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(tmp_path / "run"),
+                   f"--config.init_from={tmp_path / 'base'}", f"--config.data.data_dir={data}",
+                   "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.epochs=4",
+                   "--config.train.log_every_steps=8", "--config.optimizer.learning_rate=1e-2"]) == 0
+  assert json.loads((tmp_path / "run" / "eval_results.json").read_text())["accuracy"] >= 0.75
+  sentences = [line.split("\t")[0] for line in (Path(data) / "dev.tsv").read_text().splitlines()[1:]]
+  (tmp_path / "dev.txt").write_text("".join(s + "\n" for s in sentences))
+  assert cli.main(["predict", "--model", str(tmp_path / "run"), "--input", str(tmp_path / "dev.txt"),
+                   "--output", str(tmp_path / "dev.jsonl")]) == 0
+  ours = [json.loads(line) for line in (tmp_path / "dev.jsonl").read_text().splitlines()]
+  assert cli.main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [
+      "MobileBertForSequenceClassification"]
+  capsys.readouterr()
+  theirs = transformers.pipeline("text-classification", model=str(tmp_path / "hf"), device="cpu")(sentences,
+                                                                                                   truncation=True)
+  assert [r["label"] for r in theirs] == [r["label"] for r in ours]
+  np.testing.assert_allclose([r["score"] for r in theirs], [r["score"] for r in ours], atol=1e-5)
