@@ -214,7 +214,7 @@ def _input_line(r: dict[str, Any]) -> str:
 def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity: float, used: float) -> str:
   """One concrete change for a step that does not fit: shard the state, remat, or micro-batches."""
   mesh, model, train = config.mesh, config.model, config.train
-  if model.attention == "dot" and config.data.max_seq_length >= LONG_SEQUENCE:
+  if model.get("attention", "dot") == "dot" and config.data.max_seq_length >= LONG_SEQUENCE:  # XLNet: dot only
     return ("attention's T x T scores dominate at this length: --config.model.attention=splash (the blockwise TPU "
             "kernel, memory linear in the length)")
   if state_bytes > 0.5 * capacity and mesh.fsdp == 1:
