@@ -169,7 +169,7 @@ def test_one_layer_matches_numpy_with_memory_segments_and_padding():
   mem = np.random.RandomState(2).normal(size=(1, 3, 4, 16)).astype(np.float32)
   out = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(token_types),
                     mems=jnp.asarray(mem))
-  h = params["word_embedding"]["embedding"][ids]
+  h = params["embeddings"]["word_embeddings"]["embedding"][ids]
   reference = _numpy_layer(params["encoder"]["layer_0"], h, mem[0], token_types, mask)
   real = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real], reference[real], atol=2e-5)

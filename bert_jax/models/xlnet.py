@@ -351,15 +351,38 @@ def _other_segment(token_type_ids: Optional[Array], m_len: int) -> Optional[Arra
   return token_type_ids[:, :, None] != keys[:, None, :]
 
 
+class Embeddings(nn.Module):
+  """The word embeddings [V, H] and the query stream's start (mask_emb [1, 1, H]); no positions, no norm."""
+  config: XLNetConfig
+
+  def setup(self):
+    cfg = self.config
+    self.word_embeddings = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
+                                    param_dtype=cfg.weight_dtype, embedding_init=_init(cfg, ("vocab", "embed")))
+    self.mask_emb = self.param("mask_emb", _init(cfg, (None, None, "embed")), (1, 1, cfg.hidden_size),
+                               cfg.weight_dtype)
+
+  def __call__(self, input_ids: Array) -> Array:
+    return constrain_hidden(lookup(self.word_embeddings, input_ids, ("vocab", None)))
+
+  def queries(self, batch: int, count: int) -> Array:
+    """The query stream's input: mask_emb at each of `count` predictions, [B, P, H]."""
+    return jnp.broadcast_to(self.mask_emb.astype(self.config.compute_dtype), (batch, count, self.config.hidden_size))
+
+  def attend(self, x: Array) -> Array:
+    """Logits against the word embeddings (the tied LM decoder): [..., H] -> [..., V]."""
+    return self.word_embeddings.attend(x)
+
+
 class LMHead(nn.Module):
   """The tied LM head: [..., H] -> float32 [..., V] against the word embeddings, plus a bias."""
   config: XLNetConfig
 
   @nn.compact
-  def __call__(self, x: Array, embed: nn.Embed) -> Array:
+  def __call__(self, x: Array, embeddings: Embeddings) -> Array:
     cfg = self.config
     bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
-    return embed.attend(x).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), x.shape[:-1])
+    return embeddings.attend(x).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), x.shape[:-1])
 
 
 class XLNetModel(nn.Module):
@@ -379,15 +402,12 @@ class XLNetModel(nn.Module):
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
     b, t = input_ids.shape
     m = 0 if mems is None else mems.shape[2]
-    embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
-                     embedding_init=_init(cfg, ("vocab", "embed")), name="word_embedding")
-    mask_emb = self.param("mask_emb", _init(cfg, (None, None, "embed")), (1, 1, cfg.hidden_size), cfg.weight_dtype)
+    embeddings = Embeddings(cfg, name="embeddings")
     dropout = Dropout(cfg.hidden_dropout)
-    h = dropout(constrain_hidden(lookup(embed, input_ids, ("vocab", None))), deterministic=deterministic)
+    h = dropout(embeddings(input_ids), deterministic=deterministic)
     g = None
     if target_mapping is not None:
-      g = dropout(jnp.broadcast_to(mask_emb.astype(cfg.compute_dtype), (b, target_mapping.shape[1], cfg.hidden_size)),
-                  deterministic=deterministic)
+      g = dropout(embeddings.queries(b, target_mapping.shape[1]), deterministic=deterministic)
     pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len)),
                   deterministic=deterministic)
     mask_h, mask_g = _masks(attention_mask, perm_mask, t, m)
@@ -403,7 +423,7 @@ class XLNetModel(nn.Module):
       out["mems"] = next_memory(inputs, mems, cfg)
     if cfg.mlm_head:
       top = h if g is None else g
-      out["mlm_logits"] = LMHead(cfg, name="mlm_head")(dropout(top, deterministic=deterministic), embed)
+      out["mlm_logits"] = LMHead(cfg, name="mlm_head")(dropout(top, deterministic=deterministic), embeddings)
     return XLNetOutput(**out)
 
 

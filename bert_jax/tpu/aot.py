@@ -214,7 +214,7 @@ def _input_line(r: dict[str, Any]) -> str:
 def suggest_fix(config: ml_collections.ConfigDict, state_bytes: float, capacity: float, used: float) -> str:
   """One concrete change for a step that does not fit: shard the state, remat, or micro-batches."""
   mesh, model, train = config.mesh, config.model, config.train
-  if model.attention == "dot" and config.data.max_seq_length >= LONG_SEQUENCE:
+  if model.get("attention", "dot") == "dot" and config.data.max_seq_length >= LONG_SEQUENCE:  # XLNet: dot only
     return ("attention's T x T scores dominate at this length: --config.model.attention=splash (the blockwise TPU "
             "kernel, memory linear in the length)")
   if state_bytes > 0.5 * capacity and mesh.fsdp == 1:
@@ -275,7 +275,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
       "topology": tpu.name, "libtpu_topology": tpu.topology_name, "device_kind": devices[0].device_kind,
       "chips": tpu.chips, "hosts": tpu.hosts, "devices": len(devices), "mesh": dict(mesh.shape),
       "batch_size": config.train.batch_size, "grad_accum_steps": config.train.grad_accum_steps,
-      "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length, "attention": config.model.attention,
+      "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length,
+      "attention": config.model.get("attention", "dot"),
       "fits": fits, "hbm_per_chip_bytes": int(used), "hbm_capacity_bytes": capacity,
       "state_bytes_per_chip": int(state_bytes),
       "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],

@@ -29,8 +29,8 @@ _LAYER = tuple(
     + hf_only(dense_rows("feed_forward/intermediate", f"{_L}.ff.layer_1", None))
     + hf_only(dense_rows("feed_forward/output", f"{_L}.ff.layer_2", None))
     + hf_only(norm_rows("feed_forward/layer_norm", f"{_L}.ff.layer_norm", None)))
-_GLOBAL = (Row("backbone", "word_embedding/embedding", "{b}word_embedding.weight", None, "copy"),
-           Row("backbone", "mask_emb", "{b}mask_emb", None, "copy"),
+_GLOBAL = (Row("backbone", "embeddings/word_embeddings/embedding", "{b}word_embedding.weight", None, "copy"),
+           Row("backbone", "embeddings/mask_emb", "{b}mask_emb", None, "copy"),
            Row("mlm", "mlm_head/output_bias", "lm_loss.bias", None, "copy"))
 
 # Fine-tuning heads: the sequence summary's dense + tanh and the classifier (logits_proj); token
