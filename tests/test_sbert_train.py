@@ -1,6 +1,8 @@
 """The bi-encoder training job (bert_jax/sbert/train.py) at tiny sizes: each loss through `bert-jax finetune
---config configs/sbert.py:...` to a workdir that `bert-jax embed` reads; the job's per-row losses against
-sbert/losses.py on the embeddings; the ranking loss's negatives are the global batch on a 2x2x2 mesh."""
+--config configs/sbert.py:...` to a workdir that `bert-jax embed` reads (and `convert --to hf` exports as a
+sentence-transformers folder with the same embeddings); the ranking loss's negatives are the global batch on
+a 2x2x2 mesh (loss, gradients and the HLO's all-gather); training from a tiny checkpoint beats its untrained
+pooling on the embedded STS set; a SIGTERM-stopped run resumes exactly."""
 import json
 import re
 
@@ -38,6 +40,11 @@ def test_each_loss_trains_to_a_workdir_that_embed_reads(preset, tmp_path, capsys
   cosines = np.sum(u * v, 1) / np.linalg.norm(u, axis=1) / np.linalg.norm(v, axis=1)
   assert metrics.spearman(dev.target, cosines) == pytest.approx(results["spearman"], abs=1e-5)
   assert not (workdir / "state").exists()
+  if preset == "sts":  # the workdir exports as a sentence-transformers folder with the same embeddings
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    assert cli.main(["convert", "--to", "hf", str(workdir), str(tmp_path / "hf")]) == 0
+    reference = sentence_transformers.SentenceTransformer(str(tmp_path / "hf"), device="cpu")
+    np.testing.assert_allclose(reference.encode(dev.columns[0][:8]), u[:8], atol=1e-5)
   assert cli.main(["finetune", "--config", f"configs/sbert.py:{preset}", "--workdir", str(workdir), *TINY]) == 0
   assert "this run finished at step 4" in capsys.readouterr().out
 
@@ -129,3 +136,48 @@ def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_
   results = json.loads((workdir / "eval_results.json").read_text())
   assert results["initial/spearman"] == pytest.approx(baseline, abs=1e-5)
   assert results["spearman"] > baseline + 0.1, (results, baseline)
+
+
+def test_a_sigterm_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
+  """SIGTERM while step 2's row is written: the state is saved at step 3, where the loop reads it (exit
+  143); the same command resumes it and ends with the parameters and dev scores (the starting encoder's
+  included) of the run that was never stopped."""
+  import os
+  import signal
+  from bert_jax.training import checkpoint, metrics as metrics_lib
+  args = [*TINY, "--config.train.log_every_steps=1"]
+  assert cli.main(["finetune", "--config", "configs/sbert.py:mnr", "--workdir", str(tmp_path / "straight"), *args]) == 0
+  command = ["finetune", "--config", "configs/sbert.py:mnr", "--workdir", str(tmp_path / "stopped"), *args]
+  log_train = metrics_lib.MetricsLogger.log_train
+
+  def terminate_at_2(self, step, *a, **kw):
+    row = log_train(self, step, *a, **kw)
+    if step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return row
+
+  capsys.readouterr()
+  with monkeypatch.context() as m:
+    m.setattr(metrics_lib.MetricsLogger, "log_train", terminate_at_2)
+    assert cli.main(command) == 143
+  assert f"stopped at step 3/4 by SIGTERM | train state in {tmp_path}/stopped/state" in capsys.readouterr().out
+  assert cli.main(command) == 0
+  assert f"resumed from {tmp_path}/stopped/state/3" in capsys.readouterr().out
+  assert (json.loads((tmp_path / "stopped" / "eval_results.json").read_text())
+          == json.loads((tmp_path / "straight" / "eval_results.json").read_text()))
+  a, _ = checkpoint.load_params(tmp_path / "straight")
+  b, _ = checkpoint.load_params(tmp_path / "stopped")
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
+
+
+@pytest.mark.parametrize("command,args,named", [
+    ("finetune", ["--config.train.grad_accum_steps=2"], "loss=ranking takes the global batch's rows as each row's "
+                                                         "negatives: it needs train.grad_accum_steps=1"),
+    ("finetune", ["--config.loss=triplet"], "loss='triplet' is not one of ('softmax', 'cosine', 'ranking')"),
+    ("finetune", ["--config.pooling.modes=('weighted',)"], "pooling modes ['weighted']: each must be one of"),
+    ("sweep", [], "configs/sbert.py:mnr is not a fine-tuning config: bert-jax sweep runs configs of job finetune"),
+])
+def test_bad_bi_encoder_configs_are_one_line(command, args, named, tmp_path, capsys):
+  assert cli.main([command, "--config", "configs/sbert.py:mnr", "--workdir", str(tmp_path), *args]) == 2
+  err = capsys.readouterr().err
+  assert named in err and len(err.strip().splitlines()) == 1, err
