@@ -15,6 +15,7 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.finetune import metrics
 from bert_jax.sbert import embedded, evaluate
+from core_helpers import slow
 
 TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
         "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
@@ -23,7 +24,7 @@ TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--confi
         "--config.train.log_every_steps=2", "--config.train.tensorboard=false"]
 
 
-@pytest.mark.parametrize("preset", ["nli", "sts", "mnr"])
+@pytest.mark.parametrize("preset", ["nli", "sts", pytest.param("mnr", marks=slow)])  # mnr: also the SIGTERM test
 def test_each_loss_trains_to_a_workdir_that_embed_reads(preset, tmp_path, capsys):
   workdir = tmp_path / preset
   assert cli.main(["finetune", "--config", f"configs/sbert.py:{preset}", "--workdir", str(workdir), *TINY]) == 0
@@ -170,6 +171,17 @@ def test_a_sigterm_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, mon
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
 
 
+@pytest.mark.parametrize("preset", ["nli", "sts", "mnr", "tiny"])
+def test_every_preset_passes_the_shared_schema(preset):
+  from bert_jax import jobs
+  from bert_jax.sbert import train
+  config = load_config(f"configs/sbert.py:{preset}")
+  job = jobs.get(config)
+  assert (job.name, job.command, job.schema.kind) == ("sbert", "finetune", "dataset")
+  train.validate(config)
+  assert config.loss == {"nli": "softmax", "sts": "cosine", "mnr": "ranking", "tiny": "cosine"}[preset]
+
+
 @pytest.mark.parametrize("command,args,named", [
     ("finetune", ["--config.train.grad_accum_steps=2"], "loss=ranking takes the global batch's rows as each row's "
                                                          "negatives: it needs train.grad_accum_steps=1"),
@@ -181,3 +193,23 @@ def test_bad_bi_encoder_configs_are_one_line(command, args, named, tmp_path, cap
   assert cli.main([command, "--config", "configs/sbert.py:mnr", "--workdir", str(tmp_path), *args]) == 2
   err = capsys.readouterr().err
   assert named in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_training_files_read_as_written(tmp_path):
+  from bert_jax.errors import UserError
+  from bert_jax.sbert import data
+  labels = ("contradiction", "entailment", "neutral")
+  nli = tmp_path / "nli.tsv"
+  nli.write_text("premise\thypothesis\tlabel\nA man sleeps.\tA man rests.\tentailment\nA cat.\tNo cat.\tcontradiction\n")
+  pairs = data.read_labelled_pairs(str(nli), labels)
+  assert pairs.columns == [["A man sleeps.", "A cat."], ["A man rests.", "No cat."]]
+  assert pairs.target.tolist() == [1, 0] and pairs.target.dtype == np.int32
+  nli.write_text("a\tb\tentailment\nc\td\tmaybe\n")
+  with pytest.raises(UserError, match=r"nli.tsv, line 2: the label 'maybe' is not one of \['contradiction'"):
+    data.read_labelled_pairs(str(nli), labels)
+  triples = tmp_path / "triples.tsv"
+  triples.write_text("q1\tp1\tn1\nq2\tp2\tn2\n")
+  assert data.read_text_pairs(str(triples)).columns == [["q1", "q2"], ["p1", "p2"], ["n1", "n2"]]
+  triples.write_text("q1\tp1\tn1\nq2\tp2\n")
+  with pytest.raises(UserError, match="triples.tsv, line 2: 2 tab-separated fields; expected anchor<TAB>positive"):
+    data.read_text_pairs(str(triples))
