@@ -11,6 +11,7 @@ import pytest
 
 import jax
 import bert_jax
+import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.finetune import metrics
@@ -213,3 +214,28 @@ def test_the_training_files_read_as_written(tmp_path):
   triples.write_text("q1\tp1\tn1\nq2\tp2\n")
   with pytest.raises(UserError, match="triples.tsv, line 2: 2 tab-separated fields; expected anchor<TAB>positive"):
     data.read_text_pairs(str(triples))
+
+
+def test_init_from_a_hugging_face_folder(tmp_path, capsys):
+  """A HF BertModel folder as init_from is converted into the workdir and its encoder is where training
+  starts: the run's initial dev Spearman is that of the folder's own mean pooling (Embedder.load)."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import shutil
+  folder = tmp_path / "hf"
+  torch.manual_seed(0)
+  config = transformers.BertConfig(vocab_size=8192, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=32)
+  transformers.BertModel(config).eval().save_pretrained(folder)
+  shutil.copy(data_fixtures.embedded_paths()[1], folder / "vocab.txt")
+  (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+  workdir = tmp_path / "run"
+  args = [a for a in TINY if not a.startswith(("--config.model.", "--config.data.max_seq_length"))] + [
+      f"--config.init_from={folder}", "--config.data.max_seq_length=32", "--config.train.num_steps=2"]
+  assert cli.main(["finetune", "--config", "configs/sbert.py:sts", "--workdir", str(workdir), *args]) == 0
+  out = capsys.readouterr().out
+  assert f"is a Hugging Face folder: converted it to {workdir}/init_from" in out, out
+  _, dev = embedded.splits(160, 48)
+  baseline = evaluate.sts(bert_jax.Embedder.load(str(folder), batch_size=16), dev)["spearman"]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  assert results["initial/spearman"] == pytest.approx(baseline, abs=1e-5)
