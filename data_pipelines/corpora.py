@@ -16,6 +16,7 @@ import struct
 from typing import Iterator
 
 from bert_jax.data_pipelines.errors import DataError
+from bert_jax.data_pipelines.knowledge import join_ids
 from bert_jax.data_pipelines.tftools import glob, isdir, open_binary, tf, tf_module
 
 SENTENCE_PER_LINE = "sentence_per_line"
@@ -195,10 +196,11 @@ def find_truncation(path: str) -> Truncated | None:
 
 
 class RecordSource:
-  """Records written by `bert-jax data prepare`: one tf.train.Example per document (ids + sentence lengths)."""
+  """Records written by `bert-jax data prepare`: one tf.train.Example per document (ids + sentence lengths, and
+  `units`, the knowledge tags, when prepared with --knowledge)."""
 
-  def __init__(self, files: list[str], stats: Stats):
-    self.units, self.stats = files, stats
+  def __init__(self, files: list[str], stats: Stats, tagged: bool = False):
+    self.units, self.stats, self.tagged = files, stats, tagged  # tagged: ids carry `units` (knowledge.py)
     self._truncated: set[str] = set()
 
   def read(self, unit: str, offset: int, index: int):
@@ -207,6 +209,8 @@ class RecordSource:
       for payload, offset in _tfrecords(unit, offset):
         features = example_cls.FromString(payload).features.feature
         ids = features["ids"].int64_list.value
+        if self.tagged and "units" in features:
+          ids = join_ids(ids, features["units"].int64_list.value)
         sentences, start = [], 0
         for length in features["lengths"].int64_list.value:
           sentences.append(list(ids[start:start + length]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_jax.data_pipelines.knowledge import split_tags
 from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 from bert_jax.data_pipelines.shuffling import shuffle_trigrams, trigram_slots
 from bert_jax.data_pipelines.tftools import tf
@@ -41,6 +42,10 @@ TRIGRAM_FEATURES = {  # data.trigram_shuffle_rate > 0 (shuffling.py); S = shuffl
     "shuffled_ids": ("int32", ("B", "S"), "original token ids at those positions; 0 on unused slots"),
     "shuffled_weights": ("float32", ("B", "S"), "1.0 for a shuffled position, 0.0 for an unused slot"),
 }
+KNOWLEDGE_FEATURES = {  # data.masking=knowledge (knowledge.py)
+    "knowledge_units": ("int32", ("B", "T"), "the annotator's spans: 2L-1 on the first token of a level-L span "
+                        "(1 phrase, 2 entity), 2L on its other tokens, 0 elsewhere"),
+}
 # What a row source hands to `Featurizer`: the unmasked rows and each row's mask identity.
 ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", "counter")
 
@@ -54,6 +59,8 @@ def feature_spec(data_cfg) -> dict:
     spec.update(SPAN_FEATURES)
   if data_cfg.trigram_shuffle_rate > 0:
     spec.update(TRIGRAM_FEATURES)
+  if data_cfg.masking == "knowledge":
+    spec.update(KNOWLEDGE_FEATURES)
   return spec
 
 
@@ -82,12 +89,15 @@ class Featurizer:
 
     def featurize(ids, length, segment_ids, label, document_ids, shard, counter):
       keys = row_keys(seeds, shard, counter)
-      masked = mask_batch(ids, length, keys, masking)
+      tags = None
+      if masking.strategy == "knowledge":  # rows of tagged ids (knowledge.py)
+        ids, tags = split_tags(ids)
+      masked = mask_batch(ids, length, keys, masking, tags)
       if "shuffled_positions" in spec:
         masked.update(shuffle_trigrams(ids, length, masked, keys, masking))
       real = t.range(width)[None] < length[:, None]
       out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
-             "next_sentence_labels": label, "document_ids": document_ids}
+             "next_sentence_labels": label, "document_ids": document_ids, "knowledge_units": tags}
       if "position_ids" in spec:
         out["position_ids"] = position_ids(document_ids)
       return {name: out[name] for name in spec}

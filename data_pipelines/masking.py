@@ -1,8 +1,10 @@
 """Masked-LM targets as TensorFlow ops on a whole batch: choose positions, then 80% [MASK] / 10% random / 10% kept.
 
 All strategies pick *spans of units* until the budget `min(max_predictions, max(1, round(rate * candidates)))`
-is spent; a unit is a token (`token`) or a whole word (`whole_word`, `ngram`, `span`: a piece plus its
-continuation pieces). Span lengths in units: 1 (token, whole_word), n in 1..3 with p ~ 1/n (ALBERT
+is spent; a unit is a token (`token`), a whole word (`whole_word`, `ngram`, `span`: a piece plus its
+continuation pieces), or for `knowledge` (ERNIE 1.0) a phrase or named entity an annotator tagged
+(knowledge.py) and a whole word elsewhere, drawn with the odds of its level (`level_weights`: basic,
+phrase, entity). Span lengths in units: 1 (token, whole_word), n in 1..3 with p ~ 1/n (ALBERT
 n-gram), or a geometric(p=0.2) truncated to 1..10 and renormalised, mean 3.8 (SpanBERT). A multi-unit
 span has a drawn length and a uniformly random place among those where it fits (no overlap with an
 earlier span, no special token inside). The rate is held as SpanBERT holds it: a span that would
@@ -24,7 +26,7 @@ import numpy as np
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import tf
 
-STRATEGIES = ("token", "whole_word", "ngram", "span")
+STRATEGIES = ("token", "whole_word", "ngram", "span", "knowledge")
 # Independent random streams per row (shuffling.py draws from 6..9).
 _ORDER, _LENGTH, _PLACE, _ROLL, _REPLACE = 1, 2, 3, 4, 5
 
@@ -48,6 +50,8 @@ class MaskingConfig:
   special: np.ndarray  # bool[vocab]
   continuation: np.ndarray  # bool[vocab]
   trigram_shuffle_rate: float = 0.0  # StructBERT's word objective (shuffling.py); 0: off
+  # knowledge: odds of a basic (word), phrase and entity unit being drawn; 0 splits that level into words
+  level_weights: tuple = (1.0, 1.0, 1.0)
 
   def __post_init__(self):
     if self.strategy not in STRATEGIES:
@@ -59,6 +63,11 @@ class MaskingConfig:
     if not 0.0 <= self.trigram_shuffle_rate < 1.0:
       raise DataError(f"data.trigram_shuffle_rate={self.trigram_shuffle_rate}; use a fraction in [0, 1) "
                       "(StructBERT: 0.05; 0 shuffles nothing)")
+    weights = tuple(float(w) for w in self.level_weights)
+    if len(weights) != 3 or weights[0] <= 0 or min(weights) < 0:
+      raise DataError(f"data.knowledge weights (basic, phrase, entity)={weights}; use a positive basic weight and "
+                      "phrase and entity weights >= 0 (0: that level's spans are masked as words)")
+    object.__setattr__(self, "level_weights", weights)
     object.__setattr__(self, "lengths", _length_distribution(self.strategy))
     object.__setattr__(self, "replacements", np.flatnonzero(~self.special).astype(np.int32))
 
@@ -101,8 +110,9 @@ def _suffix_min(x):
   return x
 
 
-def _units(ids, lengths, cfg, special, continuation):
-  """Unit k of each row: start token, end token, run (stretch between special tokens), validity."""
+def _units(ids, lengths, cfg, special, continuation, tags=None):
+  """Unit k of each row: start token, end token, run (stretch between special tokens), validity; with
+  knowledge `tags` (knowledge.py), a tagged span is one unit whatever its words."""
   t = tf()
   width = ids.shape[1]
   pos = t.range(width)
@@ -111,7 +121,12 @@ def _units(ids, lengths, cfg, special, continuation):
     start = candidate
   else:
     prev = t.pad(candidate[:, :-1], [[0, 0], [1, 0]])
-    start = candidate & (~t.gather(continuation, ids) | ~prev)
+    joins = t.gather(continuation, ids)
+    if tags is not None:  # knowledge: a span's first token and the token after a span start units
+      inside = tags > 0
+      edge = inside | t.pad(inside[:, :-1], [[0, 0], [1, 0]])
+      joins = t.where(edge, inside & (tags % 2 == 0), joins)
+    start = candidate & (~joins | ~prev)
   num_units = t.reduce_sum(t.cast(start, t.int32), 1)
   valid = pos[None] < num_units[:, None]
   starts = t.where(valid, t.argsort(t.where(start, pos, width + pos), stable=True), width)
@@ -125,11 +140,17 @@ def _units(ids, lengths, cfg, special, continuation):
   return candidate, starts, ends, run, valid, unit_of
 
 
-def _single_units(keys, starts, ends, valid, budget, cfg):
-  """BERT: units in random order, each taken whole if it fits in what is left of the budget."""
+def _single_units(keys, starts, ends, valid, budget, cfg, unit_weights=None):
+  """BERT: units in random order, each taken whole if it fits in what is left of the budget. With
+  `unit_weights` (float64[B, T], > 0 on valid units) the order is a weighted draw without replacement:
+  keys -log(u) / weight, smallest first (Efraimidis and Spirakis 2006)."""
   t = tf()
   width = starts.shape[1]
-  priority = t.where(valid, uniform(keys, _ORDER, t.range(width)[None]), 2.0)
+  u = uniform(keys, _ORDER, t.range(width)[None])
+  if unit_weights is None:
+    priority = t.where(valid, u, 2.0)
+  else:
+    priority = t.where(valid, -t.math.log1p(-u) / t.where(valid, unit_weights, 1.0), np.inf)
   order = t.argsort(priority, axis=1, stable=True)
   sizes = t.gather(ends - starts, order, batch_dims=1)
   ok = t.gather(valid, order, batch_dims=1)
@@ -238,24 +259,43 @@ def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
   return chosen_a | chosen_b, lo_a + lo_b, hi_a + hi_b
 
 
-def mask_batch(ids, lengths, keys, cfg: MaskingConfig) -> dict:
+def _knowledge_tags(tags, cfg):
+  """(tags with the spans of weight-0 levels dropped, level of each token: 0 basic, 1 phrase, 2 entity)."""
+  t = tf()
+  off = t.constant(np.array([False, cfg.level_weights[1] == 0, cfg.level_weights[2] == 0]))
+  tags = t.where(t.gather(off, (tags + 1) // 2), 0, tags)
+  return tags, (tags + 1) // 2
+
+
+def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
   per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
-  features (masked_lm_span_{left, right, offset}) of FEATURES."""
+  features (masked_lm_span_{left, right, offset}) of FEATURES. `tags` (int32[B, T], knowledge.py): the
+  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words."""
   t = tf()
   width, slots = ids.shape[1], cfg.max_predictions
   special = t.constant(cfg.special)
-  candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation))
+  unit_weights = None
+  if cfg.strategy == "knowledge":
+    tags, level = _knowledge_tags(t.zeros_like(ids) if tags is None else tags, cfg)
+  else:
+    tags = None
+  candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
+                                                        tags)
+  if tags is not None:
+    first = t.gather(level, t.minimum(starts, width - 1), batch_dims=1)
+    unit_weights = t.gather(t.constant(cfg.level_weights, t.float64), first)
   num_candidates = t.reduce_sum(t.cast(candidate, t.float64), 1)
   budget = t.minimum(slots, t.maximum(1, t.cast(t.round(num_candidates * cfg.rate), t.int32)))
   if len(cfg.lengths) == 1:
-    chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg)
+    chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg, unit_weights)
   else:
     chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg)
   unit = t.maximum(unit_of, 0)
   selected = candidate & t.gather(chosen, unit, batch_dims=1)
   pos = t.range(width)[None]
-  roll = uniform(keys, _ROLL, pos)
+  # knowledge: one draw per unit (at its first token), so a unit's tokens get 80/10/10 together
+  roll = uniform(keys, _ROLL, pos if tags is None else t.gather(starts, unit, batch_dims=1))
   replacements = t.constant(cfg.replacements)
   random_ids = t.gather(replacements, t.cast(uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
   masked_ids = t.where(roll < 0.8, cfg.mask_id, t.where(roll >= 0.9, random_ids, ids))

@@ -2,8 +2,9 @@
 
 Output contract (one dict per `next()`; B = global_batch_size // process_count rows, this host's
 contiguous share of the global batch; T = data.max_seq_length; P = data.max_predictions_per_seq):
-`features.FEATURES`, plus PACKING_FEATURES when `data.packing`, SPAN_FEATURES when `data.masking == "span"` and
-TRIGRAM_FEATURES when `data.trigram_shuffle_rate > 0` (`features.feature_spec`).
+`features.FEATURES`, plus PACKING_FEATURES when `data.packing`, SPAN_FEATURES when `data.masking == "span"`,
+TRIGRAM_FEATURES when `data.trigram_shuffle_rate > 0` and KNOWLEDGE_FEATURES when `data.masking == "knowledge"`
+(`features.feature_spec`).
 
 Host-count independence: every virtual shard (shards.py) is a deterministic stream that contributes
 `global_batch // num_shards` consecutive rows to each global batch; host h builds shards
@@ -202,6 +203,11 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
   check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_size)
   static = data_cfg.masking_mode == "static"
   masking = masking_config(data_cfg, tokenizer)
+  if data_cfg.masking == "knowledge":
+    raise DataError("data.format=bert_tfrecord records keep no phrase or entity spans: train knowledge masking "
+                    "with data.format=text (data.corpus, or data.prepared from `bert-jax data prepare --knowledge`); "
+                    "records prepared with it train on their own masks with data.masking_mode=static and "
+                    "data.masking=whole_word")
   if static and data_cfg.masking == "span":
     raise DataError("data.masking_mode=static trains on the records' masks, which have no spans; "
                     "use data.masking_mode=dynamic for span masking")

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded
+from bert_jax.data_pipelines import corpora, embedded, knowledge
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf
 from bert_jax.data_pipelines.tokenizers import load_tokenizer
@@ -38,15 +39,20 @@ def shard_name(index: int, count: int) -> str:
   return f"part-{index:05d}-of-{count:05d}.tfrecord"
 
 
-def document_record(tf_module, sentences: list[list[int]]) -> bytes:
-  """A document's token ids (non-empty sentences) as the serialized tf.train.Example of this format."""
+def document_record(tf_module, sentences: list[list[int]], tagged: bool = False) -> bytes:
+  """A document's token ids (non-empty sentences) as the serialized tf.train.Example of this format; `tagged`:
+  the ids carry knowledge tags (knowledge.py), written apart as `units`."""
   feature = tf_module.train.Feature
   int64s = lambda v: feature(int64_list=tf_module.train.Int64List(value=v))  # noqa: E731
+  ids = [t for s in sentences for t in s]
+  features = {"lengths": int64s([len(s) for s in sentences])}
+  if tagged:
+    ids, units = knowledge.split_ids(ids)
+    features["units"] = int64s(units)
+  features["ids"] = int64s(ids)
   # deterministic: the feature map in key order, the same bytes in every process (the default order is not)
-  return tf_module.train.Example(features=tf_module.train.Features(feature={
-      "ids": int64s([t for s in sentences for t in s]),
-      "lengths": int64s([len(s) for s in sentences]),
-  })).SerializeToString(deterministic=True)
+  return tf_module.train.Example(features=tf_module.train.Features(feature=features)).SerializeToString(
+      deterministic=True)
 
 
 def document_ids(tokenized: list[list[int]]) -> list[list[int]]:
@@ -116,15 +122,27 @@ def documents_metadata(corpus: str, vocab: str, lower_case: bool, documents: int
           "documents": documents, "files": files, "skipped": dict(sorted(stats.items()))}
 
 
+def _tagged_documents(encoder, texts, block: int = 64):
+  """Documents' tagged ids, `block` documents per annotator call (spaCy pipes their sentences together)."""
+  for pending in iter(lambda: list(itertools.islice(texts, block)), []):
+    yield from encoder.documents(pending)
+
+
 def _prepare_file(job) -> tuple[int, dict]:
   """Tokenizes one text file into one record file; returns (documents written, skip counts)."""
-  in_path, out_path, vocab, lower_case, corpus_format = job
+  in_path, out_path, vocab, lower_case, corpus_format, annotator_args = job
   tf_module, stats = tf(), corpora.Stats()
   tokenizer = load_tokenizer(vocab, lower_case)
   source = corpora.TextSource([in_path], corpus_format, stats)
-  documents = (document_ids([tokenizer.encode(s) for s in sentences])
-               for sentences, _, _ in corpora.read_unit(source, in_path))
-  count = write_records(out_path, (document_record(tf_module, ids) for ids in documents if ids))
+  texts = (sentences for sentences, _, _ in corpora.read_unit(source, in_path))
+  if annotator_args is None:
+    documents = ([tokenizer.encode(s) for s in sentences] for sentences in texts)
+  else:
+    encoder = knowledge.TaggedEncoder(tokenizer, knowledge.make_annotator(**annotator_args))
+    documents = _tagged_documents(encoder, texts)
+  tagged = annotator_args is not None
+  count = write_records(out_path, (document_record(tf_module, ids, tagged)
+                                   for ids in map(document_ids, documents) if ids))
   return count, dict(stats)
 
 
@@ -150,21 +168,30 @@ def corpus_files(corpus: str) -> list[str]:
 
 
 def prepare(corpus: str, output_dir: str, vocab: str = "", lower_case: bool = True,
-            corpus_format: str = corpora.SENTENCE_PER_LINE, num_workers: int = 0, overwrite: bool = False) -> dict:
-  """Tokenizes every file of `corpus` (globs) in parallel; returns the metadata it writes."""
+            corpus_format: str = corpora.SENTENCE_PER_LINE, num_workers: int = 0, overwrite: bool = False,
+            knowledge_annotator: dict | None = None) -> dict:
+  """Tokenizes every file of `corpus` (globs) in parallel; returns the metadata it writes. `knowledge_annotator`
+  (knowledge.make_annotator's arguments, {} for the offline default): keep its spans with the documents, for
+  data.masking=knowledge."""
   files = corpus_files(corpus)
   vocab = vocab or embedded.ensure_embedded()[1]
-  load_tokenizer(vocab, lower_case)  # fail on a bad vocabulary before starting workers
+  tokenizer = load_tokenizer(vocab, lower_case)  # fail on a bad vocabulary before starting workers
   corpora.TextSource(files, corpus_format, corpora.Stats())  # and on a bad --corpus-format
+  annotator = None
+  if knowledge_annotator is not None:  # and on a missing annotator
+    annotator = knowledge.make_annotator(**knowledge_annotator)
+    knowledge.TaggedEncoder(tokenizer, annotator)
   claim_output(output_dir, overwrite)
-  jobs = [(path, os.path.join(output_dir, shard_name(i, len(files))), vocab, lower_case, corpus_format)
-          for i, path in enumerate(files)]
+  jobs = [(path, os.path.join(output_dir, shard_name(i, len(files))), vocab, lower_case, corpus_format,
+           knowledge_annotator) for i, path in enumerate(files)]
   total, stats = 0, corpora.Stats()
   with discarding_on_failure(output_dir):
     for count, file_stats in run_jobs(_prepare_file, jobs, num_workers, "file", "prepare"):
       total += count
       stats.update(file_stats)
     metadata = documents_metadata(corpus, vocab, lower_case, total, len(jobs), stats)
+  if annotator is not None:
+    metadata["knowledge"] = annotator.name
   write_metadata(output_dir, metadata)
   return metadata
 
@@ -181,3 +208,6 @@ def check_prepared(files: list[str], data_cfg) -> None:
     raise DataError(f"data.prepared records were tokenized with {metadata['vocab']} "
                     f"(lower_case={metadata['lower_case']}), not data.vocab={vocab!r} "
                     f"(lower_case={data_cfg.lower_case}); set data.vocab to match or prepare again")
+  if data_cfg.masking == "knowledge" and "knowledge" not in metadata:
+    raise DataError(f"data.masking=knowledge: the records in {os.path.dirname(files[0])} keep no phrase or entity "
+                    "spans; prepare them with `bert-jax data prepare --knowledge` (or train on data.corpus)")

@@ -13,7 +13,7 @@ _SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 
 def render_example(batch: dict, row: int, tokenizer) -> str:
   """Tokens of one row up to its padding; a prediction (a masked token, or a shuffled trigram's token:
-  `shuffled_*`) shows as `[input->ORIGINAL]`."""
+  `shuffled_*`) shows as `[input->ORIGINAL]`, knowledge masking's units as `{E:...}` and `{P:...}`."""
   length = int(batch["input_mask"][row].sum())
   tokens = tokenizer.decode_tokens(batch["input_ids"][row][:length])
   for kind in ("masked_lm", "shuffled"):
@@ -22,7 +22,18 @@ def render_example(batch: dict, row: int, tokenizer) -> str:
     weights = batch[f"{kind}_weights"][row] > 0
     for position, label in zip(batch[f"{kind}_positions"][row][weights], batch[f"{kind}_ids"][row][weights]):
       tokens[position] = f"[{tokens[position]}->{tokenizer.id_to_token(int(label))}]"
+  if "knowledge_units" in batch:
+    _mark_units(tokens, batch["knowledge_units"][row][:length])
   return " ".join(tokens)
+
+
+def _mark_units(tokens: list[str], tags) -> None:
+  """Knowledge masking's spans as `{E:...}` (entity) and `{P:...}` (phrase), in place."""
+  for i, tag in enumerate(tags):
+    if tag % 2:
+      tokens[i] = f"{{{'PE'[(tag - 1) // 2]}:{tokens[i]}"
+    if tag and (i + 1 == len(tags) or tags[i + 1] % 2 or not tags[i + 1]):
+      tokens[i] += "}"
 
 
 def preview(config, num_batches: int, output: str) -> str:

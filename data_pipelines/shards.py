@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded
+from bert_jax.data_pipelines import corpora, embedded, fairseq_spm, knowledge
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
@@ -58,6 +58,7 @@ class Context:
   max_seq_length: int
   stats: corpora.Stats
   dupe_factor: int | None = None  # static masking: epochs repeat with this period
+  encoder: object = None  # knowledge masking on text: knowledge.TaggedEncoder (ids carry the annotator's tags)
 
 
 class ShardStream:
@@ -103,7 +104,9 @@ class ShardStream:
 
   def _rows(self, cursor):
     docs, next_cursor = self.read_block(cursor)
-    if not self.ctx.tokenized:
+    if self.ctx.encoder is not None:
+      docs = self.ctx.encoder.documents(docs)
+    elif not self.ctx.tokenized:
       encode = self.ctx.tokenizer.encode
       docs = [[encode(s) for s in doc] for doc in docs]
     rng = np.random.default_rng([*self.ctx.seeds, self.shard, self._epoch(cursor[0]), *cursor[1:]])
@@ -174,6 +177,8 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
 
 def make_tokenizer(data_cfg):
   vocab = embedded.default_vocab(data_cfg)
+  if data_cfg.tokenizer in fairseq_spm.KINDS:  # CamemBERT's / XLM-R's layout of a SentencePiece model
+    return load_tokenizer(vocab, kind=data_cfg.tokenizer)
   kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
   if data_cfg.tokenizer != kind:
     make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")
@@ -199,7 +204,7 @@ def _source(data_cfg, split, num_shards, stats):
     from bert_jax.data_pipelines import prepare  # pylint: disable=import-outside-toplevel
     files = corpora.list_files(data_cfg.prepared, "data.prepared")
     prepare.check_prepared(files, data_cfg)
-    return corpora.RecordSource(files, stats), True, holdout
+    return corpora.RecordSource(files, stats, tagged=data_cfg.masking == "knowledge"), True, holdout
   if data_cfg.tfds_name:
     source = corpora.TfdsSource(data_cfg.tfds_name, data_cfg.tfds_split, data_cfg.tfds_feature,
                                 data_cfg.tfds_data_dir, num_shards, stats)
@@ -216,9 +221,10 @@ def masking_config(data_cfg, tokenizer) -> MaskingConfig:
   if data_cfg.masking_mode == "static" and data_cfg.dupe_factor < 1:
     raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
   special = tokenizer.special_ids
+  k = data_cfg.knowledge
   return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, data_cfg.max_predictions_per_seq,
                        special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask(),
-                       data_cfg.trigram_shuffle_rate)
+                       data_cfg.trigram_shuffle_rate, (k.basic_weight, k.phrase_weight, k.entity_weight))
 
 
 def seeds(data_cfg, split: str) -> tuple:
@@ -239,6 +245,10 @@ def make_context(data_cfg, split: str, max_position_embeddings: int | None,
     raise DataError(f"data.shuffle_buffer={data_cfg.shuffle_buffer}; use a positive number of documents")
   stats = corpora.Stats()
   source, tokenized, holdout = _source(data_cfg, split, data_cfg.num_shards, stats)
+  encoder = None
+  if data_cfg.masking == "knowledge" and not tokenized:
+    encoder = knowledge.TaggedEncoder(tokenizer, knowledge.make_annotator(data_cfg.knowledge.spacy_model,
+                                                                            data_cfg.knowledge.phrases))
   return Context(source, tokenized, tokenizer, builder, masking, feature_spec(data_cfg), seeds(data_cfg, split),
                  data_cfg.num_shards, holdout, data_cfg.shuffle_buffer, data_cfg.max_seq_length, stats,
-                 data_cfg.dupe_factor if data_cfg.masking_mode == "static" else None)
+                 data_cfg.dupe_factor if data_cfg.masking_mode == "static" else None, encoder)

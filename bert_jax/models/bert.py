@@ -306,6 +306,10 @@ class Encoder(nn.Module):
   @nn.compact
   def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool):
     cfg = self.config
+    if cfg.sublayer_order:
+      if self.keep_outputs or self.keep_attentions or head_mask is not None:
+        raise ValueError("model.sublayer_order has no layers to return outputs, attentions or head masks of")
+      return SandwichSublayers(cfg, cfg.sublayer_order, name="sandwich")(x, segments, deterministic), None, None
     layer_cls = TransformerLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
@@ -340,6 +344,27 @@ class Encoder(nn.Module):
     if cfg.share_layers == "ffn":
       return {"feed_forward": FeedForward(cfg, name="shared_feed_forward")}
     return {}
+
+
+class SandwichSublayers(nn.Module):
+  """A sandwich transformer's sublayers (Press et al. 2020) in `config.sublayer_order`: each "s" is
+  x = LN(x + Attn(x)) and each "f" x = LN(x + FFN(x)), with TransformerLayer's dropout, modules
+  `sublayer_{i}_attention` or `sublayer_{i}_feed_forward` and `sublayer_{i}_layer_norm`. With the order
+  "sf" * L it computes L TransformerLayers exactly (tests/test_sandwich_ltr.py)."""
+  config: ModelConfig
+  order: str
+
+  @nn.compact
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool) -> Array:
+    cfg = self.config
+    drop = Dropout(cfg.hidden_dropout)
+    for i, kind in enumerate(self.order):
+      if kind == "s":
+        y, _ = SelfAttention(cfg, name=f"sublayer_{i}_attention")(x, segments, deterministic)
+      else:
+        y = FeedForward(cfg, name=f"sublayer_{i}_feed_forward")(x)
+      x = constrain_hidden(layer_norm(cfg, f"sublayer_{i}_layer_norm")(x + drop(y, deterministic=deterministic)))
+    return x
 
 
 class MaskedLMHead(nn.Module):

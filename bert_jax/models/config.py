@@ -61,6 +61,10 @@ class ModelConfig:
     ModelConfig as its config, such as one that differs from these only in its tokenizer) is kept.
   attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU) or cudnn
     (GPU). splash and cudnn have no dropout on the attention probabilities: attention_dropout must be 0.
+  sublayer_order: a sandwich transformer's order of sublayers (Press et al. 2020, "Improving Transformer
+    Models by Reordering their Sublayers"): "s" a self-attention sublayer, "f" a feed-forward one, each
+    post-LN, e.g. "sssssfsfsfsfsfsfffff" for 20 sublayers. "" (or "sf" * num_layers, the same model): the
+    interleaved layers; any other order is unrolled, unshared, unpruned, and has no per-layer outputs.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -91,6 +95,7 @@ class ModelConfig:
   pruned_heads: Any = ""
   adapter_size: int = 0
   family: str = ""
+  sublayer_order: str = ""
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -117,6 +122,15 @@ class ModelConfig:
                       "model.attention_dropout=0 or model.attention='dot'")
     if self.adapter_size < 0:
       raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
+    if self.sublayer_order == "sf" * self.num_layers:
+      object.__setattr__(self, "sublayer_order", "")
+    if self.sublayer_order:
+      if set(self.sublayer_order) - set("sf"):
+        raise UserError(f"model.sublayer_order={self.sublayer_order!r}: use only 's' (self-attention) and 'f' "
+                        "(feed-forward), e.g. 'sssfsfff'; '' for the interleaved layers")
+      if self.scan_layers or self.share_layers != "none" or self.pruned_heads or self.adapter_size:
+        raise UserError("model.sublayer_order needs model.scan_layers=False, model.share_layers='none', no "
+                        "pruned heads and no adapters (its sublayers are unrolled one by one)")
     layout = self.layout_family()
     if self.family in LAYOUT_FAMILIES and self.family != layout:
       raise UserError(f"model.family={self.family!r}, but these switches make a {layout!r} model (see "
