@@ -10,10 +10,13 @@ def _finetune(args):
 def _sweep(args):
   from bert_jax import jobs  # pylint: disable=import-outside-toplevel
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.errors import UserError  # pylint: disable=import-outside-toplevel
   from bert_jax.finetune import sweep  # pylint: disable=import-outside-toplevel
   from bert_jax.training import loop  # pylint: disable=import-outside-toplevel
   config = load_config(args.config, args.config_overrides)
-  jobs.for_command(config, "finetune", args.config)  # a sweep runs fine-tuning runs
+  if jobs.for_command(config, "finetune", args.config).name != "finetune":  # a sweep runs fine-tuning runs
+    raise UserError(f"{args.config} is not a fine-tuning config: bert-jax sweep runs configs of job finetune "
+                    "(configs/glue.py, squad.py, ner.py)")
   result = sweep.sweep(config, args.workdir)
   if result["stopped_by"]:
     print(f"stopped by {result['stopped_by']} | the interrupted run's state is saved | next: the same command "

@@ -3,8 +3,10 @@
   model.py      the encoder and its pooling (models/pooling.py) as one Flax module, read from any checkpoint
   embed.py      `Embedder`: sentences in, embeddings out, in a few compiled length buckets
   evaluate.py   STS (Spearman of cosine against gold), retrieval (recall@k, MRR@10) and search
-  data.py       the scored-pairs (STS) file that evaluation reads
+  data.py       the sentence-pair files: scored (STS), labelled (NLI), text pairs (ranking)
   losses.py     the bi-encoder's training losses on embeddings: NLI softmax on (u, v, |u - v|),
                 cosine-similarity regression, multiple-negatives ranking
+  train.py      the bi-encoder training job (`sbert`, configs/sbert.py) with those losses
+  embedded.py   a small STS-format set built from the embedded corpus (the data given no files)
 Conversion to and from sentence-transformers folders is bert_jax/conversion/sentence_transformers.py.
 """

@@ -33,6 +33,14 @@ def _content(word: str) -> bool:
   return word.lower() not in FUNCTION_WORDS
 
 
+def _donor(donors: list[str], own: set[str], rng: random.Random) -> str:
+  """A random donor word that is not one of the sentence's own."""
+  while True:
+    word = rng.choice(donors)
+    if word.lower() not in own:
+      return word
+
+
 def edit(sentence: str, donors: list[str], rng: random.Random) -> tuple[str, float]:
   """(the edited copy, its score 0..5)."""
   words, end = sentence[:-1].split(), sentence[-1]
@@ -42,7 +50,7 @@ def edit(sentence: str, donors: list[str], rng: random.Random) -> tuple[str, flo
   out = []
   for i, word in enumerate(words):
     if i in replaced:
-      out.append(next(d for d in iter(lambda: rng.choice(donors), None) if d.lower() not in own))
+      out.append(_donor(donors, own, rng))
     elif _content(word) or rng.random() > 0.3:
       out.append(word)
   for _ in range(rng.randint(0, len(words) // 3)):
