@@ -19,6 +19,8 @@ Prepared documents (`bert-jax data prepare --knowledge ...`) keep the tags in a 
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 
 from bert_jax.data_pipelines.errors import DataError
@@ -46,10 +48,12 @@ def _capitalised(word: str) -> bool:
 
 
 # A cheap test that a run may be there: two capitalised-looking words (any character outside ASCII's lower case
-# may be a capital) with at most spaces, a "." and two connectors between them; most sentences fail it.
+# may be a capital) with at most spaces (not a newline), a "." and two connectors between them; most sentences
+# fail it. One search runs over a whole block of sentences joined by newlines.
 _UPPER = "A-Z\u00c0-\u00de\u0100-\U0010ffff"
-_MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.\s*|\s+)(?:(?:{'|'.join(sorted(_CONNECTORS))})\s+){{0,2}}"
-                        rf"[{_UPPER}]")
+_SPACE = "[^\\S\n]"
+_MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.{_SPACE}*|{_SPACE}+)"
+                        rf"(?:(?:{'|'.join(sorted(_CONNECTORS))}){_SPACE}+){{0,2}}[{_UPPER}]")
 
 
 def capitalised_runs(text: str) -> list[tuple[int, int, int]]:
@@ -98,7 +102,14 @@ class CapitalisedAnnotator:
   name = "capitalised"
 
   def __call__(self, texts: list[str]) -> list[list[tuple[int, int, int]]]:
-    return [capitalised_runs(t) for t in texts]
+    spans = [[] for _ in texts]
+    if any("\n" in t for t in texts):
+      return [capitalised_runs(t) for t in texts]
+    starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))
+    candidates = {bisect.bisect_right(starts, m.start()) - 1 for m in _MAYBE_RUN.finditer("\n".join(texts))}
+    for i in candidates:
+      spans[i] = capitalised_runs(texts[i])
+    return spans
 
 
 class ListAnnotator:
@@ -208,8 +219,9 @@ class TaggedEncoder:
     self.encode, self.annotator = tokenizer.encode, annotator
 
   def documents(self, docs: list[list[str]]) -> list[list[list[int]]]:
-    spans = iter(self.annotator([s for doc in docs for s in doc]))
-    return [[encode_tagged(self.encode, s, next(spans)) for s in doc] for doc in docs]
+    encode, spans = self.encode, iter(self.annotator([s for doc in docs for s in doc]))
+    return [[encode_tagged(encode, s, found) if (found := next(spans)) else encode(s) for s in doc]
+            for doc in docs]
 
 
 def split_ids(tagged: list[int]) -> tuple[list[int], list[int]]:
