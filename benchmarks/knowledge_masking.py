@@ -1,24 +1,27 @@
 """Knowledge masking (ERNIE 1.0) on the embedded corpus: its units' statistics, and its text-pipeline speed
 against whole-word masking, in one run.
 
-  PYTHONPATH=. python benchmarks/knowledge_masking.py --batches 200 --rounds 3
+  PYTHONPATH=. python benchmarks/knowledge_masking.py --batches 50 --rounds 12 [--spacy-pipeline PATH]
 
 Statistics (offline annotator: runs of capitalised words) over --stat-batches batches: every unit of the
 rows (a tagged phrase or entity span, else a whole word) and the units the masking chose, with their mean
 length in tokens and the share of entity and phrase units. Speed: real tokens per wall second and per CPU
 second (steadier on a shared machine) of the text pipeline's work (rows of every shard, tokenized and
 annotated, then masked; on one thread), whole-word and knowledge masking in chunks of --batches batches
-that alternate, --rounds chunks each, after 3 warm-up batches; rates over all chunks and their ratio.
+that alternate, --rounds chunks each, after 3 warm-up batches; rates over all chunks and their ratio. And
+`data prepare`'s documents per second without spans, with the offline annotator and with a spaCy pipeline.
 """
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
 from bert_jax.configs import common
-from bert_jax.data_pipelines import embedded
+from bert_jax.data_pipelines import embedded, prepare
 from bert_jax.data_pipelines.features import Featurizer
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
 from bert_jax.data_pipelines.shards import make_context, shard_batches
@@ -109,6 +112,22 @@ def speeds(batches: int, batch_size: int, seq: int, rounds: int) -> dict:
   return result
 
 
+def prepare_speed(spacy_pipeline: str) -> dict:
+  """Documents per second of `bert-jax data prepare` (one process) on the embedded corpus: without spans,
+  with the offline annotator, and with the spaCy pipeline at `spacy_pipeline` ("": left out)."""
+  annotators = {"none": None, "capitalised": {}}
+  if spacy_pipeline:
+    annotators["spacy"] = {"spacy_model": spacy_pipeline}
+  result = {}
+  with tempfile.TemporaryDirectory() as out:
+    prepare.prepare("", os.path.join(out, "warm-up"), num_workers=1)  # TensorFlow, the corpus, the vocabulary
+    for name, annotator in annotators.items():
+      wall = time.perf_counter()
+      metadata = prepare.prepare("", os.path.join(out, name), num_workers=1, knowledge_annotator=annotator)
+      result[name] = round(metadata["documents"] / (time.perf_counter() - wall))
+  return {"prepare_documents_per_sec": result}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", type=int, default=200)
@@ -116,9 +135,14 @@ def main():
   parser.add_argument("--batch-size", type=int, default=64)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--spacy-pipeline", default="", help="a spaCy pipeline (name or folder) to time in "
+                      "`data prepare --knowledge-spacy`; --prepare-only skips the rest")
+  parser.add_argument("--prepare-only", action="store_true")
   args = parser.parse_args()
-  result = {"statistics": unit_statistics(args.stat_batches, args.batch_size, args.seq)}
-  result.update(speeds(args.batches, args.batch_size, args.seq, args.rounds))
+  result = prepare_speed(args.spacy_pipeline)
+  if not args.prepare_only:
+    result["statistics"] = unit_statistics(args.stat_batches, args.batch_size, args.seq)
+    result.update(speeds(args.batches, args.batch_size, args.seq, args.rounds))
   print(json.dumps(result, indent=1))
 
 

@@ -58,12 +58,19 @@ _MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.{_SPACE}*|{_SPACE
 
 def capitalised_runs(text: str) -> list[tuple[int, int, int]]:
   """The offline default: runs of two or more capitalised words as entities (character spans)."""
-  if not _MAYBE_RUN.search(text):
-    return []
-  words = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
+  found = _MAYBE_RUN.search(text)
+  return _runs(text, found.start()) if found else []
+
+
+def _runs(text: str, start: int) -> list[tuple[int, int, int]]:
+  """The runs from the word around `start`, where the first _MAYBE_RUN match begins (no run starts before it)."""
+  while start and (text[start - 1].isalnum() or text[start - 1] in "_-'\u2010\u2019"):
+    start -= 1
+  words = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text, start)]
+  first = not text[:start].strip()  # words[0] opens the sentence
   spans, i = [], 0
   while i < len(words):
-    if not _capitalised(words[i][0]) or (i == 0 and words[i][0].lower() in _OPENERS):
+    if not _capitalised(words[i][0]) or (i == 0 and first and words[i][0].lower() in _OPENERS):
       i += 1
       continue
     j = i + 1  # words[i:j] is the run so far
@@ -106,10 +113,11 @@ class CapitalisedAnnotator:
     if any("\n" in t for t in texts):
       return [capitalised_runs(t) for t in texts]
     starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))
-    candidates = {bisect.bisect_right(starts, m.start()) - 1 for m in _MAYBE_RUN.finditer("\n".join(texts))}
-    for i in candidates:
-      spans[i] = capitalised_runs(texts[i])
-    return spans
+    for found in _MAYBE_RUN.finditer("\n".join(texts)):
+      i = bisect.bisect_right(starts, found.start()) - 1
+      if not spans[i]:  # its first match in the sentence
+        spans[i] = _runs(texts[i], found.start() - starts[i]) or [()]
+    return [s if s != [()] else [] for s in spans]
 
 
 class ListAnnotator:
