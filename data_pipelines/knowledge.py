@@ -108,16 +108,17 @@ def _continues(text: str, words, j: int) -> int:
 class CapitalisedAnnotator:
   name = "capitalised"
 
-  def __call__(self, texts: list[str]) -> list[list[tuple[int, int, int]]]:
-    spans = [[] for _ in texts]
-    if any("\n" in t for t in texts):
+  def __call__(self, texts: list[str]) -> list:
+    joined = "\n".join(texts)
+    if joined.count("\n") != len(texts) - 1:  # a text with a newline of its own
       return [capitalised_runs(t) for t in texts]
-    starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))
-    for found in _MAYBE_RUN.finditer("\n".join(texts)):
+    spans, last = [()] * len(texts), -1
+    starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))  # each text's offset
+    for found in _MAYBE_RUN.finditer(joined):
       i = bisect.bisect_right(starts, found.start()) - 1
-      if not spans[i]:  # its first match in the sentence
-        spans[i] = _runs(texts[i], found.start() - starts[i]) or [()]
-    return [s if s != [()] else [] for s in spans]
+      if i != last:  # the sentence's first match (they come in order)
+        last, spans[i] = i, _runs(texts[i], found.start() - starts[i])
+    return spans
 
 
 class ListAnnotator:
