@@ -29,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def worker(args) -> None:
   sys.path.insert(0, os.getcwd())
+  from bert_jax import startup  # pylint: disable=import-outside-toplevel
+  startup.configure()  # before jax loads: no libtpu start-up noise on a machine without a TPU
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.training.benchmark import TimedStep  # pylint: disable=import-outside-toplevel
   timed = TimedStep(load_config(args.config, args.override), args.batch_size, args.seq_length)

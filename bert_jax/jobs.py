@@ -7,9 +7,10 @@ build from its config.
   finetune         dataset   finetune   finetune/trainer.py:finetune   - (it needs the task's data)
   distill          dataset   distill    compress/distill.py:distill    - (it needs the task's data)
   general_distill  corpus    distill    compress/general.py:distill    the student's pretraining step
+  sbert            dataset   finetune   sbert/train.py:train           - (it needs its sentence pairs)
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
-distill or general_distill), so the CLI, compile and info read this table instead of guessing from the
+distill or general_distill, configs/sbert.py: sbert), so the CLI, compile and info read this table instead of guessing from the
 config's other keys. A new job is one `register` call here and its module.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bert_jax import config_schema
 from bert_jax.compress import distill, general
 from bert_jax.errors import UserError
 from bert_jax.finetune import trainer as finetune_trainer
+from bert_jax.sbert import train as sbert_train
 from bert_jax.training import step, trainer
 from bert_jax.training.step import TrainSetup
 
@@ -99,3 +101,4 @@ register(Job("finetune", DATASET, "finetune", finetune_trainer.finetune, finetun
 register(Job("distill", DATASET, "distill", distill.distill, finetune_trainer.summary))
 register(Job("general_distill", CORPUS, "distill", general.distill, trainer.summary, _student_step,
              multihost=True))
+register(Job("sbert", DATASET, "finetune", sbert_train.train, sbert_train.summary))

@@ -15,14 +15,15 @@ import ml_collections
 
 from bert_jax import configs
 from bert_jax.errors import UserError
-from bert_jax.models import modernbert
+from bert_jax.models import families
 
 
 def backbone_params(model: ml_collections.ConfigDict) -> int:
   """Embeddings (+ the E -> H projection) + layers (shared ones once) + pooler, from the model section
-  (ModernBERT's section counts itself: models/modernbert.py)."""
-  if model.get("family") == "modernbert":
-    return modernbert.backbone_params(model)
+  (a family whose record has its own `backbone_params`, e.g. ModernBERT, MobileBERT, XLNet, counts itself)."""
+  own = families.get(model.get("family") or "bert").backbone_params
+  if own is not None:
+    return own(model)
   h, i, e = model.hidden_size, model.intermediate_size, model.embedding_size or model.hidden_size
   embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * e + 2 * e
   if e != h:

@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax import workdir
-from bert_jax.conversion import common, hf, modernbert, native, tf_checkpoint
+from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
 from bert_jax.errors import UserError
 from bert_jax.models import families
@@ -112,11 +112,8 @@ def read_checkpoint(path: str, *, scan_layers: bool | None = None,
 
 
 def _add_fresh_heads(converted: common.Converted, seed: int) -> common.Converted:
-  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet (conversion/modernbert.py)
-    config = modernbert.with_heads(converted.config, modernbert.heads_of(converted.config) + converted.missing_heads)
-  else:
-    family = converted.record
-    config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
+  family = converted.record
+  config = family.with_heads(converted.config, family.heads_of(converted.config) + converted.missing_heads)
   ids = jnp.zeros((1, 1), jnp.int32)
   fresh = nn.meta.unbox(jax.jit(families.build(config).init)(jax.random.key(seed), ids)["params"])
   # Heads are top-level modules, so the loaded embeddings and encoder replace their fresh copies whole.
@@ -172,7 +169,7 @@ def build_tokenizer(info: common.Tokenizer):
   from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   if info.kind == "wordpiece" and info.max_chars_per_word:
     return load_vocab(files[0], info.lower_case, max_chars_per_word=info.max_chars_per_word)
-  return load_vocab(files[0], info.lower_case)
+  return load_vocab(files[0], info.lower_case, kind=info.kind)
 
 
 def load_tokenizer(path: str):

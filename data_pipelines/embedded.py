@@ -4,7 +4,8 @@ Text: the docstrings of the standard library (parsed with `ast`, never imported)
 help topics, keeping prose paragraphs only (no doctest or indented code). Documents are one docstring
 or one help topic, shuffled with a fixed seed and written one sentence per line. The vocabulary
 (8192 entries, lower-cased) is trained on it; configs with data.tokenizer=sentencepiece and no data.vocab
-(RoBERTa's `tiny`) get a SentencePiece BPE model learnt from it on first use, in the same folder. All are
+(RoBERTa's `tiny`) get a SentencePiece BPE model learnt from it on first use, in the same folder, and
+CamemBERT's and XLM-R's kinds a unigram one (spm-unigram-fairseq/sentencepiece.bpe.model). All are
 cached under
 $BERT_JAX_CACHE, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax, in a folder keyed by a hash
 of the recipe and the source files; the folder is built aside and renamed into place, so concurrent
@@ -22,7 +23,7 @@ import sys
 import sysconfig
 import tempfile
 
-from bert_jax.data_pipelines import corpora, vocab
+from bert_jax.data_pipelines import corpora, fairseq_spm, vocab
 
 VOCAB_SIZE = 8192
 _RECIPE = "embedded-v2"  # v2: the tensorflow-text WordPiece learner (deterministic)
@@ -106,6 +107,8 @@ def default_vocab(data_cfg) -> str:
     return data_cfg.vocab
   if data_cfg.tokenizer == "sentencepiece":
     return ensure_sentencepiece(data_cfg.lower_case)
+  if data_cfg.tokenizer in fairseq_spm.KINDS:
+    return ensure_fairseq_sentencepiece()
   return ensure_embedded()[1]
 
 
@@ -145,3 +148,27 @@ def ensure_embedded() -> tuple[str, str]:
     finally:
       shutil.rmtree(staging, ignore_errors=True)
   return os.path.join(final, "corpus.txt"), os.path.join(final, "vocab.txt")
+
+
+def ensure_fairseq_sentencepiece() -> str:
+  """spm-unigram-fairseq/sentencepiece.bpe.model: a cased SentencePiece unigram model of at most VOCAB_SIZE
+  pieces trained as CamemBERT's was (vocab.train_fairseq_sentencepiece), from the embedded corpus, built on
+  first use next to it and cached; its kind (data.tokenizer) lays it out."""
+  corpus, _ = ensure_embedded()
+  folder = os.path.dirname(corpus)
+  final = os.path.join(folder, "spm-unigram-fairseq")
+  if not os.path.exists(final):
+    print(f"learning a SentencePiece unigram vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus "
+          f"(once; cached in {final})", flush=True)
+    staging = tempfile.mkdtemp(prefix=".building-", dir=folder)
+    try:
+      with open(corpus, encoding="utf-8") as f:
+        vocab.train_fairseq_sentencepiece((line.strip() for line in f if line.strip()), VOCAB_SIZE, staging,
+                                          "camembert_spm")
+      try:
+        os.replace(staging, final)
+      except OSError:  # another process got there first
+        pass
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  return os.path.join(final, fairseq_spm.HF_MODEL_FILE)

@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded, knowledge
+from bert_jax.data_pipelines import corpora, embedded, fairseq_spm, knowledge
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
@@ -177,6 +177,8 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
 
 def make_tokenizer(data_cfg):
   vocab = embedded.default_vocab(data_cfg)
+  if data_cfg.tokenizer in fairseq_spm.KINDS:  # CamemBERT's / XLM-R's layout of a SentencePiece model
+    return load_tokenizer(vocab, kind=data_cfg.tokenizer)
   kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
   if data_cfg.tokenizer != kind:
     make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")

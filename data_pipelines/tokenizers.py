@@ -13,6 +13,9 @@ the model's pieces, with `encode_pieces`' re-split of a piece ending in a digit 
 and XLNet's preprocess_text do; google-research/albert leaves them. The special ids are read by role
 (the model's pad and unk ids, [CLS] [SEP] [MASK] by name), so ALBERT's `<pad>`/`<unk>` layout loads
 as well as bert_jax's `[PAD]`/`[UNK]`.
+
+CamemBERT's and XLM-R's SentencePiece, in fairseq's id layout and with transformers' pre-tokenization,
+are fairseq_spm.py's (kinds camembert_spm, xlmr_spm; `load_tokenizer(path, kind=...)`).
 """
 from __future__ import annotations
 
@@ -22,9 +25,13 @@ import unicodedata
 
 import numpy as np
 
+from bert_jax.data_pipelines import fairseq_spm
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 
+# The tokenizer kinds (data.tokenizer; a family record's `tokenizer`), each with its class below or in
+# fairseq_spm.py; "bpe" (RoBERTa's byte-level BPE, conversion/bpe.py) is read from checkpoints only.
+KINDS = ("wordpiece", "sentencepiece", *fairseq_spm.KINDS)
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _REQUIRED = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
@@ -357,12 +364,19 @@ class SentencePieceTokenizer(_Tokenizer):
 
 
 def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD,
-                   quotes_to_double: bool = False):
-  """WordPiece for a `vocab.txt` (any name not ending in .model), SentencePiece for `*.model`.
+                   quotes_to_double: bool = False, kind: str | None = None):
+  """The tokenizer of `kind` (KINDS) over `path`; without a kind, WordPiece for a `vocab.txt` (any name not
+  ending in .model) and SentencePiece for `*.model`.
 
   Google's conventions by default; HF parity: max_chars_per_word=HF_MAX_CHARS_PER_WORD (WordPiece),
-  quotes_to_double=True (SentencePiece, transformers' AlbertTokenizer).
+  quotes_to_double=True (SentencePiece, transformers' AlbertTokenizer). The fairseq kinds
+  (fairseq_spm.py: CamemBERT's and XLM-R's) are cased whatever `lower_case` says.
   """
-  if path.endswith(".model"):
+  kind = kind or ("sentencepiece" if path.endswith(".model") else "wordpiece")
+  if kind in fairseq_spm.KINDS:
+    return fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
+  if kind == "sentencepiece":
     return SentencePieceTokenizer(path, lower_case, quotes_to_double)
-  return WordPieceTokenizer(path, lower_case, max_chars_per_word)
+  if kind == "wordpiece":
+    return WordPieceTokenizer(path, lower_case, max_chars_per_word)
+  raise DataError(f"tokenizer kind {kind!r} is not one of {KINDS}")

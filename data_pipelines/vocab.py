@@ -4,7 +4,10 @@ Both read the corpus as a stream of sentences (every one, or a uniform sample: `
 beam_vocab.py on a Beam runner, the same sentences); SentencePiece falls back to bytes, so any text
 round-trips. Special tokens come first, in BERT's order for WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK]
 = ids 0..4) and as [PAD]=0, [UNK]=1, control symbols [CLS] [SEP] [MASK] = 2..4 for SentencePiece, so
-`pad_token_id = 0` holds for both.
+`pad_token_id = 0` holds for both. CamemBERT's and XLM-R's kinds (camembert_spm, xlmr_spm) train a
+SentencePiece model as theirs were (spm_train's defaults: `<unk>` `<s>` `</s>` = 0..2, nmt_nfkc, raw cased
+text) and write it as a Hugging Face folder holds it, `sentencepiece.bpe.model`, with the tokenizer.json of
+fairseq's layout of it (fairseq_spm.py), so pad = 1 and a model pretrained on it exports as theirs.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import collections
 import hashlib
 import heapq
 import itertools
+import json
 import os
 import posixpath
 import sys
@@ -19,12 +23,12 @@ import tempfile
 from typing import Iterable, Iterator
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora
+from bert_jax.data_pipelines import corpora, fairseq_spm
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import tf, tf_module
 from bert_jax.data_pipelines.tokenizers import SPECIAL_TOKENS, albert_preprocess
 
-KINDS = ("wordpiece", "sentencepiece")
+KINDS = ("wordpiece", "sentencepiece", *fairseq_spm.KINDS)
 SENTENCEPIECE_TYPES = ("unigram", "bpe")
 
 
@@ -139,6 +143,34 @@ def train_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, lo
   return path
 
 
+def train_fairseq_sentencepiece(sentences: Iterable[str], size: int, output_dir: str, kind: str,
+                                model_type: str = "unigram") -> str:
+  """A SentencePiece model of `size` pieces trained as CamemBERT's and XLM-R's were (no preprocessing, no
+  pad piece: fairseq adds its own symbols in front), written as `sentencepiece.bpe.model` plus the
+  tokenizer.json of `kind`'s layout; returns the model's path. The vocabulary has size + 5 (CamemBERT) or
+  size + 2 (XLM-R) entries."""
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  if model_type not in SENTENCEPIECE_TYPES:
+    raise DataError(f"--model-type={model_type!r}; choose one of {SENTENCEPIECE_TYPES}")
+  with tempfile.TemporaryDirectory() as tmp:
+    prefix = os.path.join(tmp, "spm")
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=size, model_type=model_type,
+          unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=0.9995, input_sentence_size=2_000_000,
+          shuffle_input_sentence=True, hard_vocab_limit=False, num_threads=os.cpu_count() or 1, minloglevel=2)
+    except RuntimeError as e:
+      raise DataError(f"SentencePiece training failed: {e}; a larger corpus or a smaller --size helps") from None
+    tokenizer = fairseq_spm.FairseqSentencePieceTokenizer(prefix + ".model", kind)
+    with open(prefix + ".model", "rb") as f:
+      model = f.read()
+  path = os.path.join(output_dir, fairseq_spm.HF_MODEL_FILE)
+  _write(path, model)
+  _write(os.path.join(output_dir, fairseq_spm.HF_TOKENIZER_FILE),
+         json.dumps(fairseq_spm.hf_tokenizer_json(tokenizer), ensure_ascii=False).encode("utf-8"))
+  return path
+
+
 def _write(path: str, data: bytes) -> None:
   workdir.write_bytes(workdir.path(path), data)
 
@@ -166,4 +198,6 @@ def train_vocab(corpus: str, kind: str, size: int, output_dir: str, lower_case: 
   sentences = _nonempty(drawn, corpus, stats)
   if kind == "wordpiece":
     return train_wordpiece(sentences, size, output_dir, lower_case)
+  if kind in fairseq_spm.KINDS:  # cased: CamemBERT and XLM-R keep the text as it is
+    return train_fairseq_sentencepiece(sentences, size, output_dir, kind, model_type)
   return train_sentencepiece(sentences, size, output_dir, lower_case, model_type)

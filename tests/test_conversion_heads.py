@@ -18,6 +18,7 @@ from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.finetune import heads  # noqa: E402
 from bert_jax.finetune.predict import Predictor  # noqa: E402
 from bert_jax.models.config import ModelConfig  # noqa: E402
+from bert_jax.models.modernbert import ModernBertConfig  # noqa: E402
 
 TOL = 1e-5
 LENGTH = 12
@@ -29,7 +30,12 @@ FAMILIES = {
                                 layer_norm_eps=1e-5, max_position_embeddings=66)),
     "albert": ("Albert", dict(share_layers="all", embedding_size=16, hidden_act="gelu_tanh")),
     "electra": ("Electra", dict(embedding_size=16)),
+    "modernbert": ("ModernBert", {}),
 }
+# ModernBERT's own config: 3 layers (global, local with a window of 2 either side, global); its regression
+# case pools the mean of the real tokens, the others [CLS] (the pooler and the token transform are HF's head.*).
+MODERNBERT = dict(vocab_size=100, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=24,
+                  max_position_embeddings=64, local_window=4, global_every=2, pad_token_id=0)
 HF_CLASSES = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
               "token": "ForTokenClassification", "span": "ForQuestionAnswering"}
 LABELS = {"classification": ("entailment", "neutral", "contradiction"), "regression": (),
@@ -42,7 +48,11 @@ def fine_tuned_workdir(directory, family, kind, pooling="pooled", seed=0, **mode
   """A params checkpoint as `bert-jax finetune` leaves it: random weights (every bias and LayerNorm
   too, so that a swapped tensor shows) and the config.json fields predict and export read; `model`:
   more ModelConfig fields (adapter_size)."""
-  model_config = heads.encoder_config(ModelConfig(**{**BASE, **FAMILIES[family][1], **model}), kind, pooling)
+  if family == "modernbert":
+    encoder = ModernBertConfig(**MODERNBERT, pooling="mean" if kind == "regression" else "cls", **model)
+  else:
+    encoder = ModelConfig(**{**BASE, **FAMILIES[family][1], **model})
+  model_config = heads.encoder_config(encoder, kind, pooling)
   labels = LABELS[kind]
   num_labels = 2 if kind == "span" else max(len(labels), 1)
   model = heads.FinetuneModel(model_config, kind, num_labels, pooling)
@@ -66,14 +76,15 @@ def batch(config):
   lengths = np.array([12, 5, 9, 7])
   mask = (np.arange(LENGTH)[None] < lengths[:, None]).astype(np.int32)
   ids = np.where(mask, rng.randint(3, config["model"]["vocab_size"], mask.shape), config["model"]["pad_token_id"])
-  types = (np.arange(LENGTH)[None] >= lengths[:, None] // 2) * mask if config["model"]["type_vocab_size"] > 1 \
+  types = (np.arange(LENGTH)[None] >= lengths[:, None] // 2) * mask if config["model"].get("type_vocab_size", 1) > 1 \
       else np.zeros_like(ids)
   return {"input_ids": ids.astype(np.int32), "attention_mask": mask, "token_type_ids": types.astype(np.int32)}
 
 
 def hf_logits(model, kind, rows):
+  names = ("input_ids", "attention_mask") if model.config.model_type == "modernbert" else rows  # no token types
   with torch.no_grad():
-    out = model(**{k: torch.tensor(v, dtype=torch.long) for k, v in rows.items()})
+    out = model(**{k: torch.tensor(rows[k], dtype=torch.long) for k in names})
   if kind == "span":
     return {"start_logits": out.start_logits.numpy(), "end_logits": out.end_logits.numpy()}
   return {"logits": out.logits.numpy()[:, 0] if kind == "regression" else out.logits.numpy()}
@@ -85,7 +96,9 @@ def test_export_reproduces_logits(tmp_path, family, kind, capsys):
   assert cli.main(["convert", "--to", "hf", str(tmp_path / "ft"), str(tmp_path / "hf")]) == 0
   assert "not written" not in capsys.readouterr().out
   auto = getattr(transformers, f"AutoModel{HF_CLASSES[kind]}")
-  hf_model = auto.from_pretrained(tmp_path / "hf").eval()
+  # ModernBERT: the eager attention kernel, which computes as ours does (sdpa differs in the last bits).
+  hf_model = auto.from_pretrained(tmp_path / "hf", **({"attn_implementation": "eager"} if family == "modernbert"
+                                                      else {})).eval()
   assert type(hf_model).__name__ == FAMILIES[family][0] + HF_CLASSES[kind]
   hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
   if kind != "span":

@@ -67,7 +67,7 @@ def test_eval_only_reproduces_results(sst2_run, tmp_path, capsys):
     assert result["dev"] == json.load(f)
   assert os.path.exists(tmp_path / "predictions" / "SST-2.dev.tsv")
   out = capsys.readouterr().out
-  assert f"eval_only: evaluating the " in out and f"parameters of {workdir}" in out and "parameters train" not in out
+  assert "eval_only: evaluating the " in out and f"parameters of {workdir}" in out and "parameters train" not in out
   line = trainer.summary(config, str(tmp_path), result)
   assert line.startswith("done: dev accuracy ") and f"predictions in {tmp_path}/predictions" in line
   assert line.endswith(f"next: bert-jax predict --model {workdir} --input FILE"), line

@@ -7,6 +7,7 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import torch
@@ -14,10 +15,12 @@ import transformers
 from core_helpers import slow
 
 import bert_jax
+from bert_jax import cli
 from bert_jax.config_utils import load_config
-from bert_jax.conversion import hf, native
-from bert_jax.conversion.modernbert import param_shapes
-from bert_jax.errors import UserError
+from bert_jax.conversion import common, hf, native
+from bert_jax.data_pipelines import embedded
+from bert_jax.finetune import modes
+from bert_jax.conversion.params import param_shapes
 from bert_jax.models import ModernBertConfig, ModernBertModel, build, families, model_config
 from bert_jax.training import benchmark, objectives, partitioning, trainer
 from bert_jax.training.objectives.base import mlm_sums
@@ -93,9 +96,9 @@ def test_bare_model_export_and_reload_through_transformers(tmp_path):
   assert config["layer_types"][:2] == ["full_attention", "sliding_attention"] and config["local_attention"] == 8
 
 
-def test_native_checkpoint_round_trip_and_no_record_yet(tmp_path):
-  """HF -> a bert_jax params checkpoint -> load_pretrained unrolled gives HF's logits; ModernBERT has no family
-  record yet, so what needs one (a TF export, fine-tuning heads) is refused in one line."""
+def test_native_checkpoint_round_trip_through_the_record(tmp_path, capsys):
+  """HF -> a bert_jax params checkpoint -> load_pretrained unrolled gives HF's logits; ModernBERT is a family
+  record (found by its HF model_type), with no original TF layout: a TF export is refused in one line."""
   reference = _hf_dir(tmp_path / "in", transformers.ModernBertForMaskedLM, seed=2)
   ids, mask = _padded_batch(seed=2)
   native.write(str(tmp_path / "native"), bert_jax.pretrained.read_checkpoint(str(tmp_path / "in")))
@@ -106,8 +109,92 @@ def test_native_checkpoint_round_trip_and_no_record_yet(tmp_path):
     want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
   got = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids), jnp.asarray(mask)).mlm_logits)
   np.testing.assert_allclose(got[mask > 0], want[mask > 0], atol=1e-5, rtol=0)
-  with pytest.raises(UserError, match="modernbert.*no family record yet"):
-    families.get("modernbert")
+  assert families.get("modernbert") is families.by_model_type("modernbert", "test")
+  assert families.get("modernbert").config is ModernBertConfig and families.get("modernbert").tf is None
+  capsys.readouterr()
+  assert cli.main(["convert", "--to", "tf", str(tmp_path / "native"), str(tmp_path / "tf")]) == 2
+  err = capsys.readouterr().err
+  assert "modernbert has no original TF checkpoint" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_fine_tuned_hf_model_loads_its_encoder_and_names_its_head(tmp_path, capsys):
+  """ModernBertForSequenceClassification's head.* share the MLM head's names: its encoder loads (HF's
+  states), its head is named as ignored, and no MLM head is read from it."""
+  reference = _hf_dir(tmp_path, transformers.ModernBertForSequenceClassification, seed=3)
+  ids, mask = _padded_batch(seed=3)
+  model, params = bert_jax.load_pretrained(str(tmp_path))
+  assert not model.config.mlm_head and "mlm_head" not in params
+  assert "ignored tensors without a bert_jax counterpart: classifier.bias" in capsys.readouterr().out
+  with torch.no_grad():
+    want = reference.model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+  got = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids), jnp.asarray(mask)).last_hidden_state)
+  np.testing.assert_allclose(got[mask > 0], want[mask > 0], atol=1e-5, rtol=0)
+
+
+def test_embedder_mean_pools_a_modernbert_checkpoint(tmp_path):
+  """bert_jax.Embedder on a HF ModernBertModel folder (with a WordPiece vocab.txt): mean pooling of
+  transformers' last hidden states over [CLS] tokens [SEP]."""
+  reference = _hf_dir(tmp_path, transformers.ModernBertModel, seed=4)
+  words = [f"w{i}" for i in range(VOCAB - 5)]
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+  sentences = ["w3 w7 w11 w5", "w40", "w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18"]
+  embedder = bert_jax.Embedder.load(str(tmp_path), batch_size=4, buckets=(128,))
+  got = embedder(sentences)
+  for sentence, vector in zip(sentences, got):
+    ids = torch.tensor([[2, *(5 + int(w[1:]) for w in sentence.split()), 3]])
+    with torch.no_grad():
+      want = reference(input_ids=ids).last_hidden_state[0].mean(0).numpy()
+    np.testing.assert_allclose(vector, want, atol=1e-5, rtol=0)
+
+
+@slow  # a fine-tuning run, predict, an export and transformers on it: about a minute on two cores
+def test_finetune_predict_and_export_a_tiny_modernbert(tmp_path, capsys):
+  """A tiny ModernBERT params checkpoint (the embedded vocabulary) fine-tunes on the embedded task through
+  the CLI; predict runs on its workdir; `convert --to hf` gives a ModernBertForSequenceClassification
+  whose logits are predict's."""
+  vocab = embedded.ensure_embedded()[1]
+  with open(vocab, encoding="utf-8") as f:
+    size = sum(1 for _ in f)
+  config = _tiny(vocab_size=size, max_position_embeddings=64)
+  params = jax.device_get(nn.meta.unbox(jax.jit(ModernBertModel(config).init)(
+      jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]))
+  native.write(str(tmp_path / "mb"), common.Converted("modernbert", config, params,
+                                                      common.Tokenizer("wordpiece", True, {"vocab.txt": vocab})))
+  ft, hf_dir = str(tmp_path / "ft"), str(tmp_path / "hf")
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", ft,
+                   f"--config.init_from={tmp_path / 'mb'}", "--config.data.max_seq_length=32",
+                   "--config.data.train_limit=64", "--config.data.eval_limit=32", "--config.train.batch_size=16",
+                   "--config.train.eval_batch_size=32", "--config.train.epochs=1"]) == 0
+  sentences = ["the cat sat on the mat", "a dog ran", "words in an order"]
+  (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences))
+  assert cli.main(["predict", "--model", ft, "--input", str(tmp_path / "in.txt"),
+                   "--output", str(tmp_path / "out.jsonl")]) == 0
+  with open(tmp_path / "out.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  assert len(records) == 3 and all("scores" in r for r in records)
+  assert cli.main(["convert", "--to", "hf", ft, hf_dir]) == 0
+  assert "not written" not in capsys.readouterr().out
+  theirs = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, attn_implementation="eager")
+  assert type(theirs).__name__ == "ModernBertForSequenceClassification"
+  tokenizer = bert_jax.load_tokenizer(ft)
+  special = tokenizer.special_ids
+  for sentence, record in zip(sentences, records):
+    ids = torch.tensor([[special["[CLS]"], *tokenizer.encode(sentence), special["[SEP]"]]])
+    with torch.no_grad():
+      logits = theirs.eval()(input_ids=ids).logits[0].numpy()
+    probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    np.testing.assert_allclose(sorted(record["scores"].values()), sorted(probabilities), atol=1e-5)
+    assert record["score"] == pytest.approx(probabilities.max(), abs=1e-5)
+
+
+def test_adapters_are_refused_and_feature_mode_drops_every_dropout():
+  """train.mode through the record: ModernBERT has no Houlsby adapters (one line); feature mode's dropout-off
+  reaches its embedding, MLP and attention dropouts (with_dropout)."""
+  config = _tiny(embedding_dropout=0.1, mlp_dropout=0.1, attention_dropout=0.1)
+  with pytest.raises(bert_jax.errors.UserError, match="train.mode=adapters: .* a modernbert model has none"):
+    modes.model_config(config, ml_collections.ConfigDict({"mode": "adapters", "adapter_size": 8}))
+  off = modes.model_config(config, ml_collections.ConfigDict({"mode": "feature"}))
+  assert (off.embedding_dropout, off.mlp_dropout, off.attention_dropout) == (0.0, 0.0, 0.0)
 
 
 def _tiny(**changes):

@@ -105,6 +105,8 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   try:
     rest, overrides = split_config_overrides(argv)
+    if rest[:2] == ["vocab", "extend"]:
+      rest = ["vocab-extend", *rest[2:]]  # cli/data.py: VOCAB_EXTEND
     args = build_parser().parse_args(rest)
     args.config_overrides = overrides
     startup.configure()  # after parsing: `--help` stays instant

@@ -9,6 +9,7 @@ import sys
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 
+VOCAB_EXTEND = "vocab-extend"
 _SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
 
 
@@ -27,6 +28,27 @@ def _vocab(args):
   corpus = args.corpus or embedded.ensure_embedded()[0]
   print(vocab.train_vocab(corpus, args.type, args.size, args.output, args.lower_case,
                           args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
+
+
+def _vocab_extend(args):
+  import tempfile  # pylint: disable=import-outside-toplevel
+  from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
+  from bert_jax.conversion import native, vocab_extend  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import vocab  # pylint: disable=import-outside-toplevel
+  converted = pretrained.read_checkpoint(args.checkpoint)
+  if converted.tokenizer is None:
+    raise UserError(f"{args.checkpoint}: no tokenizer files to extend")
+  tokenizer = pretrained.build_tokenizer(converted.tokenizer)
+  if converted.tokenizer.kind != "wordpiece":
+    raise UserError(f"{args.checkpoint}: a {converted.tokenizer.kind} vocabulary; `bert-jax vocab extend` extends "
+                    "WordPiece vocabularies (vocab.txt) only for now")
+  words = vocab_extend.candidates(tokenizer, vocab.corpus_sentences(args.corpus), args.count, args.min_pieces)
+  if not words:
+    raise UserError(f"--corpus {args.corpus}: no word of it splits into {args.min_pieces} or more known pieces")
+  with tempfile.TemporaryDirectory() as tmp:
+    native.write(args.output, vocab_extend.extended(converted, tokenizer, words, f"{tmp}/vocab.txt"))
+  print(f"added {len(words)} words (ids {tokenizer.vocab_size}..{tokenizer.vocab_size + len(words) - 1}), e.g. "
+        + ", ".join(f"{w} ({len(p)} pieces, {n}x)" for w, p, n in words[:5]) + f"; wrote {args.output}")
 
 
 def _tokenize(args):
@@ -132,7 +154,9 @@ def register(subparsers) -> None:
   p = subparsers.add_parser("vocab", help="train a WordPiece or SentencePiece vocabulary")
   p.add_argument("--corpus", default="", help="glob(s) of text files, comma separated; default: the embedded "
                                              "corpus (corpus.txt in ~/.cache/bert_jax/embedded-*/)")
-  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece"))
+  p.add_argument("--type", default="wordpiece", choices=("wordpiece", "sentencepiece", "camembert_spm", "xlmr_spm"),
+                 help="camembert_spm / xlmr_spm: SentencePiece in CamemBERT's / XLM-R's fairseq layout (cased; writes "
+                      "sentencepiece.bpe.model and tokenizer.json)")
   p.add_argument("--model-type", default="unigram", choices=("unigram", "bpe"), help="SentencePiece only")
   p.add_argument("--size", type=int, default=30522)
   p.add_argument("--output", required=True, help="directory for vocab.txt / spm.model")
@@ -143,6 +167,16 @@ def register(subparsers) -> None:
   _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_vocab)
+  # `bert-jax vocab extend ...` (cli/__init__.py reads it as this command: `vocab` takes no subcommand)
+  extend = subparsers.add_parser(
+      VOCAB_EXTEND, help="(`bert-jax vocab extend`) add a domain corpus's most frequent many-piece words to a "
+      "checkpoint's WordPiece vocabulary")
+  extend.add_argument("checkpoint", help="a bert_jax, Hugging Face or original TF checkpoint")
+  extend.add_argument("output", help="the extended bert_jax params checkpoint")
+  extend.add_argument("--corpus", required=True, help="glob(s) of the domain's text files, comma separated")
+  extend.add_argument("--count", type=int, default=1000, help="how many words to add")
+  extend.add_argument("--min-pieces", type=int, default=2, help="add words the vocabulary splits into at least this many")
+  extend.set_defaults(handler=_vocab_extend)
 
   p = subparsers.add_parser("tokenize", help="stdin lines -> JSON lists of ids, [CLS] ... [SEP]")
   p.add_argument("--vocab", required=True, help="vocab.txt (WordPiece) or *.model (SentencePiece)")

@@ -6,16 +6,22 @@ import os
 
 from etils import epath
 
+from bert_jax.data_pipelines import fairseq_spm
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
 TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
                    "bpe": ("vocab.json", "merges.txt")}
+# CamemBERT's and XLM-R's SentencePiece in fairseq's layout (data_pipelines/fairseq_spm.py): one file, the
+# first of these a folder holds (tokenizer.json is what transformers reads when both are there). Only a
+# family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
+FAIRSEQ_FILES = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
+FAIRSEQ_KINDS = fairseq_spm.KINDS
 
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """kind: wordpiece | sentencepiece | bpe; files: {name in a converted dir: source path};
+  """kind: wordpiece | sentencepiece | bpe | camembert_spm | xlmr_spm; files: {name in a converted dir: source path};
   max_chars_per_word: WordPiece's longest word ([UNK] beyond): None is Google's 200, a Hugging Face
   tokenizer's is its own (100 unless its tokenizer.json says otherwise)."""
   kind: str
@@ -60,6 +66,9 @@ class Converted:
 def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wordpiece") -> Tokenizer | None:
   """The tokenizer files that sit in a foreign checkpoint directory, if any (the `preferred` kind first)."""
   directory = epath.Path(directory)
+  if preferred in fairseq_spm.KINDS:
+    found = next((directory / n for n in FAIRSEQ_FILES if (directory / n).exists()), None)
+    return Tokenizer(preferred, False, {found.name: os.fspath(found)}) if found else None
   for kind in sorted(TOKENIZER_FILES, key=lambda k: k != preferred):
     names = TOKENIZER_FILES[kind]
     if all((directory / n).exists() for n in names):

@@ -12,8 +12,9 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
+from bert_jax.data_pipelines import fairseq_spm
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
-from bert_jax.conversion import common, modernbert
+from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
@@ -22,6 +23,8 @@ from bert_jax.models import families, head_kinds
 from bert_jax.models.families import Family
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
+                    "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer"}
 # An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 
@@ -98,11 +101,19 @@ def _check_all_used(tensors, family: Family, names: dict, known: set[str], confi
                   f"{', '.join(unused[:6])}" + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else "") + hint)
 
 
+def _task_head_names(hf_config: dict, family: Family) -> set[str]:
+  """The tensors of the fine-tuning head of a <Family>For<Task> checkpoint (not read: noted as ignored),
+  which may share names with a pretraining head (ModernBERT's head.* in ForMaskedLM and the task classes)."""
+  found = set()
+  for kind in map(head_kinds.get, head_kinds.names()):
+    if family.hf.class_prefix + kind.hf_class in (hf_config.get("architectures") or ()):
+      found |= {r.hf.format(b=family.hf.base_prefix) for r in family.hf.task_rows.get(kind.name, kind.hf_rows)}
+  return found
+
+
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
   """A HF model directory as bert_jax params (the heads it has) plus its tokenizer files."""
   hf_config = workdir.read_json(epath.Path(directory) / "config.json")
-  if hf_config.get("model_type") == modernbert.MODEL_TYPE:
-    return modernbert.read(directory, hf_config, read_weights(directory), scan_layers, tokenizer(directory))
   family = family_of(hf_config, directory)
   tensors = read_weights(directory)
   base = family.hf.base_prefix
@@ -113,11 +124,15 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
   params = params_lib.to_params(config, family, tensors, "hf", names, directory)
   known = {name for name, _ in params_lib.foreign_names(config, family, "hf", names)}
   known |= {t.format(**names) for t in family.hf.tied}
-  _check_all_used(tensors, family, names, known, config, directory)
+  _check_all_used(tensors, family, names, known | _task_head_names(hf_config, family), config, directory)
   ignored = sorted(k for k in tensors if k not in known and not k.endswith(family.hf.buffers))
   notes = [f"{directory}: ignored tensors without a bert_jax counterpart: {', '.join(ignored[:6])}"
            + (f" (+{len(ignored) - 6} more)" if len(ignored) > 6 else "")] if ignored else []
-  return common.Converted(family.name, config, params, tokenizer(directory),
+  found = tokenizer(directory)
+  if found is None and (epath.Path(directory) / "tokenizer.json").exists():
+    notes.append(f"{directory}: no tokenizer files bert_jax reads (vocab.txt, *.model, vocab.json + merges.txt); "
+                 "its tokenizer ships as tokenizer.json only")
+  return common.Converted(family.name, config, params, found,
                           missing_heads=tuple(h for h in family.pretrained_heads(heads) if h not in heads),
                           notes=notes)
 
@@ -127,12 +142,9 @@ def tokenizer(directory: str) -> common.Tokenizer | None:
   hf_config = workdir.read_json(epath.Path(directory) / "config.json")
   path = epath.Path(directory) / "tokenizer_config.json"
   settings = workdir.read_json(path) if path.exists() else {}
-  if hf_config.get("model_type") == modernbert.MODEL_TYPE:  # not a family record yet: cased, no preferred kind
-    found = common.tokenizer_from_files(directory, settings.get("do_lower_case", False))
-  else:
-    family = family_of(hf_config, directory)
-    found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
-                                        family.tokenizer)
+  family = family_of(hf_config, directory)
+  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
+                                      family.tokenizer)
   return _with_word_limit(found, directory)
 
 
@@ -205,8 +217,6 @@ def _task_export(converted: common.Converted) -> _Export:
 def write(directory: str, converted: common.Converted) -> list[str]:
   """Writes config.json, model.safetensors and the tokenizer files; returns notes for the user, which
   name every parameter the HF class has no place for."""
-  if converted.family == modernbert.MODEL_TYPE:  # not a family record yet
-    return modernbert.write(directory, converted)
   family = converted.record
   if family.hf is None:
     raise UserError(f"the {family.name} family has no Hugging Face layout")
@@ -244,8 +254,16 @@ def write(directory: str, converted: common.Converted) -> list[str]:
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
   workdir.write_tokenizer(directory, tokenizer.files)
-  settings = {"tokenizer_class": family.hf.tokenizer_class, "do_lower_case": tokenizer.lower_case}
+  if tokenizer.kind in fairseq_spm.KINDS and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
+    # transformers reads tokenizer.json without the sentencepiece library (a sentencepiece.bpe.model alone
+    # needs it and protobuf): write the one its tokenizer class would save.
+    built = fairseq_spm.FairseqSentencePieceTokenizer(next(iter(tokenizer.files.values())), tokenizer.kind)
+    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.hf_tokenizer_json(built))
+  own = tokenizer.kind == family.tokenizer  # a family trained with another kind of tokenizer gets its generic class
+  settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
+              "do_lower_case": tokenizer.lower_case}
   if max_length:
     settings["model_max_length"] = max_length
-  settings.update(family.hf.tokenizer_settings)
+  if own:
+    settings.update(family.hf.tokenizer_settings)
   workdir.write_json(directory / "tokenizer_config.json", settings)

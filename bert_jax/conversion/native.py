@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bert_jax import params_checkpoint, workdir
-from bert_jax.conversion import common, modernbert
+from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.errors import UserError
 from bert_jax.models import families
@@ -26,6 +26,8 @@ def tokenizer(path: str) -> common.Tokenizer | None:
   kind = data.get("tokenizer") or ("sentencepiece" if located.suffix == ".model" else "wordpiece")
   if kind == "bpe":
     files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
+  elif kind in common.FAIRSEQ_KINDS:  # sentencepiece.bpe.model or tokenizer.json, under its own name
+    files = {located.name: str(located)}
   else:
     files = {common.TOKENIZER_FILES[kind][0]: str(located)}
   return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))
@@ -35,8 +37,7 @@ def read(path: str, scan_layers: bool | None = None) -> common.Converted:
   params, saved = params_checkpoint.load_params(path)
   config = families.model_config(saved["model"])
   if scan_layers is not None:
-    relayout = modernbert.relayout if config.family == modernbert.MODEL_TYPE else params_lib.relayout
-    params = relayout(params, config, scan_layers)
+    params = params_lib.relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)
   pooling = Pooling.from_dict(saved[SENTENCE_EMBEDDING], path) if SENTENCE_EMBEDDING in saved else None
   return common.Converted(config.family, config, params, tokenizer(path),
@@ -62,14 +63,8 @@ def write(directory: str, converted: common.Converted) -> None:
   if tok and tok.max_chars_per_word:  # travels with the checkpoint (a Hugging Face tokenizer's 100)
     data["max_chars_per_word"] = tok.max_chars_per_word
   config = {"objective": "bert", "model": converted.config.to_dict(), "data": data,
-            "heads": list(_heads_of(converted))}
+            "heads": list(converted.record.heads_of(converted.config))}
   if converted.pooling is not None:
     config[SENTENCE_EMBEDDING] = converted.pooling.to_dict()
   params_checkpoint.save_params(directory, converted.params, config, tok.files if tok else None)
 
-
-def _heads_of(converted: common.Converted) -> tuple[str, ...]:
-  """The pretraining heads switched on (ModernBERT is not a family record yet: conversion/modernbert.py)."""
-  if converted.family == modernbert.MODEL_TYPE:
-    return modernbert.heads_of(converted.config)
-  return converted.record.heads_of(converted.config)

@@ -6,6 +6,7 @@ the tensor and both shapes.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import flax.linen as nn
@@ -37,6 +38,8 @@ def _canonical_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0] * shape[1],)
   if kind == "heads_out":
     return (shape[0] * shape[1], shape[2])
+  if kind == "flat_in":
+    return (shape[0], math.prod(shape[1:]))
   return shape
 
 
@@ -89,6 +92,13 @@ def foreign_names(config: Config, family: Family, fmt: str, names: Mapping[str, 
     yield _name(fmt, row, names, 0), row
 
 
+def _absent(family: Family, fmt: str, names: Mapping[str, str]) -> dict[str, float]:
+  """{foreign name: value} of the parameters the family's foreign checkpoints leave out (HFNames.absent)."""
+  if fmt != "hf" or family.hf is None:
+    return {}
+  return {template.format(**names): value for template, value in family.hf.absent.items()}
+
+
 def _check_constants(config: Config, family: Family, tensors, fmt: str, names, source: str):
   for row, value in family.layout.constants(config):
     name = _name(fmt, row, names, 0)
@@ -102,20 +112,24 @@ def to_params(config: Config, family: Family, tensors: Mapping[str, np.ndarray],
               names: Mapping[str, str], source: str) -> dict:
   """The bert_jax params (float32 numpy) for `config` from foreign `tensors` ("hf" or "tf" layout)."""
   shapes = param_shapes(config)
+  absent = _absent(family, fmt, names)
   flat: dict[str, list | np.ndarray] = {}
   missing, mismatched = [], []
   for row, i, prefix, stacked in _rows_shown(config, family, f"reading {source}"):
     path = prefix + row.ours
     our_shape = shapes[path][1:] if stacked else shapes[path]
     name = _name(fmt, row, names, i)
-    if name not in tensors:
+    if name not in tensors and name in absent:
+      value = np.full(our_shape, absent[name], np.float32)
+    elif name not in tensors:
       missing.append(name)
       continue
-    value, want = np.asarray(tensors[name]), foreign_shape(fmt, row, name, our_shape)
-    if value.shape != want:
-      mismatched.append(f"{name}: checkpoint {value.shape} vs config {want}")
-      continue
-    value = (value.T if _transposed(fmt, row, name) else value).reshape(our_shape).astype(np.float32)
+    else:
+      value, want = np.asarray(tensors[name]), foreign_shape(fmt, row, name, our_shape)
+      if value.shape != want:
+        mismatched.append(f"{name}: checkpoint {value.shape} vs config {want}")
+        continue
+      value = (value.T if _transposed(fmt, row, name) else value).reshape(our_shape).astype(np.float32)
     if stacked:
       flat.setdefault(path, []).append(value)
     else:
@@ -150,11 +164,14 @@ def from_params(config: Config, family: Family, params: Mapping, fmt: str,
   if "adapters" in family.layout.parts(config) and (fmt != "hf" or not family.layout.adapter_rows):
     _refuse_adapters(config, family, fmt)
   flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
+  absent = _absent(family, fmt, names)
   tensors = {}
   for row, i, prefix, stacked in _rows_shown(config, family, f"converting to {fmt}", extra):
+    name = _name(fmt, row, names, i)
+    if name in absent:
+      continue
     value = np.asarray(flat[prefix + row.ours], np.float32)
     value = value[i] if stacked else value
-    name = _name(fmt, row, names, i)
     value = value.reshape(_canonical_shape(row.kind, value.shape))
     tensors[name] = np.ascontiguousarray(value.T if _transposed(fmt, row, name) else value)
   for row, value in family.layout.constants(config):

@@ -23,11 +23,11 @@ from bert_jax.models.config import ModelConfig
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
 
 
-def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> ModelConfig:
-  """The checkpoint's architecture when there is one (config.model otherwise); dropout from config."""
-  fields = dict(saved["model"]) if saved else config.model.to_dict()
-  fields.update(hidden_dropout=config.model.hidden_dropout, attention_dropout=config.model.attention_dropout)
-  model = families.model_config(fields)
+def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> families.Config:
+  """The checkpoint's architecture when there is one (config.model otherwise); dropout from config (set
+  as the family's record says: ModernBERT has no hidden_dropout of its own)."""
+  model = families.model_config(dict(saved["model"]) if saved else config.model.to_dict())
+  model = families.of(model).with_dropout(model, config.model.hidden_dropout, config.model.attention_dropout)
   if not 1 <= config.data.max_seq_length <= model.max_position_embeddings:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} must be between 1 and the model's "
                     f"max_position_embeddings={model.max_position_embeddings}"

@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
 MODES = ("finetune", "adapters", "feature")
@@ -38,12 +39,15 @@ def validate(train: ml_collections.ConfigDict) -> None:
                     "(Houlsby et al. use 8, 64 or 256)")
 
 
-def model_config(model: ModelConfig, train: ml_collections.ConfigDict) -> ModelConfig:
+def model_config(model: families.Config, train: ml_collections.ConfigDict) -> families.Config:
   """The encoder a mode trains: adapters added (adapters), dropout off (feature)."""
   if train.mode == "adapters":
+    if not isinstance(model, ModelConfig):
+      raise UserError(f"train.mode=adapters: Houlsby adapters sit in BertModel's layers (BERT, RoBERTa, ALBERT, "
+                      f"ELECTRA); a {model.family} model has none: use train.mode=finetune or feature")
     return model.replace(adapter_size=train.adapter_size)
   if train.mode == "feature":
-    return model.replace(hidden_dropout=0.0, attention_dropout=0.0)
+    return families.of(model).with_dropout(model, 0.0, 0.0)
   return model
 
 

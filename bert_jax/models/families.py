@@ -26,17 +26,16 @@ output_hidden_states=False, head_mask=None) -> ModelOutput` (models/bert.py: las
 hidden_states [L+1, B, T, H] when asked for). The config contract (ModelConfig's): a frozen dataclass
 with `family`, `vocab_size`, `hidden_size`, `num_layers`, `max_position_embeddings`, `scan_layers`,
 `initializer_range`, `compute_dtype` and `weight_dtype` (what the fine-tuning heads build with),
-`hidden_dropout` and `attention_dropout` (which fine-tuning sets from its run config),
+dropout rates that the record's `with_dropout` sets (BERT's `hidden_dropout` and `attention_dropout`),
 `from_dict(dict)` (UserError on unknown keys), `to_dict()` and `replace(**changes)`.
 
-Adding a family, e.g. ModernBERT (its module and config exist, its record does not yet: until then
-`_UNRECORDED` below builds it and conversion/modernbert.py converts it; see ARCHITECTURE.md):
+Adding a family, e.g. ModernBERT (its record is models/records/modernbert.py; see ARCHITECTURE.md):
 
   bert_jax/models/modernbert.py          its Flax module and config dataclass, if BertModel's
                                          switches do not describe it (or in the record's file)
   bert_jax/models/records/modernbert.py  FAMILY = families.register(families.Family(
                                              name="modernbert", config=ModernBertConfig,
-                                             module=ModernBertModel, heads=("mlm",), heads_of=...,
+                                             module=ModernBertModel, heads=("pooler", "mlm"), heads_of=...,
                                              with_heads=..., layout=families.Layout(...),
                                              hf=families.HFNames(model_type="modernbert", ...)))
                                          (models/records/__init__.py imports every module there)
@@ -48,7 +47,8 @@ summary) in a test and runs it through conversion, loading, fine-tuning and expo
 Rows of a mapping table (`Row`) relate one bert_jax parameter to its HF and TF names; `dense_rows`,
 `norm_rows` build the usual pairs. Row kinds say how the bert_jax array relates to the canonical 2-D/1-D
 matrix stored abroad: `copy` (same shape), `kernel` ([in, out]), `heads_in` ([H, N, D] <-> [H, N*D]),
-`heads_bias` ([N, D] <-> [N*D]), `heads_out` ([N, D, H] <-> [N*D, H]). HF stores Linear weights as
+`heads_bias` ([N, D] <-> [N*D]), `heads_out` ([N, D, H] <-> [N*D, H]), `flat_in` ([in, ...] <-> [in, the
+rest flattened]: ModernBERT's fused q/k/v [H, 3, N, D] and GeGLU input [H, 2, F] kernels). HF stores Linear weights as
 [out, in]; TF stores kernels as [in, out] except the NSP/SOP `output_weights`, which are [out, in].
 Names are templates: `{i}` the layer index, `{b}` the HF base-model prefix ("bert." inside the head
 classes, "" in a bare model), and whatever else the family's scopes fill in (BERT's TF names use `{t}`
@@ -64,7 +64,6 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.models.config import ModelConfig
-from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel
 
 Config = Any  # a family's frozen config dataclass (ModelConfig for BertModel's families)
 
@@ -156,7 +155,10 @@ class HFNames:
   word embeddings); buffers: suffixes of non-parameter tensors to ignore. task_rows: per head kind,
   the rows of a fine-tuned head that replace the kind's default ones (bert_jax/models/head_kinds.py);
   no_task_export: per head kind, why the family's HF class for it differs from bert_jax's head.
-  tokenizer_class, tokenizer_settings: tokenizer_config.json's; lower_case: the default when a
+  absent: {HF name template: value} of parameters bert_jax has and HF's classes leave out because the
+  module never reads them (ModernBERT's layer-0 attention norm, an identity in HF): filled with the
+  value on read, not written. tokenizer_class, tokenizer_settings: tokenizer_config.json's for a
+  tokenizer of the family's kind (another kind gets its generic class); lower_case: the default when a
   checkpoint's tokenizer_config.json does not say.
   """
   model_type: str
@@ -170,6 +172,7 @@ class HFNames:
   buffers: tuple[str, ...] = ()
   task_rows: Mapping[str, tuple[Row, ...]] = dataclasses.field(default_factory=dict)
   no_task_export: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  absent: Mapping[str, float] = dataclasses.field(default_factory=dict)
   tokenizer_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   lower_case: bool = True
 
@@ -209,7 +212,11 @@ class Family:
   attention_mask, deterministic) -> [B, H], that such a head owns (params under head/summary; XLNet's
   last-token summary, ModernBERT's head), or None to read `out.pooled_output`; token_transform: the
   same for token-level heads, -> [B, T, H] (params under head/token_transform; ModernBERT's head
-  before its token and span classifiers), or None to read `out.last_hidden_state`.
+  before its token and span classifiers), or None to read `out.last_hidden_state`. with_dropout(config,
+  hidden, attention): the config with the dropout rates a fine-tuning or inference run sets (BERT's
+  `hidden_dropout` and `attention_dropout` by default; ModernBERT has embedding, MLP and attention
+  dropouts instead). backbone_params(model section) -> int: the backbone's parameter count from a
+  config's model section (`bert-jax presets`), for a family whose sizes BERT's formula does not describe.
   """
   name: str
   config: type
@@ -225,14 +232,13 @@ class Family:
   summary_heads: tuple[str, ...] = ("pooler",)
   summary: Callable[..., nn.Module] | None = None
   token_transform: Callable[..., nn.Module] | None = None
+  with_dropout: Callable[[Config, float, float], Config] = (
+      lambda config, hidden, attention: config.replace(hidden_dropout=hidden, attention_dropout=attention))
+  backbone_params: Callable[[Mapping[str, Any]], int] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}
 _BY_MODEL_TYPE: dict[str, Family] = {}
-# Families with a config and module but no record yet: ModernBERT's conversion is its own
-# (conversion/modernbert.py, called from conversion/hf.py, conversion/native.py and pretrained.py).
-_UNRECORDED: dict[str, tuple[type, Callable[[Config], nn.Module]]] = {
-    "modernbert": (ModernBertConfig, ModernBertModel)}
 
 
 def register(family: Family) -> Family:
@@ -256,9 +262,6 @@ def all_families() -> tuple[Family, ...]:
 
 
 def get(name: str) -> Family:
-  if name in _UNRECORDED:
-    raise UserError(f"model.family={name!r} has no family record yet: it trains, and converts to and from "
-                    "Hugging Face and bert_jax checkpoints only (no TF checkpoints, fine-tuning heads or export)")
   if name not in _FAMILIES:
     raise UserError(f"model.family={name!r} is not one of {names()}")
   return _FAMILIES[name]
@@ -275,8 +278,6 @@ def by_model_type(model_type: str | None, source: str, architecture: str = "?") 
 def model_config(values: Mapping[str, Any]) -> Config:
   """The config object of a saved "model" dict (or a run config's model section, as a dict)."""
   name = values.get("family") or ""
-  if name in _UNRECORDED:
-    return _UNRECORDED[name][0].from_dict(values)
   config_class = get(name).config if name else ModelConfig
   return config_class.from_dict(values)
 
@@ -286,7 +287,5 @@ def of(config: Config) -> Family:
 
 
 def build(config: Config) -> nn.Module:
-  """The Flax module of `config`'s family (BertModel for BERT, RoBERTa, ALBERT and ELECTRA)."""
-  if config.family in _UNRECORDED:
-    return _UNRECORDED[config.family][1](config)
+  """The Flax module of `config`'s family (BertModel for BERT, RoBERTa, ALBERT and ELECTRA; ModernBertModel)."""
   return of(config).module(config)

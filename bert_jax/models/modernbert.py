@@ -320,16 +320,31 @@ class Encoder(nn.Module):
     return norm(cfg, "final_norm")(x), *stacked
 
 
+def _prediction_head(module: nn.Module, cfg: ModernBertConfig, x: Array) -> Array:
+  """Dense (no bias) -> activation -> LayerNorm, as `module`'s kernel and norm: [..., H] -> [..., H]."""
+  h = jnp.einsum("...h,hk->...k", x.astype(cfg.compute_dtype),
+                 _weight(module, cfg, "kernel", (cfg.hidden_size, cfg.hidden_size), ("embed", "mlp"), _out_std(cfg)))
+  return norm(cfg, "norm")(_ACTIVATIONS[cfg.head_act](h))
+
+
 class PredictionHead(nn.Module):
-  """Dense (no bias) -> activation -> LayerNorm: Hugging Face's ModernBertPredictionHead, [..., H] -> [..., H]."""
+  """Hugging Face's ModernBertPredictionHead (dense, activation, norm): [..., H] -> [..., H]."""
   config: ModernBertConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    cfg = self.config
-    h = jnp.einsum("...h,hk->...k", x.astype(cfg.compute_dtype),
-                   _weight(self, cfg, "kernel", (cfg.hidden_size, cfg.hidden_size), ("embed", "mlp"), _out_std(cfg)))
-    return norm(cfg, "norm")(_ACTIVATIONS[cfg.head_act](h))
+    return _prediction_head(self, self.config, x)
+
+
+class TokenTransform(nn.Module):
+  """The prediction head at every position, before ModernBERT's token and span classifiers (Hugging Face's
+  ModernBertForTokenClassification and ForQuestionAnswering): the family's `token_transform`."""
+  config: ModernBertConfig
+
+  @nn.compact
+  def __call__(self, out: ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
+    del attention_mask, deterministic
+    return _prediction_head(self, self.config, out.last_hidden_state)
 
 
 class Embeddings(nn.Module):

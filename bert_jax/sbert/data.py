@@ -1,6 +1,12 @@
-"""The scored-pairs file that STS evaluation reads (`bert-jax embed-eval --sts`): UTF-8, one pair per
-line, sentence1<TAB>sentence2<TAB>score; a first line whose score is not a number is a header. A
-malformed line stops the run with one line naming the file and the line number.
+"""The sentence-pair files a bi-encoder trains and is evaluated on: UTF-8, one example per line,
+tab-separated. A malformed line stops the run with one line naming the file and the line number.
+
+  scored pairs    sentence1<TAB>sentence2<TAB>score (STS: `bert-jax embed-eval --sts`, the cosine loss); a
+                  first line whose score is not a number is a header
+  labelled pairs  premise<TAB>hypothesis<TAB>label (NLI: the softmax loss); the label one of the given
+                  names; a first line whose label is not one of them is a header
+  text pairs      anchor<TAB>positive[<TAB>hard negative] (the multiple-negatives ranking loss); every
+                  line the same number of fields, no header
 """
 from __future__ import annotations
 
@@ -63,3 +69,25 @@ def read_scored_pairs(path: str, scale: float = 1.0) -> Pairs:
     raise UserError(f"{path}, line {bad[0]}: the score {dict(rows)[bad[0]][2]!r} is not a number")
   return Pairs([[f[0] for _, f in rows], [f[1] for _, f in rows]],
                np.asarray([float(f[2]) / scale for _, f in rows], np.float32))
+
+
+def read_labelled_pairs(path: str, labels: tuple[str, ...]) -> Pairs:
+  """premise<TAB>hypothesis<TAB>label; target: int32 indices into `labels`."""
+  rows = _rows(path)
+  if len(rows[0][1]) == 3 and rows[0][1][2] not in labels:
+    rows = rows[1:]
+  _fields(path, rows, (3,), "premise<TAB>hypothesis<TAB>label")
+  index = {name: i for i, name in enumerate(labels)}
+  bad = [(n, f[2]) for n, f in rows if f[2] not in index]
+  if bad:
+    raise UserError(f"{path}, line {bad[0][0]}: the label {bad[0][1]!r} is not one of {list(labels)}")
+  return Pairs([[f[0] for _, f in rows], [f[1] for _, f in rows]],
+               np.asarray([index[f[2]] for _, f in rows], np.int32))
+
+
+def read_text_pairs(path: str) -> Pairs:
+  """anchor<TAB>positive[<TAB>negative]: columns [anchors, positives(, negatives)]; target empty."""
+  rows = _rows(path)
+  _fields(path, rows, (len(rows[0][1]),) if len(rows[0][1]) in (2, 3) else (2, 3),
+          "anchor<TAB>positive or anchor<TAB>positive<TAB>negative on every line")
+  return Pairs([[f[i] for _, f in rows] for i in range(len(rows[0][1]))], np.zeros(0, np.float32))

@@ -31,6 +31,7 @@ from etils import epath
 from bert_jax import pretrained, workdir
 from bert_jax.configs import common as config_common
 from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 from bert_jax.sbert import model as model_lib
 from bert_jax.training import partitioning
@@ -45,6 +46,12 @@ def buckets_for(max_seq_length: int) -> tuple[int, ...]:
     sizes.append(size)
     size *= 2
   return (*sizes, max_seq_length)
+
+
+def token_ids(tokenizer, sentence: str, max_seq_length: int) -> list[int]:
+  """[CLS] the sentence's tokens [SEP], at most max_seq_length ids (sentence-transformers' truncation)."""
+  special = tokenizer.special_ids
+  return [special["[CLS]"], *tokenizer.encode(sentence)[:max_seq_length - 2], special["[SEP]"]]
 
 
 def _mesh():
@@ -82,7 +89,7 @@ class Embedder:
       raise UserError(f"length buckets {list(buckets)} must be >= 2 and end at the model's max_seq_length {length}")
     # Inference only. The layers stay a scanned loop: unrolling them doubles each bucket's compile on
     # CPU and measured no faster (BENCHMARKS.md, "Sentence embeddings").
-    model = model.clone(config=model.config.replace(hidden_dropout=0.0, attention_dropout=0.0))
+    model = model.clone(config=families.of(model.config).with_dropout(model.config, 0.0, 0.0))
     mesh, rules = _mesh(), config_common.LOGICAL_AXIS_RULES
     dummy = jnp.zeros((1, 2), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), dummy, dummy + 1)["params"])
@@ -99,8 +106,7 @@ class Embedder:
 
   def tokenize(self, sentence: str) -> list[int]:
     """[CLS] the sentence's tokens [SEP], at most max_seq_length ids."""
-    special = self.tokenizer.special_ids
-    return [special["[CLS]"], *self.tokenizer.encode(sentence)[:self.pooling.max_seq_length - 2], special["[SEP]"]]
+    return token_ids(self.tokenizer, sentence, self.pooling.max_seq_length)
 
   def __call__(self, sentences: Sequence[str], *, progress: bool = False) -> np.ndarray:
     """float32[len(sentences), dimension], in the order given (a tqdm bar on stderr when `progress`

@@ -14,27 +14,26 @@ import jax
 
 from bert_jax import pretrained
 from bert_jax.conversion import common
-from bert_jax.errors import UserError
-from bert_jax.models import bert
-from bert_jax.models.config import ModelConfig
+from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
 Array = jax.Array
 ENCODER_KEYS = ("embeddings", "encoder")
 
 
-def encoder_config(config: ModelConfig) -> ModelConfig:
+def encoder_config(config: families.Config) -> families.Config:
   """The encoder alone: no pooler (pooling reads the token vectors), no pretraining heads."""
-  return config.replace(use_pooler=False, mlm_head=False, sentence_head="none", rtd_head=False)
+  return families.of(config).with_heads(config, ())
 
 
 class SentenceEncoder(nn.Module):
-  """input_ids, attention_mask int32[B, T] -> embeddings float32[B, D] (D = len(pooling.modes) x hidden)."""
-  config: ModelConfig
+  """input_ids, attention_mask int32[B, T] -> embeddings float32[B, D] (D = len(pooling.modes) x hidden);
+  the encoder is the config's family module (BertModel, ModernBertModel)."""
+  config: families.Config
   pooling: Pooling
 
   def setup(self):
-    self.encoder_model = bert.BertModel(encoder_config(self.config))
+    self.encoder_model = families.build(encoder_config(self.config))
     nn.share_scope(self, self.encoder_model)
 
   def __call__(self, input_ids: Array, attention_mask: Array, *, deterministic: bool = True) -> Array:
@@ -42,16 +41,13 @@ class SentenceEncoder(nn.Module):
     return self.pooling(out.last_hidden_state, attention_mask)
 
 
-def default_pooling(config: ModelConfig) -> Pooling:
+def default_pooling(config: families.Config) -> Pooling:
   return Pooling(("mean",), False, min(config.max_position_embeddings, 512))
 
 
 def from_checkpoint(path: str) -> tuple[SentenceEncoder, dict, common.Tokenizer | None, list[str]]:
   """(model, its encoder params, the tokenizer record, notes) of any checkpoint `read_checkpoint` takes."""
   converted = pretrained.read_checkpoint(path)
-  if not isinstance(converted.config, ModelConfig):
-    raise UserError(f"{path}: a {converted.family} model; sentence embeddings run on BERT's family "
-                    "(BERT, RoBERTa, ALBERT, ELECTRA) only")
   notes = []
   pooling = converted.pooling
   if pooling is None:

@@ -1,0 +1,132 @@
+"""XLNet (Yang et al. 2019): Hugging Face's XLNetModel, XLNetLMHeadModel and XLNetFor{SequenceClassification,
+TokenClassification} (bert_jax/models/xlnet.py).
+
+Its own module and config (Transformer-XL relative attention, two streams, memory); the LM head is the
+word embeddings tied, plus a bias (lm_loss); a SentencePiece vocabulary, padded on the left. Hugging
+Face keeps q, k, v, o and r as [H, N, D] tensors, as bert_jax does, so they copy as they are. Sequence
+heads read the last real token's summary (models/xlnet.py:LastTokenSummary).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from bert_jax.errors import UserError
+from bert_jax.models import families
+from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
+from bert_jax.models import xlnet
+from bert_jax.models.xlnet import LastTokenSummary, XLNetConfig, XLNetModel
+
+_ATTENTION = {"query": "q", "key": "k", "value": "v", "output": "o", "position_key": "r",
+              "content_bias": "r_w_bias", "position_bias": "r_r_bias", "segment_bias": "r_s_bias",
+              "segment_embedding": "seg_embed"}
+_L = "{b}layer.{i}"
+_LAYER = tuple(
+    tuple(Row("backbone", f"attention/{ours}", f"{_L}.rel_attn.{hf}", None, "copy") for ours, hf in _ATTENTION.items())
+    + hf_only(norm_rows("attention/layer_norm", f"{_L}.rel_attn.layer_norm", None))
+    + hf_only(dense_rows("feed_forward/intermediate", f"{_L}.ff.layer_1", None))
+    + hf_only(dense_rows("feed_forward/output", f"{_L}.ff.layer_2", None))
+    + hf_only(norm_rows("feed_forward/layer_norm", f"{_L}.ff.layer_norm", None)))
+_GLOBAL = (Row("backbone", "word_embedding/embedding", "{b}word_embedding.weight", None, "copy"),
+           Row("backbone", "mask_emb", "{b}mask_emb", None, "copy"),
+           Row("mlm", "mlm_head/output_bias", "lm_loss.bias", None, "copy"))
+
+# Fine-tuning heads: the sequence summary's dense + tanh and the classifier (logits_proj); token
+# classification's classifier keeps the kinds' default names.
+_SUMMARY = hf_only(dense_rows("head/summary/dense", "sequence_summary.summary", None)
+                   + dense_rows("head/classifier", "logits_proj", None), part="task")
+
+_ACTS_TO_OURS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+
+def heads_of(config: XLNetConfig) -> tuple[str, ...]:
+  return ("mlm",) if config.mlm_head else ()
+
+
+def with_heads(config: XLNetConfig, heads) -> XLNetConfig:
+  return config.replace(mlm_head="mlm" in set(heads))
+
+
+def layer_slots(config: XLNetConfig) -> list[families.LayerSlot]:
+  if config.scan_layers:
+    return [(i, "encoder/layers", True) for i in range(config.num_layers)]
+  return [(i, f"encoder/layer_{i}", False) for i in range(config.num_layers)]
+
+
+def relayout(params: Mapping, config: XLNetConfig, scan_layers: bool) -> dict:
+  """`params` re-arranged for stacked (scan_layers) or unrolled (layer_i) layers."""
+  if config.scan_layers == scan_layers:
+    return dict(params)
+  encoder = dict(params["encoder"])
+  if config.scan_layers:
+    stacked = encoder.pop("layers")
+    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
+                    for i in range(config.num_layers)})
+  else:
+    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
+    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
+  return {**params, "encoder": encoder}
+
+
+def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> XLNetConfig:
+  for key in ("vocab_size", "d_model", "n_layer", "n_head", "d_inner"):
+    if key not in hf_config:
+      raise UserError(f"{source}: config.json lacks {key}")
+  refused = {"attn_type": ("bi", "attn_type='uni' (causal attention)"), "bi_data": (False, "bi_data=True"),
+             "same_length": (False, "same_length=True")}
+  for key, (wanted, what) in refused.items():
+    if hf_config.get(key, wanted) != wanted:
+      raise UserError(f"{source}: XLNet with {what} has no bert_jax counterpart")
+  act = hf_config.get("ff_activation", "gelu")
+  if act not in _ACTS_TO_OURS:
+    raise UserError(f"{source}: ff_activation={act!r} is not one of {sorted(_ACTS_TO_OURS)}")
+  dropout = hf_config.get("dropout", 0.1)
+  config = XLNetConfig(
+      vocab_size=hf_config["vocab_size"], hidden_size=hf_config["d_model"], num_layers=hf_config["n_layer"],
+      num_heads=hf_config["n_head"], intermediate_size=hf_config["d_inner"], hidden_act=_ACTS_TO_OURS[act],
+      layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), hidden_dropout=dropout, attention_dropout=dropout,
+      mem_len=hf_config.get("mem_len") or 0, reuse_len=hf_config.get("reuse_len") or 0,
+      clamp_len=hf_config.get("clamp_len", -1), initializer_range=hf_config.get("initializer_range", 0.02),
+      pad_token_id=hf_config.get("pad_token_id", 5), scan_layers=scan_layers)
+  return with_heads(config, heads)
+
+
+def write_hf_config(config: XLNetConfig) -> dict:
+  return {"vocab_size": config.vocab_size, "d_model": config.hidden_size, "n_layer": config.num_layers,
+          "n_head": config.num_heads, "d_inner": config.intermediate_size,
+          "ff_activation": _ACTS_TO_HF[config.hidden_act], "untie_r": True, "attn_type": "bi",
+          "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
+          "dropout": config.hidden_dropout, "mem_len": config.mem_len or None, "reuse_len": config.reuse_len or None,
+          "bi_data": False, "clamp_len": config.clamp_len, "same_length": False, "pad_token_id": config.pad_token_id,
+          "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True, "dtype": "float32"}
+
+
+FAMILY = families.register(families.Family(
+    name="xlnet",
+    config=XLNetConfig,
+    module=XLNetModel,
+    heads=("mlm",),
+    heads_of=heads_of,
+    with_heads=with_heads,
+    pretrained_heads=lambda present: ("mlm",),
+    tokenizer="sentencepiece",
+    layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
+                           parts=lambda config: frozenset({"backbone", *heads_of(config)}),
+                           layer_slots=layer_slots, relayout=relayout),
+    hf=families.HFNames(
+        model_type="xlnet", class_prefix="XLNet", base_prefix="transformer.",
+        architectures=(Architecture("XLNetLMHeadModel", frozenset({"mlm"}), True),
+                       Architecture("XLNetModel", frozenset(), False)),
+        read_config=read_hf_config, write_config=write_hf_config,
+        tied={"lm_loss.weight": "{b}word_embedding.weight"},
+        task_rows={"classification": _SUMMARY, "regression": _SUMMARY},
+        no_task_export={"span": "is XLNet's beam-search span head (start and end top-n with their own layers); "
+                                "bert_jax's span head is XLNetForQuestionAnsweringSimple's, which it does not export"},
+        tokenizer_class="XLNetTokenizer", tokenizer_settings={"padding_side": "left"}, lower_case=False),
+    summary_heads=(),
+    summary=LastTokenSummary,
+    backbone_params=xlnet.backbone_params,
+))

@@ -1,0 +1,319 @@
+"""The bi-encoder training job (`sbert`; `bert-jax finetune --config configs/sbert.py:PRESET`): an encoder
+and its pooling (sbert/model.py) fine-tuned on sentence pairs with one of sbert/losses.py's losses.
+
+  softmax  NLI: premise<TAB>hypothesis<TAB>label lines; a linear classifier on (u, v, |u - v|)
+           (params["head"], trained and then dropped: the saved model is the encoder)
+  cosine   STS: sentence1<TAB>sentence2<TAB>score lines, scores divided by cosine.score_scale;
+           (cos(u, v) - score)^2
+  ranking  anchor<TAB>positive[<TAB>hard negative] lines; each anchor against every positive and hard
+           negative of the *global* batch, scale * cosine, cross-entropy. The loss is one computation
+           on the whole batch under jit: with the rows split over the mesh's data axes, XLA all-gathers
+           the candidates' embeddings (tests/test_sbert_train.py reads it in the HLO), so more devices
+           give each row more negatives. Hence train.grad_accum_steps=1 and grad_reduce_dtype=float32:
+           micro-batches and the per-device reduction (training/accumulate.py) would see fewer.
+A pair's sentences run through the encoder as one batch of rows ([B, K, T] -> [B * K, T]).
+
+It runs as every job does: the workdir lock, the shared sharded step (training/step.py), the one loop
+(training/loop.py: logging, the finite check, SIGTERM and Ctrl-C), the train state in WORKDIR/state to
+resume from (the batches are a function of the step: finetune/batching.py), and a dev STS evaluation
+(Spearman of cosine, sbert/evaluate.py) every train.eval_every_* and at the end. The encoder starts from
+init_from (any checkpoint; a HF or TF one is converted into the workdir first) or fresh.
+
+The workdir it leaves is a sentence embedding model: params/ (the encoder), config.json recording the
+pooling ("sentence_embedding"), the tokenizer; so `bert-jax embed --model WORKDIR`, `embed-eval`, `search`,
+`init_from` and `convert --to hf` (a sentence-transformers folder) take it. eval_results.json holds the
+final dev scores and, as initial/*, those of the encoder it started from (the untrained pooling).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh
+
+from bert_jax import config_schema, pretrained, workdir as workdir_lib
+from bert_jax.conversion import native
+from bert_jax.errors import UserError
+from bert_jax.finetune import init, optim
+from bert_jax.finetune.batching import train_batches
+from bert_jax.models.pooling import Pooling
+from bert_jax.sbert import data, embed, embedded, evaluate, losses
+from bert_jax.sbert.model import ENCODER_KEYS, SentenceEncoder, encoder_config
+from bert_jax.training import checkpoint, finite, loop, partitioning
+from bert_jax.training.metrics import MetricsLogger
+from bert_jax.training.step import TrainSetup, sharded_setup
+
+LOSSES = ("softmax", "cosine", "ranking")
+
+
+class BiEncoderObjective:
+  """The bi-encoder's loss as a sum over rows (training/step.py's objective): batch input_ids and
+  attention_mask int32[B, K, T] (K sentences per row: 2, or 3 with a hard negative), label [B]."""
+
+  def __init__(self, model: SentenceEncoder, loss: str, num_labels: int = 0, scale: float = 20.0):
+    self.model, self.kind, self.num_labels, self.scale = model, loss, num_labels, scale
+
+  def init(self, rng: jax.Array, batch: dict[str, jax.Array]) -> Any:
+    params = dict(self.model.init(rng, batch["input_ids"][:, 0], batch["attention_mask"][:, 0])["params"])
+    if self.kind == "softmax":
+      features = 3 * self.model.pooling.dimension(self.model.config.hidden_size)
+      kernel = nn.with_logical_partitioning(nn.initializers.lecun_normal(), (None, "classes"))
+      bias = nn.with_logical_partitioning(nn.initializers.zeros_init(), ("classes",))
+      params["head"] = {"kernel": kernel(jax.random.fold_in(rng, 1), (features, self.num_labels)),
+                        "bias": bias(rng, (self.num_labels,))}
+    return params
+
+  def embed(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None = None,
+            deterministic: bool = True) -> jax.Array:
+    """float32[B, K, D]: every sentence of every row."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rows, k, length = ids.shape
+    out = self.model.apply({"params": {key: params[key] for key in ENCODER_KEYS}}, ids.reshape(rows * k, length),
+                           mask.reshape(rows * k, length), deterministic=deterministic,
+                           rngs=None if deterministic else {"dropout": rng})
+    return out.reshape(rows, k, -1)
+
+  def per_row(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None = None,
+              deterministic: bool = True) -> jax.Array:
+    """float32[B]: each row's loss (the ranking loss's rows see the whole batch)."""
+    e = self.embed(params, batch, rng, deterministic)
+    u, v = e[:, 0], e[:, 1]
+    if self.kind == "softmax":
+      return losses.softmax(u, v, params["head"]["kernel"], params["head"]["bias"], batch["label"])
+    if self.kind == "cosine":
+      return losses.cosine_regression(u, v, batch["label"])
+    candidates = jnp.swapaxes(e[:, 1:], 0, 1).reshape(-1, e.shape[-1])  # all positives, then all negatives
+    return losses.ranking(u, candidates, self.scale)
+
+  def sums(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None, deterministic: bool
+           ) -> dict[str, jax.Array]:
+    return {"loss": jnp.sum(self.per_row(params, batch, rng, deterministic))}
+
+  def counts(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    return {"rows": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
+
+  def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
+    return sums["loss"] / counts["rows"]
+
+  def metrics(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    del sums, counts
+    return {}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """The shared blocks (bert_jax/config_schema.py), then the bi-encoder's own fields."""
+  config_schema.DATASET_JOBS.check(config)
+  if config.loss not in LOSSES:
+    raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
+  pooling(config)
+  if config.loss == "ranking" and (config.train.grad_accum_steps != 1 or config.train.grad_reduce_dtype != "float32"):
+    raise UserError("loss=ranking takes the global batch's rows as each row's negatives: it needs "
+                    "train.grad_accum_steps=1 and train.grad_reduce_dtype=float32 (micro-batches would see fewer)")
+  if config.loss == "ranking" and config.ranking.scale <= 0:
+    raise UserError(f"ranking.scale={config.ranking.scale} must be > 0")
+  if config.loss == "cosine" and config.cosine.score_scale <= 0:
+    raise UserError(f"cosine.score_scale={config.cosine.score_scale} must be > 0")
+
+
+def pooling(config: ml_collections.ConfigDict) -> Pooling:
+  return Pooling(tuple(config.pooling.modes), config.pooling.normalize, config.data.max_seq_length)
+
+
+def read_pairs(config: ml_collections.ConfigDict) -> tuple[data.Pairs, data.Pairs]:
+  """(training pairs with the loss's targets, dev scored pairs): the files, or the embedded STS set."""
+  d = config.data
+  built = embedded.splits(d.embedded_train, d.embedded_dev) if not (d.train_file and d.dev_file) else None
+  dev = data.read_scored_pairs(d.dev_file) if d.dev_file else built[1]
+  if config.loss == "softmax":
+    if not d.train_file and tuple(config.softmax.labels) != embedded.NLI_LABELS:
+      raise UserError(f"the embedded set's pairs are labelled {embedded.NLI_LABELS}; give data.train_file for "
+                      f"softmax.labels={tuple(config.softmax.labels)}")
+    train = (data.read_labelled_pairs(d.train_file, tuple(config.softmax.labels)) if d.train_file
+             else embedded.as_nli(built[0]))
+  elif config.loss == "cosine":
+    train = data.read_scored_pairs(d.train_file) if d.train_file else built[0]
+    train = data.Pairs(train.columns, train.target / config.cosine.score_scale)
+  else:
+    train = data.read_text_pairs(d.train_file) if d.train_file else embedded.as_ranking(built[0])
+  return train, dev
+
+
+def featurize(pairs: data.Pairs, tokenizer, length: int) -> dict[str, np.ndarray]:
+  """input_ids, attention_mask int32[N, K, length] ([CLS] tokens [SEP], padded), label [N] if any."""
+  ids = np.full((len(pairs), len(pairs.columns), length), tokenizer.special_ids["[PAD]"], np.int32)
+  mask = np.zeros(ids.shape, np.int32)
+  for k, column in enumerate(pairs.columns):
+    for i, sentence in enumerate(column):
+      row = embed.token_ids(tokenizer, sentence, length)
+      ids[i, k, :len(row)], mask[i, k, :len(row)] = row, 1
+  features = {"input_ids": ids, "attention_mask": mask}
+  if pairs.target.size:
+    features["label"] = pairs.target
+  return features
+
+
+def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective, columns: int, num_train: int,
+                mesh: Mesh | None = None) -> tuple[TrainSetup, int]:
+  """The shared sharded setup for the objective (on config.mesh's devices, or `mesh`); also the steps per
+  epoch."""
+  steps_per_epoch = max(num_train // config.train.batch_size, 1)
+  num_steps = config_schema.run_steps(config.train, steps_per_epoch)
+  dummy = jnp.zeros((1, columns, config.data.max_seq_length), jnp.int32)
+  init_params = functools.partial(objective.init, batch={"input_ids": dummy, "attention_mask": dummy + 1})
+  make_tx = lambda abstract: optim.make_optimizer(config.optimizer, num_steps, nn.meta.unbox(abstract),  # noqa: E731
+                                                  objective.model.config)
+  return sharded_setup(config, objective, init_params, make_tx, num_steps, mesh=mesh), steps_per_epoch
+
+
+class Training:
+  """One bi-encoder run in a locked workdir: `train()` steps it (resuming a saved state), `finish()` writes
+  the model and its scores."""
+
+  def __init__(self, config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests):
+    self.config, self.run_dir, self.signals = config, run_dir, signals
+    saved = workdir_lib.read_config(config.init_from) if config.init_from else None
+    model_config = encoder_config(init.model_config(config, saved))
+    self.tokenizer = init.load_tokenizer(config)
+    train, self.dev = read_pairs(config)
+    if len(train) < config.train.batch_size:
+      raise UserError(f"{len(train)} training pairs are fewer than train.batch_size={config.train.batch_size}")
+    self.train_features = featurize(train, self.tokenizer, config.data.max_seq_length)
+    self.model = SentenceEncoder(model_config, pooling(config))
+    self.objective = BiEncoderObjective(self.model, config.loss, len(config.softmax.labels), config.ranking.scale)
+    self.setup, self.steps_per_epoch = build_setup(config, self.objective, len(train.columns), len(train))
+    self.embedder = self._embedder()
+    self.progress: dict[str, Any] = {}
+
+  def _embedder(self) -> embed.Embedder:
+    """An Embedder on the run's mesh, for the current parameters (dataclasses.replace its params)."""
+    setup, rules = self.setup, partitioning.rules(self.config.mesh)
+    shardings = {k: setup.state_shardings.params[k] for k in ENCODER_KEYS}
+    batch = partitioning.batch_sharding(setup.mesh)
+    forward = lambda p, ids, mask: self.model.apply({"params": p}, ids, mask)  # noqa: E731
+    return embed.Embedder(pooling=self.model.pooling, dimension=self.model.pooling.dimension(
+                              self.model.config.hidden_size), tokenizer=self.tokenizer, params=None,
+                          forward=jax.jit(partitioning.in_mesh(forward, setup.mesh, rules),
+                                          in_shardings=(shardings, batch, batch), out_shardings=batch),
+                          mesh=setup.mesh, batch_size=self.config.train.eval_batch_size,
+                          buckets=embed.buckets_for(self.config.data.max_seq_length))
+
+  def evaluate(self, params: Any) -> dict[str, float]:
+    """Dev STS: Spearman and Pearson of cosine against the gold scores."""
+    embedder = dataclasses.replace(self.embedder, params={k: params[k] for k in ENCODER_KEYS})
+    return {k: float(v) for k, v in evaluate.sts(embedder, self.dev).items()}
+
+  def _checkpointer(self) -> checkpoint.Checkpointer:
+    cfg = self.config.checkpoint
+    return checkpoint.Checkpointer(self.run_dir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
+                                   items=("progress",))
+
+  def _start(self, ckpt: checkpoint.Checkpointer) -> Any:
+    """Own saved state > init_from's encoder over a fresh init > a fresh init."""
+    step, saved = ckpt.latest_step(), self.run_dir / workdir_lib.RUN_CONFIG
+    if step is not None:
+      ckpt.check_resumable(step, self.setup.abstract_state,
+                           workdir_lib.read_json(saved) if saved.exists() else None, self.config)
+      restored = ckpt.restore_latest(self.setup.abstract_state)
+      if restored is not None:
+        print(f"resumed from {ckpt.directory / str(restored[1])}", flush=True)
+        self.progress = dict(restored[0]["progress"])
+        return restored[0]["state"]
+    params = self.setup.init_params(jax.random.key(self.config.train.seed))
+    if self.config.init_from:
+      params = checkpoint.load_params_into(self.config.init_from, params, keep=ENCODER_KEYS)
+      print(f"initialised the encoder from {self.config.init_from}", flush=True)
+    self.progress = {"initial": self.evaluate(params)}
+    return self.setup.make_state(params)
+
+  def train(self) -> loop.Outcome:
+    cfg, setup = self.config.train, self.setup
+    ckpt = self._checkpointer()
+    try:
+      state = self._start(ckpt)
+      start = int(state.step)
+      logger = MetricsLogger(self.run_dir, setup.num_steps, start, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
+      if start == 0:
+        logger.write_hparams(self.config.to_dict())
+        logger.log_eval(0, self.progress["initial"])
+      rng = jax.random.key(cfg.seed)
+      steps = loop.Loop(
+          step_fn=lambda s, batch: setup.train_step(s, batch, rng), mesh=setup.mesh,
+          cadence=loop.Cadence(setup.num_steps, cfg.log_every_steps,
+                               config_schema.eval_every(cfg, self.steps_per_epoch), self.config.checkpoint.every_steps),
+          logger=logger, guard=finite.DivergenceGuard(cfg.skip_nonfinite_steps), signals=self.signals,
+          save=lambda step, s: ckpt.save(step, s, force=True, progress=self.progress),
+          evaluate=lambda step, s: loop.Evaluation(self.evaluate(s.params)),
+          tokens_per_step=cfg.batch_size * len(self.train_features["input_ids"][0]) * self.config.data.max_seq_length,
+          save_at_end=False)
+      try:
+        return steps.run(state, train_batches(self.train_features, cfg.batch_size, cfg.seed, start, setup.num_steps),
+                         start, setup.num_steps)
+      finally:
+        logger.close()
+    finally:
+      ckpt.close()
+
+  def saved_config(self) -> dict:
+    """config.json: the run config, the encoder's model, the tokenizer's copy and the pooling."""
+    saved = self.config.to_dict()
+    saved["model"] = self.model.config.to_dict()
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
+                         lower_case=self.tokenizer.lower_case)
+    if self.tokenizer.kind == "wordpiece":
+      saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
+    saved[native.SENTENCE_EMBEDDING] = self.model.pooling.to_dict()
+    return saved
+
+  def finish(self, outcome: loop.Outcome) -> dict[str, float]:
+    """The encoder to params/, the final dev scores (and the initial ones) to eval_results.json,
+    finished.json; the train state removed."""
+    params = {k: outcome.state.params[k] for k in ENCODER_KEYS}
+    checkpoint.save_params(self.run_dir, params, self.saved_config(), self.tokenizer.files)
+    final = outcome.eval or self.evaluate(outcome.state.params)
+    results = {**final, **{f"initial/{k}": v for k, v in self.progress.get("initial", {}).items()}}
+    workdir_lib.write_json(self.run_dir / workdir_lib.EVAL_RESULTS, results)
+    loop.write_finished(self.run_dir, {"step": outcome.step, "num_steps": self.setup.num_steps, "dev": results})
+    if (self.run_dir / workdir_lib.PAUSED).exists():
+      (self.run_dir / workdir_lib.PAUSED).rmtree()
+    return results
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains a bi-encoder in `workdir` (held locked). Returns {"dev": the final dev STS scores (and
+  initial/*), "step", "num_steps", "stopped_by", "finished_before"}: a finished workdir is not trained
+  again (finished_before), unless train.restart."""
+  validate(config)
+  pretrained.check_init_from(config)
+  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
+    before = loop.read_finished(run_dir)
+    if before is not None:
+      return {**before, "stopped_by": None, "finished_before": True}
+    config = pretrained.native_init_from(config, run_dir)
+    run = Training(config, run_dir, signals)
+    workdir_lib.write_json(run_dir / workdir_lib.RUN_CONFIG, config.to_dict())
+    outcome = run.train()
+    result = {"step": outcome.step, "num_steps": run.setup.num_steps, "stopped_by": outcome.stopped_by,
+              "finished_before": False}
+    return {**result, "dev": {} if outcome.stopped_by else run.finish(outcome)}
+
+
+def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:
+  """The line a bi-encoder run ends with."""
+  del config
+  if result["stopped_by"]:
+    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
+            f"{workdir}/{workdir_lib.PAUSED} | next: the same command resumes")
+  dev = result["dev"]
+  scores = f"dev STS spearman {dev['spearman']:.4f} (the starting encoder's: {dev['initial/spearman']:.4f})" if (
+      "initial/spearman" in dev) else f"dev STS spearman {dev['spearman']:.4f}"
+  before = (f"{workdir}: this run finished at step {result['step']}; nothing to train (--config.train.restart=true "
+            "trains it again) | " if result["finished_before"] else "")
+  return (f"{before}done: {scores} | a sentence embedding model in {workdir} | next: bert-jax embed --model "
+          f"{os.fspath(workdir)} --input FILE --output OUT.npy")
