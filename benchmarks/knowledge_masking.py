@@ -1,25 +1,30 @@
 """Knowledge masking (ERNIE 1.0) on the embedded corpus: its units' statistics, and its text-pipeline speed
 against whole-word masking, in one run.
 
-  PYTHONPATH=. python benchmarks/knowledge_masking.py --batches 200 --rounds 3
+  PYTHONPATH=. python benchmarks/knowledge_masking.py --batches 50 --rounds 12 [--spacy-pipeline PATH]
 
 Statistics (offline annotator: runs of capitalised words) over --stat-batches batches: every unit of the
 rows (a tagged phrase or entity span, else a whole word) and the units the masking chose, with their mean
-length in tokens and the share of entity and phrase units. Speed: real tokens per wall second of the
-in-process text pipeline (data.num_workers=0: rows on one thread, masking on another), and per CPU second
-of the process (steadier on a shared machine), whole-word and
-knowledge masking alternating, --rounds times each, after 3 warm-up batches; medians and their ratio.
+length in tokens and the share of entity and phrase units. Speed: real tokens per wall second and per CPU
+second (steadier on a shared machine) of the text pipeline's work (rows of every shard, tokenized and
+annotated, then masked; on one thread), whole-word and knowledge masking in chunks of --batches batches
+that alternate, --rounds chunks each, after 3 warm-up batches; rates over all chunks and their ratio. And
+`data prepare`'s documents per second without spans, with the offline annotator and with a spaCy pipeline.
 """
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
 
 from bert_jax.configs import common
-from bert_jax.data_pipelines import embedded
+from bert_jax.data_pipelines import embedded, prepare
+from bert_jax.data_pipelines.features import Featurizer
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
+from bert_jax.data_pipelines.shards import make_context, shard_batches
 
 
 def _cfg(masking, seq):
@@ -72,17 +77,55 @@ def unit_statistics(batches: int, batch_size: int, seq: int) -> dict:
   return {"all_units": summary(every), "chosen_units": summary(chosen)}
 
 
-def tokens_per_sec(masking: str, batches: int, batch_size: int, seq: int) -> tuple[float, float]:
-  """(real tokens per wall second, per CPU second of this process, all threads)."""
-  data = make_pretrain_input(_cfg(masking, seq), global_batch_size=batch_size, process_index=0, process_count=1)
-  try:
+def _stream(masking: str, batch_size: int, seq: int):
+  """The text pipeline's work for one config, on this thread: rows of its shards, masked (pipeline.py's
+  stages without their threads, so the CPU time of a chunk is that chunk's work alone)."""
+  cfg = _cfg(masking, seq)
+  ctx = make_context(cfg, "train", None, None)
+  featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
+  shards = range(cfg.num_shards)
+  for _, rows, _ in shard_batches(ctx, shards, {s: None for s in shards}, batch_size // cfg.num_shards):
+    yield int(featurize(rows)["input_mask"].sum())
+
+
+def speeds(batches: int, batch_size: int, seq: int, rounds: int) -> dict:
+  """Real tokens per wall and per CPU second of whole-word and knowledge masking, in chunks of `batches`
+  batches that alternate between the two streams (both warm), `rounds` chunks each."""
+  streams = {m: _stream(m, batch_size, seq) for m in ("whole_word", "knowledge")}
+  for stream in streams.values():
     for _ in range(3):
-      next(data)
-    wall, cpu = time.perf_counter(), time.process_time()
-    tokens = sum(int(next(data)["input_mask"].sum()) for _ in range(batches))
-    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
-  finally:
-    data.close()
+      next(stream)
+  runs = {m: [] for m in streams}  # (tokens, wall seconds, CPU seconds) per chunk
+  for _ in range(rounds):
+    for masking, stream in streams.items():
+      wall, cpu = time.perf_counter(), time.process_time()
+      tokens = sum(next(stream) for _ in range(batches))
+      runs[masking].append((tokens, time.perf_counter() - wall, time.process_time() - cpu))
+  result = {}
+  for i, unit in ((1, "real_tokens_per_sec"), (2, "real_tokens_per_cpu_sec")):
+    # all chunks together: each stream reads a new block of documents (tokenizing and annotating it) in some
+    # chunks and not others, so a chunk's rate swings; the totals hold the same work for both
+    totals = {m: sum(x[0] for x in v) / sum(x[i] for x in v) for m, v in runs.items()}
+    result[unit] = {m: {"all_chunks": round(totals[m]), "median_chunk": round(statistics.median(x[0] / x[i] for x in v))}
+                    for m, v in runs.items()}
+    result[unit]["knowledge_over_whole_word"] = totals["knowledge"] / totals["whole_word"]
+  return result
+
+
+def prepare_speed(spacy_pipeline: str) -> dict:
+  """Documents per second of `bert-jax data prepare` (one process) on the embedded corpus: without spans,
+  with the offline annotator, and with the spaCy pipeline at `spacy_pipeline` ("": left out)."""
+  annotators = {"none": None, "capitalised": {}}
+  if spacy_pipeline:
+    annotators["spacy"] = {"spacy_model": spacy_pipeline}
+  result = {}
+  with tempfile.TemporaryDirectory() as out:
+    prepare.prepare("", os.path.join(out, "warm-up"), num_workers=1)  # TensorFlow, the corpus, the vocabulary
+    for name, annotator in annotators.items():
+      wall = time.perf_counter()
+      metadata = prepare.prepare("", os.path.join(out, name), num_workers=1, knowledge_annotator=annotator)
+      result[name] = round(metadata["documents"] / (time.perf_counter() - wall))
+  return {"prepare_documents_per_sec": result}
 
 
 def main():
@@ -92,16 +135,14 @@ def main():
   parser.add_argument("--batch-size", type=int, default=64)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--spacy-pipeline", default="", help="a spaCy pipeline (name or folder) to time in "
+                      "`data prepare --knowledge-spacy`; --prepare-only skips the rest")
+  parser.add_argument("--prepare-only", action="store_true")
   args = parser.parse_args()
-  result = {"statistics": unit_statistics(args.stat_batches, args.batch_size, args.seq)}
-  speeds = {"whole_word": [], "knowledge": []}
-  for _ in range(args.rounds):
-    for masking in speeds:
-      speeds[masking].append(tokens_per_sec(masking, args.batches, args.batch_size, args.seq))
-  for i, unit in enumerate(("real_tokens_per_sec", "real_tokens_per_cpu_sec")):
-    medians = {m: statistics.median(x[i] for x in v) for m, v in speeds.items()}
-    result[unit] = {m: {"median": round(medians[m]), "runs": [round(x[i]) for x in v]} for m, v in speeds.items()}
-    result[unit]["knowledge_over_whole_word"] = medians["knowledge"] / medians["whole_word"]
+  result = prepare_speed(args.spacy_pipeline)
+  if not args.prepare_only:
+    result["statistics"] = unit_statistics(args.stat_batches, args.batch_size, args.seq)
+    result.update(speeds(args.batches, args.batch_size, args.seq, args.rounds))
   print(json.dumps(result, indent=1))
 
 

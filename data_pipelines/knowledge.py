@@ -19,6 +19,8 @@ Prepared documents (`bert-jax data prepare --knowledge ...`) keep the tags in a 
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 
 from bert_jax.data_pipelines.errors import DataError
@@ -46,20 +48,29 @@ def _capitalised(word: str) -> bool:
 
 
 # A cheap test that a run may be there: two capitalised-looking words (any character outside ASCII's lower case
-# may be a capital) with at most spaces, a "." and two connectors between them; most sentences fail it.
+# may be a capital) with at most spaces (not a newline), a "." and two connectors between them; most sentences
+# fail it. One search runs over a whole block of sentences joined by newlines.
 _UPPER = "A-Z\u00c0-\u00de\u0100-\U0010ffff"
-_MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.\s*|\s+)(?:(?:{'|'.join(sorted(_CONNECTORS))})\s+){{0,2}}"
-                        rf"[{_UPPER}]")
+_SPACE = "[^\\S\n]"
+_MAYBE_RUN = re.compile(rf"[{_UPPER}]\w*(?:['\u2019-]\w+)*(?:\.{_SPACE}*|{_SPACE}+)"
+                        rf"(?:(?:{'|'.join(sorted(_CONNECTORS))}){_SPACE}+){{0,2}}[{_UPPER}]")
 
 
 def capitalised_runs(text: str) -> list[tuple[int, int, int]]:
   """The offline default: runs of two or more capitalised words as entities (character spans)."""
-  if not _MAYBE_RUN.search(text):
-    return []
-  words = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text)]
+  found = _MAYBE_RUN.search(text)
+  return _runs(text, found.start()) if found else []
+
+
+def _runs(text: str, start: int) -> list[tuple[int, int, int]]:
+  """The runs from the word around `start`, where the first _MAYBE_RUN match begins (no run starts before it)."""
+  while start and (text[start - 1].isalnum() or text[start - 1] in "_-'\u2010\u2019"):
+    start -= 1
+  words = [(m.group(), m.start(), m.end()) for m in _WORD.finditer(text, start)]
+  first = not text[:start].strip()  # words[0] opens the sentence
   spans, i = [], 0
   while i < len(words):
-    if not _capitalised(words[i][0]) or (i == 0 and words[i][0].lower() in _OPENERS):
+    if not _capitalised(words[i][0]) or (i == 0 and first and words[i][0].lower() in _OPENERS):
       i += 1
       continue
     j = i + 1  # words[i:j] is the run so far
@@ -97,8 +108,17 @@ def _continues(text: str, words, j: int) -> int:
 class CapitalisedAnnotator:
   name = "capitalised"
 
-  def __call__(self, texts: list[str]) -> list[list[tuple[int, int, int]]]:
-    return [capitalised_runs(t) for t in texts]
+  def __call__(self, texts: list[str]) -> list:
+    joined = "\n".join(texts)
+    if joined.count("\n") != len(texts) - 1:  # a text with a newline of its own
+      return [capitalised_runs(t) for t in texts]
+    spans, last = [()] * len(texts), -1
+    starts = list(itertools.accumulate((len(t) + 1 for t in texts[:-1]), initial=0))  # each text's offset
+    for found in _MAYBE_RUN.finditer(joined):
+      i = bisect.bisect_right(starts, found.start()) - 1
+      if i != last:  # the sentence's first match (they come in order)
+        last, spans[i] = i, _runs(texts[i], found.start() - starts[i])
+    return spans
 
 
 class ListAnnotator:
@@ -208,8 +228,9 @@ class TaggedEncoder:
     self.encode, self.annotator = tokenizer.encode, annotator
 
   def documents(self, docs: list[list[str]]) -> list[list[list[int]]]:
-    spans = iter(self.annotator([s for doc in docs for s in doc]))
-    return [[encode_tagged(self.encode, s, next(spans)) for s in doc] for doc in docs]
+    encode, spans = self.encode, iter(self.annotator([s for doc in docs for s in doc]))
+    return [[encode_tagged(encode, s, found) if (found := next(spans)) else encode(s) for s in doc]
+            for doc in docs]
 
 
 def split_ids(tagged: list[int]) -> tuple[list[int], list[int]]:

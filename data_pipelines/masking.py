@@ -260,11 +260,12 @@ def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
 
 
 def _knowledge_tags(tags, cfg):
-  """(tags with the spans of weight-0 levels dropped, level of each token: 0 basic, 1 phrase, 2 entity)."""
+  """Tags with the spans of weight-0 levels dropped."""
   t = tf()
+  if min(cfg.level_weights) > 0:
+    return tags
   off = t.constant(np.array([False, cfg.level_weights[1] == 0, cfg.level_weights[2] == 0]))
-  tags = t.where(t.gather(off, (tags + 1) // 2), 0, tags)
-  return tags, (tags + 1) // 2
+  return t.where(t.gather(off, (tags + 1) // 2), 0, tags)
 
 
 def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
@@ -277,13 +278,13 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   special = t.constant(cfg.special)
   unit_weights = None
   if cfg.strategy == "knowledge":
-    tags, level = _knowledge_tags(t.zeros_like(ids) if tags is None else tags, cfg)
+    tags = _knowledge_tags(t.zeros_like(ids) if tags is None else tags, cfg)
   else:
     tags = None
   candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
                                                         tags)
-  if tags is not None:
-    first = t.gather(level, t.minimum(starts, width - 1), batch_dims=1)
+  if tags is not None and len(set(cfg.level_weights) - {0.0}) > 1:  # equal odds: whole_word's uniform order
+    first = t.gather((tags + 1) // 2, t.minimum(starts, width - 1), batch_dims=1)  # 0 basic, 1 phrase, 2 entity
     unit_weights = t.gather(t.constant(cfg.level_weights, t.float64), first)
   num_candidates = t.reduce_sum(t.cast(candidate, t.float64), 1)
   budget = t.minimum(slots, t.maximum(1, t.cast(t.round(num_candidates * cfg.rate), t.int32)))

@@ -11,6 +11,7 @@ from bert_jax.data_pipelines import knowledge, prepare
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
+from core_helpers import slow
 
 VOCAB = 1000
 CLS, SEP, MASK = 2, 3, 4
@@ -358,3 +359,21 @@ def test_prepared_documents_keep_the_spans(tmp_path):
   with pytest.raises(DataError, match="keep no phrase or entity spans"):
     make_pretrain_input(cfg(prepared=str(tmp_path / "plain" / "*.tfrecord")), global_batch_size=8,
                         process_index=0, process_count=1)
+
+
+@slow  # worker processes start TensorFlow (BERT_JAX_SLOW_TESTS=1)
+def test_worker_processes_give_the_same_batches():
+  """The tagged ids travel through worker processes (their config rebuilt from data.knowledge) unchanged."""
+  from data_fixtures import embedded_paths
+  corpus, vocab = embedded_paths()
+  batches = []
+  for workers in (0, 2):
+    cfg = common.data_config(corpus=corpus, vocab=vocab, masking="knowledge", num_workers=workers,
+                             shuffle_buffer=200)
+    data = make_pretrain_input(cfg, global_batch_size=32, process_index=0, process_count=1)
+    batches.append([next(data) for _ in range(3)])
+    data.close()
+  for a, b in zip(*batches):
+    for k in a:
+      assert np.array_equal(a[k], b[k]), k
+  assert batches[0][0]["knowledge_units"].any()

@@ -73,3 +73,63 @@ def test_bad_orders_are_one_line():
     ModelConfig(sublayer_order="sfx", scan_layers=False)
   with pytest.raises(UserError, match="scan_layers=False"):
     ModelConfig(sublayer_order="ssff")
+
+
+# BERT's "LTR & No NSP" ablation: objective="ltr" on a causal encoder.
+LTR_CFG = CFG.replace(causal=True, sentence_head="none", scan_layers=True)
+
+
+def _ltr_batch():
+  """Two rows; row 0 had token 11 at position 2 masked, row 1 is shorter (padding from position 4)."""
+  cls, sep, mask = 2, 3, 4
+  return {"input_ids": np.array([[cls, 10, mask, 12, sep, 0], [cls, 20, 21, sep, 0, 0]], np.int32),
+          "input_mask": np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]], np.int32),
+          "segment_ids": np.zeros((2, 6), np.int32),
+          "masked_lm_positions": np.array([[2, 0], [1, 0]], np.int32),
+          "masked_lm_ids": np.array([[11, 0], [20, 0]], np.int32),
+          "masked_lm_weights": np.array([[1, 0], [1, 0]], np.float32),
+          "next_sentence_labels": np.zeros(2, np.int32)}
+
+
+def test_ltr_targets_of_a_hand_built_batch():
+  from bert_jax.training.objectives import ltr
+  targets, weights = ltr.next_token_targets(_ltr_batch())
+  assert np.asarray(targets).tolist() == [[10, 11, 12, 3, 0], [20, 21, 3, 0, 0]]
+  assert np.asarray(weights).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]
+
+
+def test_ltr_loss_against_numpy_and_causality():
+  from bert_jax.training.objectives import ltr
+  objective = ltr.LeftToRight(LTR_CFG)
+  batch = _ltr_batch()
+  params = nn.meta.unbox(objective.init(jax.random.key(0), batch))
+  sums, counts = objective.sums(params, batch, None, True), objective.counts(batch)
+  ids = np.asarray(ltr.original_ids(batch))
+  logits = np.asarray(objective.model.apply({"params": params}, ids, batch["input_mask"], batch["segment_ids"]
+                                            ).mlm_logits, np.float64)
+  log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+      - logits.max(-1, keepdims=True)
+  expected = [-log_probs[r, t, ids[r, t + 1]] for r in range(2) for t in range(5) if batch["input_mask"][r, t + 1]]
+  assert float(counts["lm"]) == len(expected) == 7
+  np.testing.assert_allclose(float(objective.loss(sums, counts)), np.mean(expected), rtol=1e-5)
+  # position t sees tokens 0..t only: a new last token changes nothing before it
+  changed = ids.copy()
+  changed[0, 4] = 50
+  again = np.asarray(objective.model.apply({"params": params}, changed, batch["input_mask"], batch["segment_ids"]
+                                           ).mlm_logits)
+  np.testing.assert_allclose(again[0, :4], logits[0, :4], atol=1e-5)
+  assert not np.allclose(again[0, 4], logits[0, 4], atol=1e-3)
+  bidirectional = BertModel(LTR_CFG.replace(causal=False))
+  a = bidirectional.apply({"params": params}, ids, batch["input_mask"], batch["segment_ids"]).mlm_logits
+  b = bidirectional.apply({"params": params}, changed, batch["input_mask"], batch["segment_ids"]).mlm_logits
+  assert not np.allclose(np.asarray(a)[0, :4], np.asarray(b)[0, :4], atol=1e-6)
+
+
+def test_ltr_needs_a_causal_model_without_a_sentence_head():
+  from bert_jax.configs import ltr as ltr_configs
+  from bert_jax.training.objectives import make_objective
+  config = ltr_configs.get_config("tiny")
+  assert make_objective(config).config.causal
+  config.model.causal = False
+  with pytest.raises(UserError, match="model.causal=True"):
+    make_objective(config)

@@ -49,25 +49,28 @@ class Segments:
   several documents (False: one per row, which dot masks more cheaply)."""
   ids: Array
   packed: bool = flax.struct.field(pytree_node=False, default=False)
+  causal: bool = flax.struct.field(pytree_node=False, default=False)  # a query sees no key after it (LTR)
 
   @classmethod
-  def of(cls, attention_mask: Array, document_ids: Optional[Array]) -> "Segments":
+  def of(cls, attention_mask: Array, document_ids: Optional[Array], causal: bool = False) -> "Segments":
     """From the model inputs: the packed documents' ids (0 on padding), or 1 on real tokens."""
     if document_ids is not None:
-      return cls(document_ids.astype(jnp.int32), packed=True)
-    return cls((attention_mask != 0).astype(jnp.int32), packed=False)
+      return cls(document_ids.astype(jnp.int32), packed=True, causal=causal)
+    return cls((attention_mask != 0).astype(jnp.int32), packed=False, causal=causal)
 
   def dense_mask(self, window: Window = None) -> Array:
-    """bool[B, 1, T|1, T]: the keys each query sees (module docstring). Unpacked and unwindowed, the
-    key-padding mask [B, 1, 1, T] (XLA broadcasts it; no T x T array)."""
+    """bool[B, 1, T|1, T]: the keys each query sees (module docstring). Unpacked, unwindowed and not
+    causal, the key-padding mask [B, 1, 1, T] (XLA broadcasts it; no T x T array)."""
     keys = self.ids[:, None, :] > 0
-    if not self.packed and window is None:
+    if not self.packed and window is None and not self.causal:
       return keys[:, None]
     queries = self.ids[:, :, None]
     allowed = keys & ((queries == self.ids[:, None, :]) | (queries == 0))
+    positions = jnp.arange(self.ids.shape[1])
     if window is not None:
-      positions = jnp.arange(self.ids.shape[1])
       allowed &= jnp.abs(positions[:, None] - positions[None, :]) <= window
+    if self.causal:
+      allowed &= positions[None, :] <= positions[:, None]
     return allowed[:, None]
 
 
@@ -94,6 +97,8 @@ def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, wi
   true, lifts the window (scanned layers alternating global and local attention).
   """
   if backend == "splash":
+    if segments.causal:
+      raise UserError("model.causal=True masks with 'dot' or 'cudnn': set model.attention='dot'")
     return _splash(q, k, v, segments.ids, window, is_global)
   if is_global is not None:
     window = jnp.where(is_global, q.shape[1], window)

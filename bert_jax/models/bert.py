@@ -458,7 +458,7 @@ class BertModel(nn.Module):
     embeddings = Embeddings(cfg, name="embeddings")
     x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic))
     attention.say_fallback(cfg.attention, output_attentions, head_mask)
-    segments = attention.Segments.of(attention_mask, document_ids)
+    segments = attention.Segments.of(attention_mask, document_ids, cfg.causal)
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
     h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic)
     out = {"last_hidden_state": h, "attentions": attentions}

@@ -65,6 +65,8 @@ class ModelConfig:
     Models by Reordering their Sublayers"): "s" a self-attention sublayer, "f" a feed-forward one, each
     post-LN, e.g. "sssssfsfsfsfsfsfffff" for 20 sublayers. "" (or "sf" * num_layers, the same model): the
     interleaved layers; any other order is unrolled, unshared, unpruned, and has no per-layer outputs.
+  causal: each token attends only to itself and the tokens before it (a left-to-right model: BERT's
+    "LTR & No NSP" ablation, Devlin et al. 2019, Table 5; objective="ltr"), in pretraining and fine-tuning.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -96,6 +98,7 @@ class ModelConfig:
   adapter_size: int = 0
   family: str = ""
   sublayer_order: str = ""
+  causal: bool = False
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
