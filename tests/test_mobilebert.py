@@ -66,8 +66,8 @@ def _ours(model, params, ids, mask, types, **kwargs):
 
 @pytest.mark.parametrize("changes,scan", [
     ({}, None),  # the paper's layer: NoNorm, ReLU, shared query/key bottleneck, trigram input
-    ({"normalization_type": "layer_norm", "hidden_act": "gelu"}, False),
-    ({"use_bottleneck_attention": True, "num_feedforward_networks": 3}, None),
+    pytest.param({"normalization_type": "layer_norm", "hidden_act": "gelu"}, False, marks=slow),
+    pytest.param({"use_bottleneck_attention": True, "num_feedforward_networks": 3}, None, marks=slow),
 ])
 def test_pretraining_logits_match_transformers(tmp_path, changes, scan):
   hf_model = _randomised(transformers.MobileBertForPreTraining, _hf_config(**changes))

@@ -25,7 +25,8 @@ TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--confi
         "--config.train.log_every_steps=2", "--config.train.tensorboard=false"]
 
 
-@pytest.mark.parametrize("preset", ["nli", "sts", pytest.param("mnr", marks=slow)])  # mnr: also the SIGTERM test
+@slow  # three CLI runs; the beats-the-baseline, mesh and schema tests below keep the job in the default suite
+@pytest.mark.parametrize("preset", ["nli", "sts", "mnr"])
 def test_each_loss_trains_to_a_workdir_that_embed_reads(preset, tmp_path, capsys):
   workdir = tmp_path / preset
   assert cli.main(["finetune", "--config", f"configs/sbert.py:{preset}", "--workdir", str(workdir), *TINY]) == 0
@@ -140,6 +141,7 @@ def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_
   assert results["spearman"] > baseline + 0.1, (results, baseline)
 
 
+@slow  # two runs (stopped + uninterrupted); the loop's own signal tests stay in the default suite
 def test_a_sigterm_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
   """SIGTERM while step 2's row is written: the state is saved at step 3, where the loop reads it (exit
   143); the same command resumes it and ends with the parameters and dev scores (the starting encoder's
@@ -216,6 +218,7 @@ def test_the_training_files_read_as_written(tmp_path):
     data.read_text_pairs(str(triples))
 
 
+@slow  # a conversion and a run; init_from conversion is tested for fine-tuning in the default suite
 def test_init_from_a_hugging_face_folder(tmp_path, capsys):
   """A HF BertModel folder as init_from is converted into the workdir and its encoder is where training
   starts: the run's initial dev Spearman is that of the folder's own mean pooling (Embedder.load)."""
