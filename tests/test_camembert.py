@@ -133,6 +133,7 @@ def test_outputs_equal_hf_with_padding(hf):
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[keep], hidden[keep], atol=1e-5, rtol=0)
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_convert_both_ways(hf, tmp_path):
   """HF -> bert_jax -> HF: the same weights, a tokenizer transformers loads (tokenizer.json written when the
   source had only the SentencePiece model) and gives the same ids."""
@@ -166,6 +167,7 @@ def _french_sst2(directory: pathlib.Path) -> str:
   return str(directory)
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 @pytest.mark.parametrize("family,kind", [("camembert", "classification"), ("xlm-roberta", "token")])
 def test_fine_tuned_heads_export(tmp_path, monkeypatch, family, kind):
   """A fine-tuned head (random weights, test_conversion_heads' workdir) exports to Camembert/XLMRoberta
@@ -208,6 +210,7 @@ def test_finetune_predict_and_export(tmp_path, spm_model):
   assert np.abs(theirs).max() > 0.01
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 @pytest.mark.parametrize("kind,head", [("camembert_spm", 5), ("xlmr_spm", 2)])
 def test_vocabulary_training_writes_the_fairseq_layout(tmp_path, kind, head):
   """`bert-jax vocab --type camembert_spm|xlmr_spm`: a cased unigram model and the tokenizer.json of its layout,

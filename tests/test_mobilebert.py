@@ -86,6 +86,7 @@ def test_pretraining_logits_match_transformers(tmp_path, changes, scan):
   np.testing.assert_allclose(out.nsp_logits, expected.seq_relationship_logits.numpy(), atol=1e-5, rtol=1e-5)
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_hidden_states_and_attentions_match_the_bare_model(tmp_path):
   hf_model = _randomised(transformers.MobileBertModel, _hf_config(), seed=1)
   hf_model.save_pretrained(tmp_path)
@@ -125,6 +126,7 @@ def test_trigram_embedding_is_the_next_own_and_previous_token_projected():
   np.testing.assert_allclose(out.hidden_states[0, 0], projected * emb["norm"]["scale"], atol=1e-5)
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_convert_to_hf_round_trip_loads_in_transformers(tmp_path, capsys):
   hf_model = _randomised(transformers.MobileBertForPreTraining, _hf_config(), seed=2)
   hf_model.save_pretrained(tmp_path / "hf")
@@ -212,6 +214,7 @@ def _fine_tuned(directory, kind, labels):
   return saved, params
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 @pytest.mark.parametrize("kind,labels", [("classification", ("neg", "pos", "mixed")), ("token", ("O", "B", "I")),
                                          ("span", ())])
 def test_fine_tuned_heads_export_to_transformers_task_classes(tmp_path, capsys, kind, labels):

@@ -8,6 +8,7 @@ import flax.linen as nn
 from bert_jax.errors import UserError
 from bert_jax.models import BertModel, ModelConfig, attention
 from bert_jax.models.bert import Encoder, SandwichSublayers
+from core_helpers import slow
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
                   max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0, scan_layers=False)
@@ -39,6 +40,7 @@ def test_the_default_order_is_todays_model():
   assert np.array_equal(np.asarray(got), np.asarray(expected))  # bit for bit
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_a_reordered_model_has_the_same_parameters_and_another_function():
   ids = np.random.RandomState(0).randint(5, 97, (2, 8)).astype(np.int32)
   default = nn.meta.unbox(BertModel(CFG).init(jax.random.key(0), ids)["params"])

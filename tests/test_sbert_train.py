@@ -108,6 +108,7 @@ def test_ranking_negatives_are_the_global_batch_on_a_2x2x2_mesh():
   assert whole == pytest.approx(ref_losses[0], rel=1e-5) and abs(whole - np.mean(shards)) > 0.1
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 @pytest.mark.parametrize("loss,gathers", [("ranking", True), ("cosine", False)])
 def test_the_compiled_ranking_step_all_gathers_the_embeddings(loss, gathers):
   """On a data-parallel mesh of 8 (weights whole on each device, so no collective moves them) the ranking

@@ -17,6 +17,7 @@ from bert_jax import cli, params_checkpoint
 from bert_jax.finetune import heads
 from bert_jax.models import xlnet
 from bert_jax.models.xlnet import XLNetConfig, XLNetModel
+from core_helpers import slow
 
 VOCAB, T = 50, 7
 
@@ -82,6 +83,7 @@ def _order_masks(order, targets):
   return perm.astype(np.float32), mapping
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_two_streams_and_memory_match_transformers(tmp_path):
   hf_model = _hf_model(tmp_path, mem_len=5)
   ids, mask, token_types = _batch()
@@ -159,6 +161,7 @@ def _norm(p):
   return {"scale": p["scale"], "bias": p["bias"]}
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_one_layer_matches_numpy_with_memory_segments_and_padding():
   config = XLNetConfig(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=24,
                        mlm_head=False, scan_layers=False, initializer_range=0.3)
@@ -207,6 +210,7 @@ def test_two_streams_see_what_the_factorisation_order_allows():
 
 # --- Conversion --------------------------------------------------------------------------------------------
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_converts_from_and_to_hugging_face(tmp_path):
   hf_model = _hf_model(tmp_path)
   ids, mask, token_types = _batch()
@@ -233,6 +237,7 @@ def test_converts_from_and_to_hugging_face(tmp_path):
   assert not model.config.mlm_head and "mlm_head" not in params
 
 
+@slow  # weekly suite (BERT_JAX_SLOW_TESTS=1): the suite's 15 minutes; the family's HF-equality test stays
 def test_fine_tuned_heads_export_to_transformers(tmp_path, capsys):
   """Sequence classification reads the last (real) token's summary, as XLNetForSequenceClassification;
   token classification every position's vector; both export and give transformers' logits."""
