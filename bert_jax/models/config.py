@@ -230,3 +230,23 @@ def _per_layer(pruned: Any, num_layers: int, num_heads: int) -> tuple[tuple[int,
   if not any(layers):
     return ()
   return tuple(tuple(sorted(heads)) for heads in layers)
+
+
+class FamilyConfig:
+  """from_dict / to_dict / replace for a family's own frozen config dataclass (ModernBERT, MobileBERT,
+  XLNet); `FAMILY_NAME` names the family in the unknown-key error."""
+  FAMILY_NAME = "model"
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+      raise UserError(f"unknown {cls.FAMILY_NAME} model config keys {unknown}; known: {sorted(names)}")
+    return cls(**values)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def replace(self, **changes):
+    return dataclasses.replace(self, **changes)

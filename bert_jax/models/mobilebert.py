@@ -33,6 +33,7 @@ from bert_jax.errors import UserError
 from bert_jax.models import attention
 from bert_jax.models.bert import (ModelOutput, activation, constrain_hidden, gather_positions, layer_head_mask,
                                   lookup, rows_of, zeros_init, kernel_init)
+from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
@@ -52,7 +53,7 @@ TORCH_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, where Hugging Face passes
 
 
 @dataclasses.dataclass(frozen=True)
-class MobileBertConfig:
+class MobileBertConfig(FamilyConfig):
   """MobileBERT's hyper-parameters. Defaults are MobileBERT (google/mobilebert-uncased).
 
   intra_bottleneck_size: the layer body's width (the paper's 128); use_bottleneck=False runs the body at
@@ -65,6 +66,7 @@ class MobileBertConfig:
   use_pooler, mlm_head, sentence_head (nsp | none): the heads on the model.
   remat, scan_layers, scan_unroll, dtype, param_dtype, attention: as for BERT (bert_jax/models/config.py).
   """
+  FAMILY_NAME = "MobileBERT"  # not a field (no annotation): the name its config errors use
   vocab_size: int = 30522
   hidden_size: int = 512
   num_layers: int = 24
@@ -126,19 +128,6 @@ class MobileBertConfig:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "MobileBertConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-      raise UserError(f"unknown MobileBERT model config keys {unknown}; known: {sorted(names)}")
-    return cls(**values)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  def replace(self, **changes) -> "MobileBertConfig":
-    return dataclasses.replace(self, **changes)
 
   @property
   def true_hidden_size(self) -> int:

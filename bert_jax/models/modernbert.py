@@ -31,6 +31,7 @@ from bert_jax.errors import UserError
 from bert_jax.models import attention, rope
 from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, layer_head_mask, lookup,
                                   rows_of)
+from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
@@ -50,7 +51,7 @@ _REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(FamilyConfig):
   """ModernBERT's hyper-parameters. Defaults are ModernBERT-base (answerdotai/ModernBERT-base).
 
   local_window: the whole width of a local layer's window (Hugging Face's local_attention): a token
@@ -61,6 +62,7 @@ class ModernBertConfig:
   attention: dot | splash | cudnn (bert_jax/models/attention.py).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
   """
+  FAMILY_NAME = "ModernBERT"  # not a field (no annotation): the name its config errors use
   vocab_size: int = 50368
   hidden_size: int = 768
   num_layers: int = 22
@@ -114,19 +116,6 @@ class ModernBertConfig:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "ModernBertConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-      raise UserError(f"unknown ModernBERT model config keys {unknown}; known: {sorted(names)}")
-    return cls(**values)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  def replace(self, **changes) -> "ModernBertConfig":
-    return dataclasses.replace(self, **changes)
 
   def is_global(self, layer):
     """Whether layer `layer` (an int, or a traced index) attends globally."""

@@ -39,6 +39,7 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, rows_of
+from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
@@ -52,7 +53,7 @@ _NEG = 1e30  # what Hugging Face's and the original code subtract from a blocked
 
 
 @dataclasses.dataclass(frozen=True)
-class XLNetConfig:
+class XLNetConfig(FamilyConfig):
   """XLNet's hyper-parameters. Defaults are xlnet-base-cased.
 
   hidden_size (d_model), num_heads (n_head; D = hidden_size / num_heads), intermediate_size (d_inner).
@@ -64,6 +65,7 @@ class XLNetConfig:
   mlm_head: the LM head (the word embeddings, tied, plus a bias: Hugging Face's lm_loss).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
   """
+  FAMILY_NAME = "XLNet"  # not a field (no annotation): the name its config errors use
   vocab_size: int = 32000
   hidden_size: int = 768
   num_layers: int = 12
@@ -109,19 +111,6 @@ class XLNetConfig:
     if self.family != "xlnet":
       raise UserError(f"model.family={self.family!r}: this is XLNet's config")
 
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "XLNetConfig":
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-      raise UserError(f"unknown XLNet model config keys {unknown}; known: {sorted(names)}")
-    return cls(**values)
-
-  def to_dict(self) -> dict:
-    return dataclasses.asdict(self)
-
-  def replace(self, **changes) -> "XLNetConfig":
-    return dataclasses.replace(self, **changes)
 
   @property
   def head_dim(self) -> int:
