@@ -121,6 +121,8 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, *, force: bool = False, **items: Any) -> bool:
     args = {name: _ITEMS[name][0](items[name]) for name in self.items}
+    if self._unconfirmed is not None:  # orbax waits for it inside save(): wait here, so a failure names its step
+      self.wait()
     with self._saving(step):
       saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), **args),
                                 force=force)
