@@ -31,11 +31,24 @@ BASE = "base_checkpoint"
 orbax_faults.install()
 
 
+def whole_array_writes() -> None:
+  """With one process, orbax writes each array whole rather than one slice per device holding a copy.
+
+  orbax's replica-parallel writes split a replicated array among the hosts that hold a copy. With one
+  process there is no one to share with, and it only slices each array per local device, one eager op
+  per array and device: on 8 CPU devices, 5.7 s of a 4-step tiny run's first save (0.08 s without), and
+  4.0-4.7 MB on disk for 3.3 MB of arrays. Several processes keep orbax's default. Call after
+  jax.distributed is initialised (it asks jax.process_count()), before saving."""
+  ocp.type_handlers.register_type_handler(
+      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=jax.process_count() > 1), override=True)
+
+
 def save_params(directory: epath.PathLike, params: Any, config: dict,
                 tokenizer_files: dict[str, str] | None = None) -> None:
   """Writes a params checkpoint: config.json, params/ and the tokenizer files {name: source path}.
   A delta's config carries BASE: the location of the checkpoint with the other parameters."""
   directory = workdir.create(directory, "the output directory")
+  whole_array_writes()
   try:
     with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
       ckptr.save(directory / workdir.PARAMS, params, force=True)

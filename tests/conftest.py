@@ -1,6 +1,6 @@
 """Test setup: 8 host CPU devices for mesh tests (set before JAX starts), TF kept off accelerators, and one
-persistent XLA compilation cache per session, so that runs differing only in workdir or seed (and the
-processes tests start, which inherit it) compile each program once."""
+persistent XLA compilation cache per session, shared by the xdist workers, so that runs differing only in
+workdir or seed (and the processes tests start, which inherit it) compile each program once."""
 import os
 
 import pytest
@@ -13,7 +13,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
   import jax  # pylint: disable=import-outside-toplevel
-  directory = str(tmp_path_factory.mktemp("xla_cache"))
+  shared = tmp_path_factory.getbasetemp()  # under pytest-xdist, the workers' folders share a parent
+  shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+  directory = str(shared / "xla_cache")
+  os.makedirs(directory, exist_ok=True)
   options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.5}
   previous = {k: getattr(jax.config, k) for k in options}
   names = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")

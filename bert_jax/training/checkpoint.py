@@ -27,7 +27,7 @@ from bert_jax import orbax_faults, workdir
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.params_checkpoint import (check_shapes, load_params, load_params_into,  # noqa: F401
-                                        save_params)
+                                        save_params, whole_array_writes)
 from bert_jax.ops import finite
 
 
@@ -105,6 +105,7 @@ class Checkpointer:
                                            cleanup_tmp_directories=True)
     self.directory = workdir.path(directory)
     self.items = items
+    whole_array_writes()
     if jax.process_index() == 0 and self.directory.exists():
       for partial in ocp.path.step.all_temporary_paths(self.directory):
         print(f"removing {partial.get()}: the partial checkpoint of a save that was cut short", flush=True)
