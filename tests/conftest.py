@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from core_helpers import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

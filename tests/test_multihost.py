@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from core_helpers import slow
+from core_helpers import slow, xla_flags
 
 COMMON = ["pretrain", "--config", "configs/bert.py:demo", "--config.data.max_seq_length=64",
           "--config.data.max_predictions_per_seq=10", "--config.train.batch_size=16",
@@ -23,7 +23,7 @@ def _free_port():
 
 
 def _launch(workdir, extra, devices_per_process, command=COMMON):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices_per_process))
   return subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *command, "--workdir", workdir, *extra],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+from core_helpers import xla_flags
+
 SCRIPT = """
 import sys
 sys.modules["tensorflow"] = None  # any `import tensorflow` now raises ImportError
@@ -16,7 +18,7 @@ assert "tensorflow" not in [m for m in sys.modules if sys.modules[m] is not None
 
 
 def test_model_step_info_and_benchmark_without_tensorflow():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   info, bench = [json.loads(line) for line in out.stdout.strip().splitlines()[-2:]]

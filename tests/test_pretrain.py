@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import cli
 from bert_jax.training import checkpoint, metrics, trainer
-from core_helpers import slow
+from core_helpers import slow, xla_flags
 
 FAST = ["--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
         "--config.train.batch_size=16", "--config.train.log_every_steps=1",
@@ -84,7 +84,7 @@ def test_sigterm_leaves_a_checkpoint(tmp_path):
   command = [sys.executable, "-m", "bert_jax.cli", "pretrain", "--config", "configs/bert.py:demo",
              "--workdir", str(workdir), *FAST, "--config.train.num_steps=100000",
              "--config.checkpoint.every_steps=100000"]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
   deadline = time.time() + 240
   while time.time() < deadline and not (workdir / "metrics.jsonl").exists():

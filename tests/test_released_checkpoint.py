@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import data_fixtures
+from core_helpers import xla_flags
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -77,7 +78,7 @@ def test_the_released_row(tmp_path):
   layer) keeps >= 90% of its accuracy, and its int8 version >= 99% at <= 30% of the bytes."""
   assert importlib.util.find_spec("vaderSentiment") is not None, "the [test] extra's vaderSentiment ships the lexicon"
   script = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "released_row.py")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
   done = subprocess.run([sys.executable, script, "--out", str(tmp_path), "--rounds", "0", "--no-references"],
                         capture_output=True, text=True, env=env, timeout=1800, check=False)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bert_jax import params_checkpoint, workdir
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, metrics, trainer
+from core_helpers import xla_flags
 
 
 class _Bucket(MemoryFileSystem):
@@ -125,7 +126,7 @@ def test_load_params_reads_a_checkpoint_of_other_devices(tmp_path):
   code = ("import sys, numpy as np; from bert_jax import params_checkpoint; import jax; assert jax.device_count() == 1;"
           "p, _ = params_checkpoint.load_params(sys.argv[1]); print(sorted(p), type(p['head']['bias']).__name__,"
           "float(p['encoder']['kernel'].sum()))")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
   done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
                         env=env, timeout=300, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
