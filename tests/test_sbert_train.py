@@ -99,7 +99,9 @@ def test_ranking_negatives_are_the_global_batch_on_a_2x2x2_mesh():
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   np.testing.assert_allclose(norms, ref_norms, rtol=1e-4)
   assert losses[1] != losses[0]
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, ref_params)
+  # Adam's first steps move each weight by ~lr * sign(gradient): a gradient near zero, summed in another
+  # order on the mesh, may move by up to ~3e-5 (1 of 1,024 entries once).
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), params, ref_params)
   setup, objective = _setup("ranking", [], jax.devices()[:1])
   fresh = setup.init_params(jax.random.key(0))
   batch = _ranking_batch(0)
