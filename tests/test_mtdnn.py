@@ -129,8 +129,7 @@ class _StopAt(loop.StopRequests):
 
 @slow  # two more runs
 def test_a_stopped_run_resumes_to_the_uninterrupted_result(trained, tmp_path):
-  data, _, whole = trained
-  config = _config(data, "--config.train.eval_every_steps=32")
+  config = _config(trained[0], "--config.train.eval_every_steps=32")
   reference = multitask.train(config, str(tmp_path / "ref"))
   workdir = tmp_path / "w"
   multitask.validate(config)
@@ -138,4 +137,3 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(trained, tmp_path):
   run.advance()
   assert run.stopped_by == "SIGTERM" and run.step == 21 and (workdir / "state").exists()
   assert multitask.train(config, str(workdir))["dev"] == reference["dev"]
-  del whole
