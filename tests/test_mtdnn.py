@@ -4,6 +4,7 @@ head; a two-task run (the first-word sst2 files and the embedded first_word task
 chance with a table per task in eval_results.json; the workdir is an init_from for single-task fine-tuning (its
 encoder and the task's head: the same dev metrics); a SIGTERM-stopped run resumes to the uninterrupted result."""
 import json
+import os
 import signal
 
 import jax
@@ -11,6 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import bert_jax
 import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
@@ -114,6 +116,34 @@ def test_the_workdir_is_an_init_from_for_one_task(trained, tmp_path, capsys):
   single = json.loads((tmp_path / "eval" / "eval_results.json").read_text())
   assert single["accuracy"] == results["first_word"]["accuracy"]
   assert single["loss"] == pytest.approx(results["first_word"]["loss"], rel=1e-5)
+
+
+def test_predict_and_export_take_one_task(trained, tmp_path, capsys):
+  """predict --task sst2 labels the dev file as the run's evaluation scored it; convert --to hf --task sst2
+  writes a BertForSequenceClassification with the same logits; without --task both name the tasks."""
+  data, workdir, _ = trained
+  results = json.loads((workdir / "eval_results.json").read_text())
+  dev = os.path.join(data, "dev.tsv")
+  out = tmp_path / "dev.jsonl"
+  assert cli.main(["predict", "--model", str(workdir), "--task", "sst2", "--input", dev, "--output", str(out)]) == 0
+  assert "64 predictions (sst2, classification)" in capsys.readouterr().err
+  labels = [json.loads(line)["label"] for line in out.read_text().splitlines()]
+  with open(dev, encoding="utf-8") as f:
+    rows = [line.split("\t") for line in f.read().splitlines()[1:]]
+  assert np.mean([p == gold for p, (_, gold) in zip(labels, rows)]) == pytest.approx(results["sst2"]["accuracy"])
+  assert cli.main(["predict", "--model", str(workdir), "--input", dev]) == 2
+  assert "choose its task with --task NAME, one of ['first_word', 'sst2']" in capsys.readouterr().err
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  assert cli.main(["convert", "--to", "hf", "--task", "sst2", str(workdir), str(tmp_path / "hf")]) == 0
+  model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+  assert model.config.id2label == {0: "0", 1: "1"}
+  sentences = [sentence for sentence, _ in rows[:8]]
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  with torch.no_grad():
+    logits = model(**tokenizer(sentences, padding=True, truncation=True, return_tensors="pt")).logits.numpy()
+  ours = bert_jax.Predictor.load(str(workdir), task="sst2").outputs(sentences)["logits"]
+  np.testing.assert_allclose(ours, logits, atol=1e-5)
 
 
 class _StopAt(loop.StopRequests):

@@ -23,7 +23,7 @@ from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
-MULTITASK_HEADS = "task_heads"  # a multi-task workdir's heads by task name (finetune/multitask.py)
+MULTITASK_HEADS = params_checkpoint.MULTITASK_HEADS  # a multi-task workdir's heads by task name
 
 
 def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> families.Config:
