@@ -22,9 +22,10 @@ task.heads: each head's kind, size and labels), params/ (the encoder and task_he
 state/ (a paused or interrupted run: the same command resumes it exactly), metrics.jsonl, eval_results.json
 ({task: its dev metrics, ..., "score": the mean}), finished.json, predictions/<task>/. It is an init_from for
 single-task fine-tuning (MT-DNN's second stage): finetune/init.py takes the encoder, and the task's head
-from task_heads when its shapes fit.
-Not (yet) here: SMART, train.mode adapters/feature, int8 training, eval_only, test-split predictions,
-QNLI as pairwise ranking, and `predict`/`convert --to hf` of one task's head (`--task`).
+from task_heads when its shapes fit; `predict --task` and `convert --to hf --task` read one task of it
+(params_checkpoint.one_task).
+Not (yet) here: SMART, train.mode adapters/feature, int8 training, eval_only, test-split predictions and
+QNLI as pairwise ranking (it trains as classification).
 """
 from __future__ import annotations
 
