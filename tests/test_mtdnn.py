@@ -5,6 +5,7 @@ chance with a table per task in eval_results.json; the workdir is an init_from f
 encoder and the task's head: the same dev metrics); a SIGTERM-stopped run resumes to the uninterrupted result."""
 import json
 import os
+import re
 import signal
 
 import jax
@@ -16,21 +17,22 @@ import bert_jax
 import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
+from bert_jax.errors import UserError
 from bert_jax.finetune import multitask
 from bert_jax.training import loop, partitioning
 from core_helpers import slow
 
 SIZES = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.num_heads=2",
          "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
-         "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
-         "--config.optimizer.learning_rate=5e-3", "--config.train.tensorboard=false",
+         "--config.data.max_seq_length=16", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
+         "--config.optimizer.learning_rate=8e-3", "--config.train.tensorboard=false",
          "--config.train.log_every_steps=16"]
 FIRST_WORD = ["--config.task.name=first_word", "--config.task.num_train=256", "--config.task.num_dev=64"]
 
 
 def _config(data_dir, *overrides):
   """The tiny preset with two learnable tasks: the embedded first_word task and the first-word sst2 files."""
-  config = load_config("configs/mtdnn.py:tiny", SIZES + ["--config.train.num_steps=64", *overrides])
+  config = load_config("configs/mtdnn.py:tiny", SIZES + ["--config.train.num_steps=40", *overrides])
   with config.unlocked():
     config.mtdnn.tasks = ml_collections.ConfigDict({
         "first_word": {"family": "embedded", "name": "first_word", "data_dir": "", "num_train": 256, "num_dev": 64},
@@ -67,6 +69,18 @@ def test_task_draws_follow_the_formula_and_resume_exactly():
   assert all(ids // 1000 == task for ids, task in whole) and {t for _, t in whole} == {0, 1}
 
 
+@pytest.mark.parametrize("preset", ["glue", "tiny"])
+def test_presets_pass_and_bad_values_are_named(preset):
+  config = load_config(f"configs/mtdnn.py:{preset}")
+  multitask.validate(config)
+  assert set(config.mtdnn.loss_weights.keys()) == set(config.mtdnn.tasks.keys())
+  for override, message in (("mtdnn.sampling=uniform", "mtdnn.sampling='uniform' is not one of"),
+                            ("mtdnn.temperature=0", "mtdnn.temperature=0.0 must be > 0"),
+                            ("smart.enabled=true", "['smart.enabled']: not available in a multi-task run")):
+    with pytest.raises(UserError, match=re.escape(message)):
+      multitask.validate(load_config(f"configs/mtdnn.py:{preset}", [f"--config.{override}"]))
+
+
 def test_a_step_moves_the_encoder_and_only_its_tasks_head(trained, tmp_path):
   config = _config(trained[0])  # the trained run's: its step is compiled already
   multitask.validate(config)
@@ -77,7 +91,8 @@ def test_a_step_moves_the_encoder_and_only_its_tasks_head(trained, tmp_path):
   i = run.names.index("sst2")
   batch = {k: v[:16] for k, v in run.tasks[i].train.items()}
   objective = run.setups[i].objective
-  grads = jax.grad(lambda p: objective.loss(objective.sums(p, batch, None, True), objective.counts(batch)))(params)
+  loss = lambda p: objective.loss(objective.sums(p, batch, None, True), objective.counts(batch))  # noqa: E731
+  grads = jax.jit(jax.grad(loss))(params)
   assert all(np.all(g == 0) for g in jax.tree.leaves(grads[multitask.HEADS]["first_word"]))
   assert all(np.any(g != 0) for g in jax.tree.leaves(grads[multitask.HEADS]["sst2"]))
   state = run.state
@@ -98,7 +113,7 @@ def test_both_tasks_train_with_a_table_each(trained):
   assert set(results) == {"first_word", "sst2", "score"}
   assert results["first_word"]["accuracy"] >= 0.9 and results["sst2"]["accuracy"] >= 0.9  # chance: 0.5
   assert results["score"] == pytest.approx((results["first_word"]["accuracy"] + results["sst2"]["accuracy"]) / 2)
-  assert result["dev"] == results and result["step"] == 64
+  assert result["dev"] == results and result["step"] == 40
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["task"]["heads"]["sst2"] == {"head": "classification", "num_labels": 2, "labels": ["0", "1"]}
   assert (workdir / "predictions" / "sst2" / "SST-2.dev.tsv").exists()
