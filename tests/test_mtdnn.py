@@ -182,3 +182,19 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(trained, tmp_path):
   run.advance()
   assert run.stopped_by == "SIGTERM" and run.step == 21 and (workdir / "state").exists()
   assert multitask.train(config, str(workdir))["dev"] == reference["dev"]
+
+
+@slow  # two more compiles of each task's step
+def test_a_2x2x2_mesh_trains_as_data_parallel(trained, tmp_path):
+  """The same three steps (both tasks drawn) with the weights split over fsdp and tensor as with data parallelism."""
+  params = []
+  for i, mesh in enumerate((["--config.mesh.data=8"], ["--config.mesh.data=2", "--config.mesh.fsdp=2",
+                                                       "--config.mesh.tensor=2"])):
+    config = _config(trained[0], *mesh)
+    run = multitask.MultiTaskRun(config, tmp_path / str(i), _StopAt(3))
+    run.advance()
+    assert run.step == 3
+    params.append(jax.device_get(run.state.params))
+  assert {multitask.task_at(s, 0, run.p) for s in range(3)} == {0, 1}
+  for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+    np.testing.assert_allclose(a, b, atol=2e-5)
