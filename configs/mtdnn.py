@@ -41,6 +41,7 @@ def get_config(arg: str = "glue") -> ml_collections.ConfigDict:
   else:
     c.mtdnn.tasks = ml_collections.ConfigDict({
         name: _task("embedded", name, num_train=1024, num_dev=128) for name in ("embedded", "first_word")})
+  c.mtdnn.select = ""  # comma-separated names of mtdnn.tasks to train, e.g. "rte,mrpc,stsb"; "": all of them
   # proportional: task t drawn with probability n_t / sum n; temperature: n_t ** (1 / T) / sum n ** (1 / T)
   # (T = 1 is proportional, larger T flattens towards uniform); n: the task's training rows
   c.mtdnn.sampling = "proportional"

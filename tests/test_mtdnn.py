@@ -74,9 +74,13 @@ def test_presets_pass_and_bad_values_are_named(preset):
   config = load_config(f"configs/mtdnn.py:{preset}")
   multitask.validate(config)
   assert set(config.mtdnn.loss_weights.keys()) == set(config.mtdnn.tasks.keys())
+  if preset == "glue":
+    assert multitask.task_names(load_config("configs/mtdnn.py:glue", ["--config.mtdnn.select=stsb, rte"])) == [
+        "rte", "stsb"]
   for override, message in (("mtdnn.sampling=uniform", "mtdnn.sampling='uniform' is not one of"),
                             ("mtdnn.temperature=0", "mtdnn.temperature=0.0 must be > 0"),
-                            ("smart.enabled=true", "['smart.enabled']: not available in a multi-task run")):
+                            ("smart.enabled=true", "['smart.enabled']: not available in a multi-task run"),
+                            ("mtdnn.select=nope", "mtdnn.select names ['nope']")):
     with pytest.raises(UserError, match=re.escape(message)):
       multitask.validate(load_config(f"configs/mtdnn.py:{preset}", [f"--config.{override}"]))
 

@@ -150,7 +150,9 @@ def task_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.
 
 
 def task_names(config: ml_collections.ConfigDict) -> list[str]:
-  return sorted(config.mtdnn.tasks.keys())
+  """The tasks the run trains, sorted: mtdnn.select's, or every one of mtdnn.tasks."""
+  chosen = [name.strip() for name in config.mtdnn.get("select", "").split(",") if name.strip()]
+  return sorted(chosen or config.mtdnn.tasks.keys())
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -159,13 +161,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   names, m = task_names(config), config.mtdnn
   if not names:
     raise UserError("mtdnn.tasks is empty: name at least one task")
+  unknown = sorted(set(names) - set(m.tasks.keys()))
+  if unknown:
+    raise UserError(f"mtdnn.select names {unknown}, which are not in mtdnn.tasks ({sorted(m.tasks.keys())})")
   if m.sampling not in SAMPLINGS:
     raise UserError(f"mtdnn.sampling={m.sampling!r} is not one of {SAMPLINGS}")
   if not m.temperature > 0:
     raise UserError(f"mtdnn.temperature={m.temperature} must be > 0")
-  unknown = sorted(set(m.loss_weights.keys()) - set(names))
+  unknown = sorted(set(m.loss_weights.keys()) - set(m.tasks.keys()))
   if unknown:
-    raise UserError(f"mtdnn.loss_weights names {unknown}, which are not in mtdnn.tasks ({names})")
+    raise UserError(f"mtdnn.loss_weights names {unknown}, which are not in mtdnn.tasks ({sorted(m.tasks.keys())})")
   bad = {k: v for k, v in m.loss_weights.items() if not v >= 0}
   if bad:
     raise UserError(f"mtdnn.loss_weights {bad}: each weight must be >= 0")
