@@ -13,7 +13,8 @@ Each step trains on a batch of ONE task:
   - every task has its own jitted step (the task is static), so each task's shapes compile once; its loss
     is the head's loss times mtdnn.loss_weights.<task>;
   - only the encoder and the drawn task's head move: the other heads keep their values and optimizer
-    moments (as PyTorch's optimizers skip the parameters without a gradient, which MT-DNN relies on).
+    moments (as PyTorch's optimizers skip the parameters without a gradient, which MT-DNN relies on; Adam's
+    bias correction here counts the run's steps, PyTorch's each parameter's own).
 An epoch is sum_t n_t // batch_size steps. Evaluation scores every task's dev set with its official metric;
 the run's score (for keeping the best parameters and early stopping) is the mean of the tasks' scores.
 
