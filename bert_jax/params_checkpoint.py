@@ -28,7 +28,26 @@ from bert_jax.ops import finite, int8
 
 
 BASE = "base_checkpoint"
+MULTITASK_HEADS = "task_heads"  # a multi-task (MT-DNN) checkpoint's heads by task (finetune/multitask.py)
 orbax_faults.install()
+
+
+def one_task(params: dict, config: dict, task: str | None, source: str) -> tuple[dict, dict]:
+  """A multi-task checkpoint (finetune/multitask.py: the heads under task_heads, config.json's task.heads)
+  as the single-task checkpoint of `task` (its head as `head`, its task block as `task`), so predict and
+  export read it as a fine-tuning workdir; any other checkpoint as it is, when no task is asked for."""
+  heads = (config.get("task") or {}).get("heads")
+  if heads is None or MULTITASK_HEADS not in params:
+    if task:
+      raise UserError(f"{source} is not a multi-task checkpoint (bert-jax finetune --config configs/mtdnn.py): "
+                      "--task takes one")
+    return params, config
+  if task not in heads:
+    raise UserError(f"{source} is a multi-task checkpoint: choose its task with --task NAME, one of {sorted(heads)}"
+                    + (f" (not {task!r})" if task else ""))
+  block = {k: v for k, v in config["mtdnn"]["tasks"][task].items() if k != "data_dir"}
+  config = {**config, "task": {**block, **heads[task]}}
+  return {**{k: v for k, v in params.items() if k != MULTITASK_HEADS}, "head": params[MULTITASK_HEADS][task]}, config
 
 
 def whole_array_writes() -> None:

@@ -99,12 +99,15 @@ def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> 
   return config
 
 
-def read_checkpoint(path: str, *, scan_layers: bool | None = None,
-                    electra_part: str | None = None) -> common.Converted:
-  """Family, config, params and tokenizer of any supported checkpoint (params as stored)."""
+def read_checkpoint(path: str, *, scan_layers: bool | None = None, electra_part: str | None = None,
+                    task: str | None = None) -> common.Converted:
+  """Family, config, params and tokenizer of any supported checkpoint (params as stored); task: the head of
+  a multi-task bert_jax checkpoint to take."""
   kind = source_kind(path)
   if kind == "bert_jax":
-    return native.read(path, scan_layers)
+    return native.read(path, scan_layers, task)
+  if task:
+    raise UserError(f"{path} is a {kind} checkpoint: --task takes a multi-task bert_jax workdir")
   scan = True if scan_layers is None else scan_layers
   converted = _read_hf(path, scan) if kind == "hf" else tf_checkpoint.read(path, scan, electra_part)
   finite.check_params_finite(converted.params, path)

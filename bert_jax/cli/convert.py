@@ -13,7 +13,7 @@ def _convert(args):
   expected = args.source_format or "bert_jax"
   if kind != expected:
     raise UserError(f"{args.src} is a {kind} checkpoint, not {expected}")
-  converted = pretrained.read_checkpoint(args.src, electra_part=args.electra_part)
+  converted = pretrained.read_checkpoint(args.src, electra_part=args.electra_part, task=args.task)
   notes = list(converted.notes)
   if args.target_format is None:
     native.write(args.dst, converted)
@@ -37,6 +37,7 @@ def register(subparsers) -> None:
   p.add_argument("--to", dest="target_format", choices=("hf", "tf"))
   p.add_argument("--electra-part", choices=("discriminator", "generator"),
                  help="which model of an original ELECTRA checkpoint holding both")
+  p.add_argument("--task", help="the task whose head to export, from a multi-task (MT-DNN) workdir")
   p.add_argument("src")
   p.add_argument("dst")
   p.set_defaults(handler=_convert)

@@ -6,7 +6,7 @@ import sys
 
 def _predict(args):
   from bert_jax.finetune import predict  # pylint: disable=import-outside-toplevel
-  predictor = predict.Predictor.load(args.model, batch_size=args.batch_size)
+  predictor = predict.Predictor.load(args.model, batch_size=args.batch_size, task=args.task)
   examples = predict.read_examples(args.input, predictor.kind, predictor.config)
   count = predict.write_records(predictor.records(examples, progress=True), args.output)
   print(f"{count} predictions ({predictor.config['task']['name']}, {predictor.kind}) to "
@@ -23,6 +23,7 @@ def register(subparsers) -> None:
   p.add_argument("--model", required=True, help="a fine-tuning workdir (bert-jax finetune --workdir)")
   p.add_argument("--input", required=True, help="the examples (a local path or any etils.epath URL)")
   p.add_argument("--output", help="JSON lines file (default: stdout)")
+  p.add_argument("--task", help="the task to predict, with a multi-task (MT-DNN) workdir's head for it")
   p.add_argument("--batch-size", type=int, default=0,
                  help="examples per model call (0: the run's train.eval_batch_size)")
   p.set_defaults(handler=_predict)

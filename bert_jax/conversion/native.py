@@ -33,8 +33,9 @@ def tokenizer(path: str) -> common.Tokenizer | None:
   return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))
 
 
-def read(path: str, scan_layers: bool | None = None) -> common.Converted:
-  params, saved = params_checkpoint.load_params(path)
+def read(path: str, scan_layers: bool | None = None, task: str | None = None) -> common.Converted:
+  """task: which head of a multi-task checkpoint (params_checkpoint.one_task); it must name one there."""
+  params, saved = params_checkpoint.one_task(*params_checkpoint.load_params(path), task, path)
   config = families.model_config(saved["model"])
   if scan_layers is not None:
     params = params_lib.relayout(params, config, scan_layers)

@@ -4,6 +4,9 @@ Built from the embedded corpus (stdlib docstrings), so it runs offline right aft
 `bert-jax pretrain --config configs/bert.py:demo`. Half the sentences have their words permuted; a
 model has to know English word order to tell them apart, which MLM pretraining teaches. Dev sentences
 come from the start of the corpus, training sentences after them, so no sentence is in both.
+
+task.name=first_word is a second, easier task on the same sentences (multi-task runs, finetune/multitask.py,
+and their tests): the label is the sentence's first word, "true" or "false", written in front of it.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from bert_jax.finetune.tasks import Task
 
 SPEC = glue.GlueSpec(("sentence", None), ("sentence", None, "label"), ("original", "shuffled"),
                      ("accuracy",), "EMBEDDED")
+FIRST_WORD = glue.GlueSpec(("sentence", None), ("sentence", None, "label"), ("false", "true"), ("accuracy",),
+                           "FIRST_WORD")
 _MIN_WORDS, _MAX_WORDS = 6, 40
 
 
@@ -39,6 +44,13 @@ def make_rows(sentences, seed: int) -> list[tuple[str, None, str]]:
   return rows
 
 
+def first_word_rows(sentences, seed: int) -> list[tuple[str, None, str]]:
+  """Each sentence behind "true" or "false" (chosen at random), labelled with that word."""
+  rng = random.Random(seed)
+  labels = [FIRST_WORD.labels[rng.random() < 0.5] for _ in sentences]
+  return [(f"{label} {sentence}", None, label) for sentence, label in zip(sentences, labels)]
+
+
 def corpus_sentences(limit: int) -> list[str]:
   from bert_jax.data_pipelines import embedded  # pylint: disable=import-outside-toplevel
   corpus, _ = embedded.ensure_embedded()
@@ -50,12 +62,14 @@ def corpus_sentences(limit: int) -> list[str]:
 
 def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
   num_dev, num_train = config.task.num_dev, config.task.num_train
+  name = "first_word" if config.task.name == "first_word" else "embedded"
+  spec, rows = (FIRST_WORD, first_word_rows) if name == "first_word" else (SPEC, make_rows)
   sentences = corpus_sentences(num_dev + num_train)
-  dev = glue.eval_set(config, SPEC, tokenizer, make_rows(sentences[:num_dev], seed=1), "dev",
-                      "EMBEDDED.dev.tsv")
+  dev = glue.eval_set(config, spec, tokenizer, rows(sentences[:num_dev], seed=1), "dev",
+                      f"{spec.leaderboard}.dev.tsv")
   train = None
   if need_train:
-    train = glue.featurize(make_rows(sentences[num_dev:], seed=2), SPEC, tokenizer,
+    train = glue.featurize(rows(sentences[num_dev:], seed=2), spec, tokenizer,
                            config.data.max_seq_length, config.data.train_limit)
-  return Task(name="embedded", head="classification", num_labels=2, train=train, evals=[dev], tests=[],
-              selection=SPEC.metrics, labels=SPEC.labels)
+  return Task(name=name, head="classification", num_labels=2, train=train, evals=[dev], tests=[],
+              selection=spec.metrics, labels=spec.labels)

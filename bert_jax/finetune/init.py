@@ -5,7 +5,9 @@ workdir (two-stage fine-tuning, e.g. MNLI then RTE). The encoder (embeddings, en
 from it; the pretraining heads are dropped; its fine-tuning head is kept only when it was trained on
 the same task with the same shapes, otherwise the head starts fresh. `train.reinit_layers` = k puts
 the top k encoder layers and the pooler back to their initial distribution (Zhang et al. 2021). Adapters
-(train.mode=adapters) that the checkpoint lacks start fresh inside the loaded encoder.
+(train.mode=adapters) that the checkpoint lacks start fresh inside the loaded encoder. A multi-task
+(MT-DNN) workdir keeps one head per task under `task_heads` (finetune/multitask.py): the task's own is
+taken when its shapes fit, so that single-task fine-tuning is MT-DNN's second stage.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
+MULTITASK_HEADS = params_checkpoint.MULTITASK_HEADS  # a multi-task workdir's heads by task name
 
 
 def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> families.Config:
@@ -89,15 +92,26 @@ def initial_params(config: ml_collections.ConfigDict, fresh: dict, saved_config:
   # Shapes only: nothing is read before the merge has picked what to take.
   saved = params_checkpoint.params_metadata(config.init_from) if config.init_from else {}
   same_task = (saved_config or {}).get("task", {}).get("name") == task_name
-  if config.eval_only and not (same_task and "head" in saved):
+  if config.eval_only and not ((same_task and "head" in saved) or task_name in saved.get(MULTITASK_HEADS, {})):
     raise UserError(f"eval_only needs init_from to be a fine-tuning workdir of task {task_name}")
   if not config.init_from:
     return fresh
   merged = merge(fresh, saved, saved_config, task_name)
   taken = [k for k in merged if k in saved and merged[k] is not fresh[k]]
   in_checkpoint = {jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(saved)}
-  return params_checkpoint.load_params_into(config.init_from, fresh, keep=taken,
-                                            wanted=lambda name: name in in_checkpoint)
+  params = params_checkpoint.load_params_into(config.init_from, fresh, keep=taken,
+                                              wanted=lambda name: name in in_checkpoint)
+  return _multitask_head(config.init_from, params, saved.get(MULTITASK_HEADS, {}), task_name)
+
+
+def _multitask_head(location: str, params: dict, saved_heads: dict, task_name: str) -> dict:
+  """params with the task's head from a multi-task checkpoint's `task_heads`, when it has one that fits."""
+  if "head" not in params or task_name not in saved_heads or not _head_compatible(params["head"],
+                                                                                  saved_heads[task_name]):
+    return params
+  loaded = params_checkpoint.load_params_into(location, {MULTITASK_HEADS: {task_name: params["head"]}})
+  print(f"initialised the {task_name} head from {location} (its multi-task head)", flush=True)
+  return {**params, "head": loaded[MULTITASK_HEADS][task_name]}
 
 
 def reinit_top_layers(params: dict, fresh: dict, model: ModelConfig, k: int) -> dict:

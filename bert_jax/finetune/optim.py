@@ -77,14 +77,14 @@ def layer_depth(names: list[str], num_layers: int) -> int | None:
 
 
 def lr_multipliers(params: Any, model: ModelConfig, layer_decay: float, head_multiplier: float) -> Any:
-  """Multiplier per parameter: head_multiplier on the head; layer_decay ** (L + 1 - depth) elsewhere
+  """Multiplier per parameter: head_multiplier on the head(s); layer_decay ** (L + 1 - depth) elsewhere
   (Clark et al. 2020; with layer_decay=1 the whole encoder trains at the base rate)."""
   num_layers = model.num_layers
   stacked_axis = model.scan_layers and model.share_layers != "all"
 
   def multiplier(path, leaf):
     names = _path_names(path)
-    if names[0] == "head":
+    if names[0] in ("head", "task_heads"):  # a multi-task run's heads (finetune/multitask.py) too
       return np.float32(head_multiplier)
     depth = layer_depth(names, num_layers)
     if depth is None and stacked_axis:

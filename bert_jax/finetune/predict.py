@@ -72,9 +72,10 @@ class Predictor:
   batch_size: int
 
   @classmethod
-  def load(cls, path: str, batch_size: int = 0) -> "Predictor":
-    """From a fine-tuning workdir; batch_size 0: the run's eval_batch_size (rounded up to the devices)."""
-    params, config = params_checkpoint.load_params(path)
+  def load(cls, path: str, batch_size: int = 0, task: str | None = None) -> "Predictor":
+    """From a fine-tuning workdir (a multi-task one: its head for `task`); batch_size 0: the run's
+    eval_batch_size (rounded up to the devices)."""
+    params, config = params_checkpoint.one_task(*params_checkpoint.load_params(path), task, path)
     return cls.build(config, params, pretrained.load_tokenizer(path), batch_size, path)
 
   @classmethod
@@ -154,7 +155,9 @@ class Predictor:
 
 def _glue_spec(config: dict) -> glue.GlueSpec:
   task = config["task"]
-  return embedded.SPEC if task["family"] == "embedded" else glue.SPECS[task["name"]]
+  if task["family"] == "embedded":
+    return embedded.FIRST_WORD if task["name"] == "first_word" else embedded.SPEC
+  return glue.SPECS[task["name"]]
 
 
 def _sentence_pairs(predictor: Predictor, examples: list) -> list[tuple[str, str | None]]:
