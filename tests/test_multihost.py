@@ -49,7 +49,9 @@ def _two_and_one(tmp_path, command=COMMON):
 def test_two_processes_equal_one(tmp_path):
   """With micro-batches: each process sums its two micro-batches' gradients, then one all-reduce
   across the processes (training/accumulate.py); dropout draws the whole batch's masks."""
-  outputs = _two_and_one(tmp_path, COMMON + ["--config.train.grad_accum_steps=2"])
+  small = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
+           "--config.model.intermediate_size=64"]
+  outputs = _two_and_one(tmp_path, COMMON + small + ["--config.train.grad_accum_steps=2"])
   assert "step 4/4" in outputs[0] and "step 4/4" not in outputs[1]  # only process 0 reports
   np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"), rtol=1e-5)
   saved = set(os.listdir(tmp_path / "multi" / "checkpoints" / "4" / "data"))

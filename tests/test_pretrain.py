@@ -29,6 +29,7 @@ def _train_rows(workdir):
   return [r for r in rows if not r.get("eval")]
 
 
+@slow  # .ci/run checks the whole demo's learning (README command 1, tests/readme_demo_check.py)
 def test_loss_falls_on_the_embedded_corpus(tmp_path):
   config = _config("--config.train.num_steps=60", "--config.optimizer.warmup_steps=10",
                    "--config.train.eval_every_steps=60", "--config.train.eval_steps=2")
@@ -48,7 +49,8 @@ def test_ctrl_c_saves_and_the_same_command_resumes_exactly(tmp_path, monkeypatch
   the same command resumes to the uninterrupted run's parameters and rows, and its first row, which
   averages step 4 alone, says so."""
   overrides = ["--config.train.num_steps=6", "--config.checkpoint.every_steps=100",
-               "--config.train.log_every_steps=2"]
+               "--config.train.log_every_steps=2", "--config.model.num_layers=1", "--config.model.hidden_size=32",
+               "--config.model.num_heads=2", "--config.model.intermediate_size=64"]
   trainer.pretrain(_config(*overrides), str(tmp_path / "straight"))
   command = ["pretrain", "--config", "configs/bert.py:demo", "--workdir", str(tmp_path / "resumed"), *FAST,
              *overrides]

@@ -319,6 +319,7 @@ def test_bert_large_batch_256_fits_on_v4_16_and_agrees_with_plain_jax(capsys):
 
 
 @needs_libtpu
+@slow  # the one-line advice is test_the_fix_for_a_step_that_does_not_fit's; this is BERT-large's compile
 def test_bert_large_8k_by_512_without_remat_does_not_fit_on_8_chips(capsys):
   # The compiler gives up on the temporaries early: ~30 CPU seconds with the eval step's compile.
   status, report, err = _compile_json(
