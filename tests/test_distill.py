@@ -12,7 +12,7 @@ import pytest
 
 import data_fixtures
 from bert_jax import cli, params_checkpoint, run_lock
-from bert_jax.finetune import heads
+from bert_jax.finetune import heads, init
 from bert_jax.training import checkpoint, metrics
 from bert_jax.compress import distill, teacher as teacher_lib
 from bert_jax.models.config import ModelConfig
@@ -175,3 +175,33 @@ def test_an_int8_teacher_is_refused_before_anything_else(tmp_path, capsys, confi
   err = capsys.readouterr().err.strip()
   assert code == 2 and err.endswith(f"distill.teacher={tmp_path / 'int8'} holds int8 weights (bert-jax quantize); "
                                     "distil from the float model it came from (runs/float)"), err
+
+
+def test_pre_trained_distillation_starts_from_the_pretrained_student_and_learns_from_soft_labels_alone(
+    task_teacher, tmp_path, capsys):
+  """configs/distill.py:pd (Turc et al. 2019): without init_from, one line and exit 2 before anything is
+  written; with it (here the teacher's own workdir stands in for a pretrained compact student), the
+  student starts from init_from's encoder (at learning rate 1e-9 it ends there within 1e-6) and its loss
+  is the soft-label loss alone (hard_weight 0, temperature 1)."""
+  teacher, data = task_teacher
+  command = ["distill", "--config", "configs/distill.py:pd", "--config.train.batch_size=16",
+             "--config.train.epochs=1", "--config.data.max_seq_length=8", "--config.train.log_every_steps=1",
+             "--config.train.tensorboard=false", f"--config.distill.teacher={teacher}",
+             f"--config.data.data_dir={data}"]
+  assert cli.main([*command, "--workdir", str(tmp_path / "refused")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("bert-jax distill: error: pre-trained distillation distils a pretrained compact student: set "
+                        "--config.init_from"), err
+  assert not (tmp_path / "refused").exists() or os.listdir(tmp_path / "refused") == []
+  assert cli.main([*command, "--workdir", str(tmp_path / "pd"), f"--config.init_from={teacher}",
+                   "--config.optimizer.learning_rate=1e-9"]) == 0
+  student, _ = checkpoint.load_params(tmp_path / "pd")
+  start, _ = checkpoint.load_params(teacher)
+  encoder = [k for k in init.ENCODER_KEYS if k in start]
+  assert encoder and all(k in student for k in encoder)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),  # a fresh init is ~0.02 away
+               {k: student[k] for k in encoder}, {k: start[k] for k in encoder})
+  rows = [json.loads(line) for line in (tmp_path / "pd" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in rows if "soft_loss" in r and not r.get("eval")]
+  assert len(train) == 4 and all(r["loss"] == pytest.approx(r["soft_loss"], rel=1e-6) for r in train), train
+  assert all(r["hard_loss"] > 0 for r in train)  # computed and logged, weighted 0
