@@ -23,6 +23,7 @@ workdir is a pretraining workdir (bert_jax/compress/general.py).
 import ml_collections
 
 from bert_jax.configs import bert, common, glue
+from bert_jax.models.bilstm import BiLSTMConfig
 
 PRESETS = {
     "embedded": "task distillation of a teacher fine-tuned on the embedded task: offline, minutes on a CPU",
@@ -34,6 +35,9 @@ PRESETS = {
     "pd": "pre-trained distillation (Turc et al. 2019) on SST-2: a compact student pretrained with MLM "
           "(init_from) distilled on the teacher's soft labels",
     "pd-embedded": "pre-trained distillation on the embedded task: offline, minutes on a CPU",
+    "bilstm": "a BiLSTM student (Tang et al. 2019) on SST-2: the hard labels and the squared distance to the "
+              "teacher's logits",
+    "bilstm-embedded": "a small BiLSTM student on the embedded task: offline, a minute on a CPU",
 }
 
 
@@ -84,6 +88,21 @@ def _pd(task: str) -> ml_collections.ConfigDict:
   return c
 
 
+def _bilstm(task: str) -> ml_collections.ConfigDict:
+  """Distilling into a BiLSTM (Tang et al. 2019; bert_jax/models/bilstm.py): the student (the paper's
+  300-wide embeddings over the teacher's word pieces, 150 LSTM units each way, a 400-wide ReLU layer)
+  learns from hard_weight * cross-entropy + soft_weight * ||z_student - z_teacher||^2 (the paper's
+  alpha and 1 - alpha), trained from scratch at a recurrent network's learning rate (AdamW here; the
+  paper used Adadelta). The teacher's vocabulary is the student's: set model.vocab_size to its size."""
+  c = get_config(task)
+  c.model = common.model_config_of(BiLSTMConfig)
+  if task == "embedded":  # the embedded WordPiece vocabulary; a small student for a CPU
+    c.model.update(vocab_size=8192, embedding_size=64, lstm_size=32, hidden_size=64)
+  c.distill.update(soft_loss="logit_mse", hard_weight=0.5, soft_weight=0.5, projection=False)
+  c.optimizer.learning_rate = 1e-3
+  return c
+
+
 def get_config(arg: str = "embedded"):
   common.check_preset(arg, PRESETS)
   if arg.startswith("general-"):
@@ -92,6 +111,8 @@ def get_config(arg: str = "embedded"):
     return _theseus()
   if arg in ("pd", "pd-embedded"):
     return _pd("sst2" if arg == "pd" else "embedded")
+  if arg in ("bilstm", "bilstm-embedded"):
+    return _bilstm("sst2" if arg == "bilstm" else "embedded")
   c = glue.get_config(arg)
   c.job = "distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.distill = ml_collections.ConfigDict()
@@ -101,6 +122,7 @@ def get_config(arg: str = "embedded"):
   c.distill.temperature = 2.0  # soft targets: softmax(logits / T), the KL scaled by T^2
   c.distill.hard_weight = 1.0  # cross-entropy with the labels (squared error for regression)
   c.distill.soft_weight = 1.0  # KL to the teacher's soft targets (DistilBERT, Hinton et al.)
+  c.distill.soft_loss = "kl"  # kl | logit_mse: the squared distance between the logits (Tang et al.'s BiLSTM)
   c.distill.hidden_weight = 0.0  # hidden-state MSE over the layer map (TinyBERT)
   c.distill.attention_weight = 0.0  # attention-map MSE over the layer map (TinyBERT; same head count)
   c.distill.pkd_weight = 0.0  # normalised [CLS] MSE of the intermediate layers (BERT-PKD)
