@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax import params_checkpoint
 from bert_jax.config_utils import load_config
+from bert_jax.conversion import params as conversion_params
 from bert_jax.data_pipelines import ernie, shards
 from bert_jax.data_pipelines.corpora import Stats
 from bert_jax.data_pipelines.examples import BuilderConfig
@@ -217,6 +218,33 @@ def test_task_embeddings_off_is_the_model_as_before_and_on_adds_one_row_per_task
   out = apply_on(shifted, jnp.array([0, 2, 0, 2]))
   np.testing.assert_array_equal(out.last_hidden_state[0], base.last_hidden_state[0])
   assert not np.allclose(out.last_hidden_state[1], base.last_hidden_state[1])
+
+
+def test_task_embeddings_match_hugging_faces_ernie_with_task_ids():
+  """HF's ErnieModel (use_task_id=True) adds task_type_embeddings[task] to every token's input embedding."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(0)
+  hf = transformers.ErnieModel(transformers.ErnieConfig(
+      vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+      max_position_embeddings=16, use_task_id=True, task_type_vocab_size=5)).eval()
+  tensors = {k: v.numpy() for k, v in hf.state_dict().items()}
+  config = _tiny_model(num_tasks=5, mlm_head=False)
+  params = conversion_params.to_params(config, families.get("bert"), tensors, "hf", {"b": ""}, "ErnieModel")
+  params["embeddings"]["task_embeddings"] = {"embedding": tensors["embeddings.task_type_embeddings.weight"]}
+  batch = _batch(np.random.default_rng(2))
+  tasks = np.array([0, 3, 4, 1], np.int32)
+  ours = jax.jit(lambda p: families.build(config).apply({"params": p}, **ernie2.model_inputs(batch),
+                                                        task_ids=tasks))(params)
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),
+                attention_mask=torch.tensor(batch["input_mask"]),
+                token_type_ids=torch.tensor(batch["segment_ids"], dtype=torch.long),
+                task_type_ids=torch.tensor(np.repeat(tasks[:, None], 12, 1), dtype=torch.long))
+  real = batch["input_mask"] > 0
+  np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[real], theirs.last_hidden_state.numpy()[real],
+                             atol=2e-5)
+  np.testing.assert_allclose(ours.pooled_output, theirs.pooler_output.numpy(), atol=2e-5)
 
 
 RUN = ["--config.model.hidden_size=32", "--config.model.num_heads=2", "--config.model.intermediate_size=64",
