@@ -169,8 +169,10 @@ def test_each_task_loss_against_numpy():
     expected_loss += (nll * drawn).sum() / max((weights * drawn).sum(), 1.0)
   assert counts["mlm_drawn"] == 0 and counts["capital_drawn"] == (batch["capital_labels"][:2] >= 0).sum()
   np.testing.assert_allclose(objective.loss(sums, counts), expected_loss, rtol=2e-5)
-  metrics = objective.metrics(sums, counts)
-  np.testing.assert_allclose(metrics["reorder_loss"], sums["reorder_loss"] / 3, rtol=1e-6)  # 3 reordering rows
+  metrics = objective.metrics(sums, counts)  # a drawn task on its rows, the others on all their labels
+  np.testing.assert_allclose(metrics["reorder_loss"], sums["reorder_drawn_loss"] / 1, rtol=1e-6)  # row 2 only
+  np.testing.assert_allclose(metrics["mlm_accuracy"], sums["mlm_correct"] / counts["mlm"], rtol=1e-6)
+  assert float(sums["reorder_loss"]) > float(sums["reorder_drawn_loss"])  # 3 reordering rows
 
 
 def test_the_schedule_draws_from_its_stage_with_its_weights_and_only_from_seed_and_step():
@@ -307,6 +309,16 @@ def test_a_labelled_file_is_an_extra_classification_task(tmp_path):
   np.testing.assert_allclose(objective.loss(sums, counts), sums["discourse_drawn_loss"] / 4, rtol=1e-6)
   with pytest.raises(UserError, match="model.num_tasks=5: the task embeddings need one row per task, 6"):
     make_objective(load_config("configs/ernie.py:tiny", [f"--config.ernie.labelled=('discourse:2:{tsv}',)"]))
+
+
+def test_the_ernie_rows_and_objective_go_together():
+  with pytest.raises(UserError, match="data.example_builder='ernie' makes ERNIE 2.0's rows, which objective='bert'"):
+    make_objective(load_config("configs/bert.py:tiny", ["--config.data.example_builder=ernie"]))
+  with pytest.raises(UserError, match="objective='ernie2' needs data.example_builder='ernie'"):
+    make_objective(load_config("configs/ernie.py:tiny", ["--config.data.example_builder=nsp"]))
+  objective = make_objective(load_config("configs/ernie.py:tiny"))
+  assert objective.names == ("mlm", "capital", "token_doc", "reorder", "distance")
+  assert objective.config.num_tasks == 5
 
 
 @slow  # the tiny preset's whole schedule on the embedded corpus (BERT_JAX_SLOW_TESTS=1)

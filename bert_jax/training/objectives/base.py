@@ -87,8 +87,9 @@ def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[s
 
 
 def refuse_structbert_inputs(config: ml_collections.ConfigDict) -> None:
-  """Shuffled trigrams and 3-way sentence labels are StructBERT's: another objective would train on them
-  without their losses (shuffled tokens never predicted, a label its 2-way head cannot hold)."""
+  """Shuffled trigrams and 3-way sentence labels are StructBERT's, the 'ernie' builder's rows ERNIE 2.0's:
+  another objective would train on them without their losses (shuffled tokens never predicted, a label its
+  2-way head cannot hold, reordered pieces read as text)."""
   # Saved configs may lack either key (older runs; converted checkpoints keep only the tokenizer's).
   data = config.get("data") or {}
   shuffle, builder = data.get("trigram_shuffle_rate", 0.0), data.get("example_builder", "")

@@ -16,10 +16,11 @@ include every task of the stages before it (continual: none is dropped), and dra
 with the stage's weights from a generator seeded by (train.seed, step). The task of each row reaches the
 objective as `task_ids` (int32[B]; added by `TaskFeed` in front of the input, and read by the task
 embeddings, model.num_tasks), so a resumed run draws the same tasks as an uninterrupted one, across stage
-boundaries too. The training loss is the drawn task's mean loss over its rows; the logged per-task losses
-and accuracies are over every row with that task's label (all tasks are scored on every batch, their
-heads are cheap next to the encoder). A held-out batch gives its rows the last stage's corpus tasks in
-turn (`TaskFeed` on the eval split), so its loss is the mean of those tasks' losses.
+boundaries too. The training loss is the drawn task's mean loss over its rows. Every task is scored on every
+batch (the heads are cheap next to the encoder): the drawn task's loss and accuracy over its rows, each other
+task's over every row with its labels (read through another task's embedding). A held-out batch gives its rows
+the last stage's corpus tasks in turn (`TaskFeed` on the eval split), so each task is scored on its own rows
+and the loss is the sum of those tasks' mean losses.
 """
 from __future__ import annotations
 
@@ -244,7 +245,8 @@ class Ernie2Pretraining(BertPretraining):
       nll, correct = token_nll_and_correct(logits, labels)
       gate = _gate(batch, self.names.index(task), rows).reshape((rows,) + (1,) * (weights.ndim - 1))
       sums.update({f"{task}_loss": jnp.sum(nll * weights), f"{task}_correct": jnp.sum(correct * weights),
-                   f"{task}_drawn_loss": jnp.sum(nll * weights * gate)})
+                   f"{task}_drawn_loss": jnp.sum(nll * weights * gate),
+                   f"{task}_drawn_correct": jnp.sum(correct * weights * gate)})
     return sums
 
   def _tasks(self, counts):
@@ -255,10 +257,14 @@ class Ernie2Pretraining(BertPretraining):
     return sum(sums[f"{t}_drawn_loss"] / jnp.maximum(counts[f"{t}_drawn"], 1.0) for t in self._tasks(counts))
 
   def metrics(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Each task's loss and accuracy over the rows given its task (its embedding) when there are any (the drawn
+    task; on held-out batches each task's share of the rows), else over every row with its labels."""
     metrics = {}
     for t in self._tasks(counts):
-      n = jnp.maximum(counts[t], 1.0)
-      metrics.update({f"{t}_loss": sums[f"{t}_loss"] / n, f"{t}_accuracy": sums[f"{t}_correct"] / n})
+      drawn = counts[f"{t}_drawn"] > 0
+      n = jnp.maximum(jnp.where(drawn, counts[f"{t}_drawn"], counts[t]), 1.0)
+      for stat, name in (("loss", "loss"), ("correct", "accuracy")):
+        metrics[f"{t}_{name}"] = jnp.where(drawn, sums[f"{t}_drawn_{stat}"], sums[f"{t}_{stat}"]) / n
     return metrics
 
   def feed(self, inputs, first_step: int, split: str, config: ml_collections.ConfigDict,
