@@ -56,7 +56,7 @@ def _layer_of(path: tuple[str, ...]) -> str | int | None:
   return int(match.group(1)) if match else None
 
 
-def _layer_kernels(params: Any, layer: int) -> dict[tuple[str, ...], Any]:
+def layer_kernels(params: Any, layer: int) -> dict[tuple[str, ...], Any]:
   """Layer `layer`'s matmul weights, by path (a scanned leaf's slice)."""
   out = {}
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(params):
@@ -64,7 +64,7 @@ def _layer_kernels(params: Any, layer: int) -> dict[tuple[str, ...], Any]:
     where = _layer_of(path)
     if where == "stacked" and int8.contracted_axes(path, np.ndim(leaf) - 1) is not None:
       out[path] = leaf[layer]
-    elif where == layer and int8.contracted_axes(path, np.ndim(leaf)) is not None:
+    elif isinstance(where, int) and where == layer and int8.contracted_axes(path, np.ndim(leaf)) is not None:
       out[path] = leaf
   return out
 
@@ -73,7 +73,7 @@ def _replaced(tree: Any, path: tuple[str, ...], value: Any) -> Any:
   return value if not path else {**tree, path[0]: _replaced(tree[path[0]], path[1:], value)}
 
 
-def _with_layer(params: Any, layer: int, kernels: dict[tuple[str, ...], Any]) -> Any:
+def with_layer(params: Any, layer: int, kernels: dict[tuple[str, ...], Any]) -> Any:
   for path, value in kernels.items():
     leaf = params
     for key in path:
@@ -89,20 +89,22 @@ def num_layers(config: dict, params: Any) -> int:
     raise UserError("--mode hessian quantizes each encoder layer's own weights: this model shares its layers "
                     f"(model.share_layers={model.get('share_layers')!r}) or has no `encoder`; use --mode int8")
   count = int(model["num_layers"])
-  if not all(_layer_kernels(params, layer) for layer in range(count)):
+  if not all(layer_kernels(params, layer) for layer in range(count)):
     raise UserError(f"--mode hessian: the encoder's parameters are not laid out as {count} layers")
   return count
 
 
 
-def _hvp_fn(objective: FinetuneObjective, layer: int):
+def _hvp_fn(objective: FinetuneObjective, stacked: bool):
+  """jitted (params, batch, v, layer) -> H v, H the Hessian of the batch's loss in the layer's weights;
+  a scanned encoder's layer is an argument (one compile for all layers), an unrolled one's static."""
   def loss(params, batch):
     return objective.sums(params, batch, None, True)["loss"] / objective.counts(batch)["labels"]
 
-  def product(params, batch, v):
-    return hessian.hvp(lambda sub: loss(_with_layer(params, layer, sub), batch),
-                       _layer_kernels(params, layer), v)
-  return jax.jit(product)
+  def product(params, batch, v, layer):
+    return hessian.hvp(lambda sub: loss(with_layer(params, layer, sub), batch),
+                       layer_kernels(params, layer), v)
+  return jax.jit(product, static_argnums=() if stacked else (3,))
 
 
 def sample_batches(train: dict[str, np.ndarray], batch_size: int, count: int, seed: int) -> list[dict]:
@@ -115,16 +117,16 @@ def sample_batches(train: dict[str, np.ndarray], batch_size: int, count: int, se
           for i in range(min(count, n // batch_size))]
 
 
-def sensitivities(objective: FinetuneObjective, params: Any, batches: Sequence[dict], layers: int,
+def sensitivities(objective: FinetuneObjective, params: Any, batches: Sequence[dict], layers: Sequence[int],
                   iterations: int = 100, tol: float = 1e-3, seed: int = 0) -> list[dict[str, Any]]:
-  """Per encoder layer: the top Hessian eigenvalue on each batch, their mean and std, and the
-  sensitivity |mean| + std (Q-BERT's)."""
+  """For each of the encoder layers `layers`: the top Hessian eigenvalue on each batch, their mean and
+  std, and the sensitivity |mean| + std (Q-BERT's)."""
   params = jax.tree.map(jnp.asarray, params)
+  product = _hvp_fn(objective, "layers" in params["encoder"])
   out = []
-  for layer in range(layers):
-    product = _hvp_fn(objective, layer)
-    like = _layer_kernels(params, layer)
-    eigenvalues = [hessian.top_eigenvalue(lambda v, b=batch: product(params, b, v), like,
+  for layer in layers:
+    like = layer_kernels(params, layer)
+    eigenvalues = [hessian.top_eigenvalue(lambda v, b=batch, at=layer: product(params, b, v, at), like,
                                           jax.random.key(seed * 1009 + layer * 31 + i), iterations, tol)[0]
                    for i, batch in enumerate(batches)]
     mean, std = float(np.mean(eigenvalues)), float(np.std(eigenvalues))
@@ -167,7 +169,7 @@ def allocate_bits(sensitivity: Sequence[float], costs: Sequence[dict[int, int]],
 
 def _layer_costs(params: Any, layer: int, groups: int) -> tuple[dict[int, int], int]:
   """({bits: the layer's packed bytes and scales}, its weight count)."""
-  kernels = _layer_kernels(params, layer)
+  kernels = layer_kernels(params, layer)
   count = sum(np.size(w) for w in kernels.values())
   costs = {}
   for bits in lowbit.BITS:
@@ -211,7 +213,7 @@ def _sensitivity_report(config: dict, params: Any, tokenizer, layers: int, batch
   model = heads.FinetuneModel(families.model_config(config["model"]), kind, num_labels,
                               config["head"]["pooling"], config["head"]["dropout"])
   sample = sample_batches(task.train, int(config["train"]["batch_size"]), batches, seed)
-  return sensitivities(FinetuneObjective(model), params, sample, layers, iterations, seed=seed)
+  return sensitivities(FinetuneObjective(model), params, sample, range(layers), iterations, seed=seed)
 
 
 def quantize(model: str, output: str, *, budget_bytes: int | None = None, bits_per_layer: str | None = None,
@@ -232,9 +234,13 @@ def quantize(model: str, output: str, *, budget_bytes: int | None = None, bits_p
   if bits_per_layer is not None:
     bits = parse_bits(bits_per_layer, layers)
   else:
-    report = _sensitivity_report(config, params, tokenizer, layers, batches, iterations, seed)
     lowest = [lowbit.BITS[0]] * layers
-    fixed = int8.tree_bytes(quantize_tree(params, lowest, groups)) - sum(c[lowest[0]] for c in costs)
+    smallest = int8.tree_bytes(quantize_tree(params, lowest, groups))
+    if budget_bytes < smallest:
+      raise UserError(f"--budget-bytes={budget_bytes} is below the smallest this model quantizes to: "
+                      f"{smallest} bytes, every encoder layer at {lowest[0]} bits")
+    report = _sensitivity_report(config, params, tokenizer, layers, batches, iterations, seed)
+    fixed = smallest - sum(c[lowest[0]] for c in costs)
     bits = allocate_bits([r["sensitivity"] for r in report], costs, counts, budget_bytes - fixed)
   quantized = quantize_tree(params, bits, groups)
   average = sum(b * n for b, n in zip(bits, counts)) / sum(counts)
