@@ -139,7 +139,8 @@ def test_groupwise_quantization_matches_numpy(bits, path, shape, contracted, gro
   back_matrix = np.transpose(back, outputs + list(contracted)).reshape(want_q.shape)
   w_matrix = np.transpose(w, outputs + list(contracted)).reshape(want_q.shape)
   row_scale = np.repeat(scale, want_q.shape[0] // want_groups)[:, None]
-  assert np.all(np.abs(back_matrix - w_matrix) <= row_scale / 2 * (1 + 1e-5))
+  # half a step, up to float32 rounding of w / scale (about 127.5 * 2**-23 of a step at 8 bits)
+  assert np.all(np.abs(back_matrix - w_matrix) <= row_scale / 2 * (1 + 1e-4))
   # the tree form: the path picks the contracted axes; a stacked leaf has one width per layer
   tree = {}
   node = tree
@@ -150,7 +151,7 @@ def test_groupwise_quantization_matches_numpy(bits, path, shape, contracted, gro
   for key in ("encoder", "layers") + path[2:]:
     restored = restored[key]
   np.testing.assert_allclose(restored[0], back, rtol=1e-6)
-  assert np.max(np.abs(restored[1] - 2 * w)) <= np.max(np.abs(2 * w)) / 127.5 / 2 * (1 + 1e-5)
+  assert np.max(np.abs(restored[1] - 2 * w)) <= np.max(np.abs(2 * w)) / 127.5 / 2 * (1 + 1e-4)
 
 
 def test_groupwise_exact_values_by_hand():
