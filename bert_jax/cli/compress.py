@@ -50,7 +50,8 @@ def register(subparsers) -> None:
                  help="--mode int8: int8 (default): every matmul in int8 with dynamic per-channel activation "
                       "scales; float: int8 storage only. --mode hessian: float only")
   q.add_argument("--budget-bytes", type=int, default=None,
-                 help="--mode hessian: the quantized params' bytes at most; bits go to the sensitive layers")
+                 help="--mode hessian: the quantized params' array bytes at most (eval_results.json: "
+                      "bytes.quantized); bits go to the sensitive layers")
   q.add_argument("--bits-per-layer", default=None,
                  help="--mode hessian: the widths instead of a budget, a JSON list (lowest layer first) or "
                       "one number, from 2, 3, 4, 8")

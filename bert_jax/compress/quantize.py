@@ -10,7 +10,9 @@ distilling or quantizing it again is refused: those start from the float model.
 
 eval_results.json gets the dev metrics of both models, the share of the float score the int8 model
 keeps, how often their predictions agree, the seconds of one pass over the dev set for each (after a
-warm-up call that compiles) and the bytes: of the arrays, and of params/ on disk.
+warm-up call that compiles) and the bytes: of the arrays, and of params/ on disk. Q-BERT's mixed precision
+(`--mode hessian`, compress/qbert.py) checks its source and measures its output with the same
+`check_source` and `compare`.
 """
 from __future__ import annotations
 
