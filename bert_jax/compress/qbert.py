@@ -45,7 +45,6 @@ from bert_jax.ops import hessian, int8, lowbit
 _LAYER = re.compile(r"layer_(\d+)$")
 
 
-
 def _layer_of(path: tuple[str, ...]) -> str | int | None:
   """"stacked" for a scanned encoder's leaf, the layer's index for an unrolled one, else None."""
   if len(path) < 2 or path[0] != "encoder":
@@ -94,7 +93,6 @@ def num_layers(config: dict, params: Any) -> int:
   return count
 
 
-
 def _hvp_fn(objective: FinetuneObjective, stacked: bool):
   """jitted (params, batch, v, layer) -> H v, H the Hessian of the batch's loss in the layer's weights;
   a scanned encoder's layer is an argument (one compile for all layers), an unrolled one's static."""
@@ -132,7 +130,6 @@ def sensitivities(objective: FinetuneObjective, params: Any, batches: Sequence[d
     mean, std = float(np.mean(eigenvalues)), float(np.std(eigenvalues))
     out.append({"eigenvalues": eigenvalues, "mean": mean, "std": std, "sensitivity": abs(mean) + std})
   return out
-
 
 
 def allocate_bits(sensitivity: Sequence[float], costs: Sequence[dict[int, int]], counts: Sequence[int],
@@ -200,7 +197,6 @@ def parse_bits(text: str, layers: int) -> list[int]:
     raise UserError(f"--bits-per-layer={text!r}: give {layers} widths (a JSON list, or one number) from "
                     f"{list(lowbit.BITS)}")
   return [int(v) for v in value]
-
 
 
 def _sensitivity_report(config: dict, params: Any, tokenizer, layers: int, batches: int, iterations: int,
