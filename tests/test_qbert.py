@@ -152,6 +152,11 @@ def test_groupwise_quantization_matches_numpy(bits, path, shape, contracted, gro
     restored = restored[key]
   np.testing.assert_allclose(restored[0], back, rtol=1e-6)
   assert np.max(np.abs(restored[1] - 2 * w)) <= np.max(np.abs(2 * w)) / 127.5 / 2 * (1 + 1e-4)
+  unrolled = lowbit.quantize_params({"encoder": {"layer_0": {"x": {path[-2]: {"kernel": w}}}}}, lambda p: bits, groups)
+  leaf = unrolled["encoder"]["layer_0"]["x"][path[-2]]["kernel"]
+  assert leaf["packed"].dtype == np.uint8 and leaf["packed"].size == -(-w.size * bits // 8)
+  np.testing.assert_allclose(lowbit.dequantize_params(unrolled)["encoder"]["layer_0"]["x"][path[-2]]["kernel"], back,
+                             rtol=1e-6)
 
 
 def test_groupwise_exact_values_by_hand():
@@ -227,6 +232,9 @@ def test_hessian_quantize_at_8_bits_keeps_predictions_and_bytes_fall_with_bits(s
   assert sizes[8] == results["bytes"]["quantized"] and sizes[8] > sizes[4] > sizes[3] > sizes[2], sizes
   kernels = sum(np.size(w) for layer in range(2) for w in qbert.layer_kernels(params, layer).values())
   assert sizes[4] - sizes[2] == kernels * 2 // 8  # 2 bits less per encoder weight, the scales unchanged
+  params_checkpoint.save_params(tmp_path / "q2", qbert.quantize_tree(params, [2, 2], 4),
+                                 json.load(open(os.path.join(out, "config.json"))))
+  assert int8.directory_bytes(tmp_path / "q2" / "params") < results["bytes"]["quantized_disk"]  # on disk too
   capsys.readouterr()
   assert cli.main(["quantize", "--model", out, "--output", str(tmp_path / "again"), "--mode", "hessian",
                    "--bits-per-layer", "4"]) == 2
