@@ -3,7 +3,6 @@ the batch in) and in evaluation; one optimizer step assigns the new estimates an
 trained parameters' gradients as they were; a fine-tuning run keeps them in params, predict reads them, and
 the HF export refuses them in one line."""
 import json
-import os
 
 import flax.linen as nn
 import jax
@@ -102,15 +101,9 @@ def test_a_fine_tuning_run_keeps_the_estimates_and_predict_reads_them(tmp_path, 
   params, _ = params_checkpoint.load_params(workdir)
   std = np.asarray(params["head"]["cls_norm"]["running_std"])
   assert std.shape == (32,) and np.all(np.isfinite(std)) and std.max() > 0
-  predictions = str(tmp_path / "predictions.jsonl")
-  assert cli.main(["predict", "--model", workdir, "--input", os.path.join(data, "dev.tsv"),
-                   "--output", predictions]) == 0
-  with open(os.path.join(data, "dev.tsv")) as f:
-    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
-  with open(predictions) as f:
-    labels = [json.loads(line)["label"] for line in f]
+  accuracy = data_fixtures.predict_accuracy(workdir, data, tmp_path / "predictions.jsonl")
   final = json.loads((tmp_path / "run" / "eval_results.json").read_text())["accuracy"]
-  assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(final)
+  assert accuracy == pytest.approx(final)
   capsys.readouterr()
   assert cli.main(["convert", "--to", "hf", workdir, str(tmp_path / "hf")]) == 2
   assert "head.cls_norm='isobn' (IsoBN's normalised [CLS]) has no Hugging Face equivalent" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import data_fixtures
 from bert_jax import cli, params_checkpoint
 from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
@@ -219,14 +220,8 @@ def test_hessian_quantize_at_8_bits_keeps_predictions_and_bytes_fall_with_bits(s
   saved = json.load(open(os.path.join(out, "config.json")))["quantization"]
   assert saved["bits_per_layer"] == [8, 8] and saved["groups"] == 4
   assert "bits per layer [8, 8] (average 8.00)" in capsys.readouterr().out
-  predictions = str(tmp_path / "predictions.jsonl")
-  assert cli.main(["predict", "--model", out, "--input", os.path.join(data, "dev.tsv"),
-                   "--output", predictions]) == 0
-  with open(os.path.join(data, "dev.tsv")) as f:
-    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
-  with open(predictions) as f:
-    labels = [json.loads(line)["label"] for line in f]
-  assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(results["quantized"]["accuracy"])
+  accuracy = data_fixtures.predict_accuracy(out, data, tmp_path / "predictions.jsonl")
+  assert accuracy == pytest.approx(results["quantized"]["accuracy"])
   params = params_checkpoint.load_params(workdir)[0]
   sizes = {bits: int8.tree_bytes(qbert.quantize_tree(params, [bits, bits], 4)) for bits in (8, 4, 3, 2)}
   assert sizes[8] == results["bytes"]["quantized"] and sizes[8] > sizes[4] > sizes[3] > sizes[2], sizes
