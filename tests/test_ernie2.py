@@ -361,7 +361,7 @@ def _chance(config) -> dict[str, float]:
 
 @slow  # the tiny preset's whole schedule on the embedded corpus (BERT_JAX_SLOW_TESTS=1)
 def test_the_tiny_preset_learns_every_task(tmp_path):
-  config = trainer.load_run_config("configs/ernie.py:tiny", ["--config.train.eval_steps=8",
+  config = trainer.load_run_config("configs/ernie.py:tiny", ["--config.train.eval_steps=32",
                                                              "--config.train.tensorboard=false"])
   chance = _chance(config)
   result = trainer.pretrain(config, str(tmp_path))
