@@ -14,7 +14,7 @@ import pytest
 from bert_jax.cli import main
 from bert_jax.errors import UserError
 from bert_jax.tpu import hlo, slices
-from core_helpers import TINY
+from core_helpers import TINY, slow
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install 'bert_jax[tpu]')")
@@ -294,6 +294,17 @@ def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature
   setup = build_train_setup(config, mesh)
   setup.train_step.lower(setup.abstract_state, batch, jax.random.key(0))
   setup.eval_step.lower(setup.abstract_state.params, batch)
+
+
+@slow  # ~30 s of TPU compilation each
+@needs_libtpu
+@pytest.mark.parametrize("config", ["configs/ernie.py:tiny", "configs/ltr.py:tiny", "configs/structbert.py:tiny"])
+def test_the_lectures_objectives_compile_for_a_v4_8_slice(capsys, config):
+  """ERNIE 2.0 (five task heads, task embeddings), the LTR ablation (causal mask) and StructBERT compile for
+  TPU through `bert-jax compile`, at TINY's sizes, and fit."""
+  status, report, err = _compile_json(capsys, "--config", config, "--topology", "v4-8", *TINY)
+  assert status == 0 and report["fits"], err
+  assert report["train_step"]["device_bytes"] > 0 and report["eval_step"]["device_bytes"] > 0
 
 
 def test_missing_libtpu_names_the_tpu_extra(capsys, monkeypatch):
