@@ -49,5 +49,5 @@ def get_config(arg: str = "base"):
     c.data.update(max_seq_length=128, max_predictions_per_seq=20)
     c.ernie.stages = ("0:mlm=1", f"100:{WORD}", f"300:{ALL}")
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
-    c.train.update(batch_size=32, num_steps=1000)
+    c.train.update(batch_size=32, num_steps=1500)
   return c
