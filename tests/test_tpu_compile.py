@@ -14,13 +14,13 @@ import pytest
 from bert_jax.cli import main
 from bert_jax.errors import UserError
 from bert_jax.tpu import hlo, slices
-from core_helpers import TINY, slow
+from core_helpers import TINY
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install 'bert_jax[tpu]')")
-# A BERT-large step that fits costs 1-2 CPU minutes to compile; these run with BERT_JAX_SLOW_TESTS=1.
+# Compiling BERT-large (1-2 CPU minutes) or several objectives for a slice: these run with BERT_JAX_SLOW_TESTS=1.
 slow = pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"),
-                          reason="compiles BERT-large for a TPU slice (minutes); set BERT_JAX_SLOW_TESTS=1")
+                          reason="compiles for a TPU slice (a minute or more); set BERT_JAX_SLOW_TESTS=1")
 
 
 # (name, topology, chips, hosts) from cloud.google.com/tpu/docs/{v3,v4,v5e,v5p-training,v6e}.
