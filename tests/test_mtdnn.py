@@ -202,3 +202,18 @@ def test_a_2x2x2_mesh_trains_as_data_parallel(trained, tmp_path):
   assert {multitask.task_at(s, 0, run.p) for s in range(3)} == {0, 1}
   for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
     np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+@slow  # two more runs
+def test_each_task_reaches_its_single_task_score_within_noise(trained, tmp_path):
+  """MT-DNN's claim at this scale: the two-task run (40 steps shared) scores on each task within 0.05 of
+  a single-task run of that task alone (40 steps, the same model and optimizer)."""
+  data, workdir, _ = trained
+  multi = json.loads((workdir / "eval_results.json").read_text())
+  runs = {"first_word": ["--config", "configs/glue.py:embedded", *FIRST_WORD],
+          "sst2": ["--config", "configs/glue.py:sst2", f"--config.data.data_dir={data}"]}
+  for task, args in runs.items():
+    out = tmp_path / task
+    assert cli.main(["finetune", *args, *SIZES, "--config.train.num_steps=40", "--workdir", str(out)]) == 0
+    single = json.loads((out / "eval_results.json").read_text())["accuracy"]
+    assert multi[task]["accuracy"] >= single - 0.05, (task, multi[task]["accuracy"], single)
