@@ -14,6 +14,7 @@ from bert_jax import pretrained  # noqa: E402
 from bert_jax.config_utils import load_config  # noqa: E402
 from bert_jax.data_pipelines import embedded  # noqa: E402
 from bert_jax.training import trainer  # noqa: E402
+from core_helpers import slow  # noqa: E402
 
 RUN = ["--config.train.num_steps=20", "--config.train.eval_every_steps=20", "--config.train.eval_steps=2",
        "--config.optimizer.learning_rate=2e-3", "--config.optimizer.warmup_steps=5",
@@ -93,18 +94,29 @@ def test_continued_pretraining_starts_at_transformers_loss_and_lowers_the_domain
   assert evals[20]["mlm_loss"] < evals[0]["mlm_loss"] - 0.4, (evals[0]["mlm_loss"], evals[20]["mlm_loss"])
 
 
-def test_a_checkpoint_without_an_mlm_head_gets_a_fresh_one_and_resumes(tmp_path, capsys):
-  """A bare BertModel (as a sentence-transformers folder holds): a fresh MLM head, said on stdout, no NSP; an
-  interrupted run resumes from its checkpoint with the same model."""
+def test_a_checkpoint_without_an_mlm_head_gets_a_fresh_one(tmp_path, capsys):
+  """A bare BertModel (as a sentence-transformers folder holds): the run's model is its architecture with a fresh
+  MLM head, said on stdout, no sentence head and FULL-SENTENCES rows, on its own vocabulary."""
+  _hf_folder(tmp_path / "hf", transformers.BertModel)
+  config = load_config("configs/continue.py:tiny", [f"--config.init_from={tmp_path / 'hf'}"])
+  resolved = pretrained.with_init_from_model(pretrained.native_init_from(config, tmp_path / "run"))
+  assert "has no MLM head" in capsys.readouterr().out
+  assert resolved.model.mlm_head and resolved.model.sentence_head == "none" and resolved.model.use_pooler
+  assert (resolved.model.num_layers, resolved.model.hidden_size, resolved.model.max_position_embeddings) == (2, 32, 64)
+  assert resolved.data.example_builder == "full_sentences" and resolved.data.vocab.endswith("vocab.txt")
+  assert resolved.data.tokenizer == "wordpiece" and resolved.data.lower_case
+
+
+@slow  # two short runs (about 20 s on an idle machine); resuming is every run's (tests/test_faults.py)
+def test_continued_pretraining_resumes_with_the_same_model(tmp_path, capsys):
   _hf_folder(tmp_path / "hf", transformers.BertModel)
   first = RUN + [f"--config.init_from={tmp_path / 'hf'}", "--config.train.eval_every_steps=0",
                  "--config.train.num_steps=2"]
   trainer.pretrain(load_config("configs/continue.py:tiny", first), str(tmp_path / "run"))
-  out = capsys.readouterr().out
-  assert "has no MLM head" in out and "heads pooler, mlm; full_sentences rows" in out
   saved = json.loads((tmp_path / "run" / "config.json").read_text())
   assert saved["model"]["mlm_head"] and saved["model"]["sentence_head"] == "none"
   assert saved["data"]["vocab"] == "vocab.txt"
+  capsys.readouterr()
   result = trainer.pretrain(load_config("configs/continue.py:tiny", first + ["--config.train.num_steps=3"]),
                             str(tmp_path / "run"))
   assert "resumed from" in capsys.readouterr().out and result["step"] == 3
