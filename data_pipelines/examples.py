@@ -18,8 +18,8 @@ import numpy as np
 from bert_jax.data_pipelines.corpora import Stats
 from bert_jax.data_pipelines.errors import DataError
 
-BUILDERS = ("nsp", "sop", "sso", "full_sentences", "doc_sentences")
-PAIR_BUILDERS = ("nsp", "sop", "sso")
+BUILDERS = ("nsp", "sop", "sso", "full_sentences", "doc_sentences", "ernie")  # ernie: ernie.py builds its rows
+PAIR_BUILDERS = ("nsp", "sop", "sso", "ernie")
 _OPEN_ROWS = 32  # packing looks for room in this many most recent rows (bounds the cost per piece)
 
 
@@ -29,6 +29,7 @@ class Row:
   segment_ids: list[int]
   label: int = 0  # NSP: 1 = random B; SOP: 1 = swapped; SSO: 1 = B precedes A, 2 = random B; else 0
   document_ids: list[int] | None = None  # packing only: 1..k per packed document
+  extras: dict | None = None  # the "ernie" builder's labels (ernie.py): name -> per-token list or int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +174,8 @@ def _packed_rows(cfg, docs) -> list[Row]:
 def build_rows(cfg: BuilderConfig, docs: list[list[list[int]]], rng: np.random.Generator,
                stats: Stats) -> list[Row]:
   """All rows from one block of tokenized documents, in block order (the caller shuffles)."""
+  if cfg.kind == "ernie":
+    raise ValueError("data.example_builder='ernie' rows come from data_pipelines/ernie.py:build_rows")
   docs = [d for d in ([s for s in doc if s] for doc in docs) if d]
   if cfg.packing:
     return _packed_rows(cfg, docs)

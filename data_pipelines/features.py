@@ -46,6 +46,16 @@ KNOWLEDGE_FEATURES = {  # data.masking=knowledge (knowledge.py)
     "knowledge_units": ("int32", ("B", "T"), "the annotator's spans: 2L-1 on the first token of a level-L span "
                         "(1 phrase, 2 entity), 2L on its other tokens, 0 elsewhere"),
 }
+ERNIE_FEATURES = {  # data.example_builder="ernie" (ernie.py); -1: no label
+    "capital_labels": ("int32", ("B", "T"), "1 when the token's word starts with a capital letter, else 0; -1 on "
+                       "[CLS], [SEP] and padding"),
+    "token_doc_labels": ("int32", ("B", "T"), "1 when the token appears in its document's sentences outside the "
+                         "row, else 0; -1 on [CLS], [SEP] and padding"),
+    "reorder_labels": ("int32", ("B",), "sentence reordering: the pieces' order, one of ernie.REORDER_CLASSES "
+                       "(0..8); -1 on a sentence-distance row"),
+    "distance_labels": ("int32", ("B",), "sentence distance: 0 B follows A, 1 B elsewhere in A's document, 2 B "
+                        "from another document; -1 on a reordering row"),
+}
 # What a row source hands to `Featurizer`: the unmasked rows and each row's mask identity.
 ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", "counter")
 
@@ -61,6 +71,8 @@ def feature_spec(data_cfg) -> dict:
     spec.update(TRIGRAM_FEATURES)
   if data_cfg.masking == "knowledge":
     spec.update(KNOWLEDGE_FEATURES)
+  if data_cfg.example_builder == "ernie":
+    spec.update(ERNIE_FEATURES)
   return spec
 
 
@@ -100,7 +112,7 @@ class Featurizer:
              "next_sentence_labels": label, "document_ids": document_ids, "knowledge_units": tags}
       if "position_ids" in spec:
         out["position_ids"] = position_ids(document_ids)
-      return {name: out[name] for name in spec}
+      return {name: out[name] for name in spec if name not in ERNIE_FEATURES}
 
     rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
             t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
@@ -109,4 +121,5 @@ class Featurizer:
 
   def __call__(self, rows: dict) -> dict:
     out = self._fn(*(rows[name] for name in ROW_FIELDS))
-    return {name: np.asarray(value) for name, value in out.items()}
+    labels = {name: rows[name] for name in ERNIE_FEATURES if name in self._spec}  # built with the rows
+    return {name: np.asarray(value) for name, value in {**out, **labels}.items()}

@@ -3,8 +3,8 @@
 Output contract (one dict per `next()`; B = global_batch_size // process_count rows, this host's
 contiguous share of the global batch; T = data.max_seq_length; P = data.max_predictions_per_seq):
 `features.FEATURES`, plus PACKING_FEATURES when `data.packing`, SPAN_FEATURES when `data.masking == "span"`,
-TRIGRAM_FEATURES when `data.trigram_shuffle_rate > 0` and KNOWLEDGE_FEATURES when `data.masking == "knowledge"`
-(`features.feature_spec`).
+TRIGRAM_FEATURES when `data.trigram_shuffle_rate > 0`, KNOWLEDGE_FEATURES when `data.masking == "knowledge"` and
+ERNIE_FEATURES when `data.example_builder == "ernie"` (`features.feature_spec`).
 
 Host-count independence: every virtual shard (shards.py) is a deterministic stream that contributes
 `global_batch // num_shards` consecutive rows to each global batch; host h builds shards

@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded, fairseq_spm, knowledge
+from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, knowledge
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
@@ -59,6 +59,7 @@ class Context:
   stats: corpora.Stats
   dupe_factor: int | None = None  # static masking: epochs repeat with this period
   encoder: object = None  # knowledge masking on text: knowledge.TaggedEncoder (ids carry the annotator's tags)
+  reorder_share: float = 0.0  # data.example_builder="ernie": the share of sentence-reordering rows (ernie.py)
 
 
 class ShardStream:
@@ -110,7 +111,10 @@ class ShardStream:
       encode = self.ctx.tokenizer.encode
       docs = [[encode(s) for s in doc] for doc in docs]
     rng = np.random.default_rng([*self.ctx.seeds, self.shard, self._epoch(cursor[0]), *cursor[1:]])
-    rows = build_rows(self.ctx.builder, docs, rng, self.ctx.stats)
+    if self.ctx.builder.kind == "ernie":
+      rows = ernie.build_rows(self.ctx.builder, docs, rng, self.ctx.stats, self.ctx.reorder_share)
+    else:
+      rows = build_rows(self.ctx.builder, docs, rng, self.ctx.stats)
     return [rows[i] for i in rng.permutation(len(rows))], next_cursor
 
   def __iter__(self):
@@ -147,9 +151,16 @@ def _stack(rows, counters, shards, width: int) -> dict:
     segments[i, :len(row.ids)] = row.segment_ids
     if row.document_ids is not None:
       documents[i, :len(row.ids)] = row.document_ids
-  return {"ids": ids, "length": np.array([len(r.ids) for r in rows], np.int32), "segment_ids": segments,
-          "label": np.array([r.label for r in rows], np.int32), "document_ids": documents,
-          "shard": np.array(shards, np.int64), "counter": np.array(counters, np.int64)}
+  out = {"ids": ids, "length": np.array([len(r.ids) for r in rows], np.int32), "segment_ids": segments,
+         "label": np.array([r.label for r in rows], np.int32), "document_ids": documents,
+         "shard": np.array(shards, np.int64), "counter": np.array(counters, np.int64)}
+  if rows and rows[0].extras is not None:  # the ernie builder's labels (ernie.py), -1 on padding
+    for name in ernie.ROW_LABELS:
+      out[name] = np.full((n, width), -1, np.int32)
+      for i, row in enumerate(rows):
+        out[name][i, :len(row.ids)] = row.extras[name]
+    out.update({name: np.array([r.extras[name] for r in rows], np.int32) for name in ernie.SEQUENCE_LABELS})
+  return out
 
 
 def shard_batches(ctx: Context, shards, states: dict, rows_per_shard: int):
@@ -249,6 +260,23 @@ def make_context(data_cfg, split: str, max_position_embeddings: int | None,
   if data_cfg.masking == "knowledge" and not tokenized:
     encoder = knowledge.TaggedEncoder(tokenizer, knowledge.make_annotator(data_cfg.knowledge.spacy_model,
                                                                             data_cfg.knowledge.phrases))
+  reorder_share = 0.0
+  if builder.kind == "ernie":
+    encoder, reorder_share = _ernie_encoder(data_cfg, tokenized, encoder, tokenizer)
   return Context(source, tokenized, tokenizer, builder, masking, feature_spec(data_cfg), seeds(data_cfg, split),
                  data_cfg.num_shards, holdout, data_cfg.shuffle_buffer, data_cfg.max_seq_length, stats,
-                 data_cfg.dupe_factor if data_cfg.masking_mode == "static" else None, encoder)
+                 data_cfg.dupe_factor if data_cfg.masking_mode == "static" else None, encoder, reorder_share)
+
+
+def _ernie_encoder(data_cfg, tokenized: bool, encoder, tokenizer):
+  """(encoder, share of reordering rows) of the ernie builder: its capitalisation labels come from the raw text."""
+  if tokenized:
+    raise DataError("data.example_builder='ernie' reads capitalisation from the raw text: train on data.corpus "
+                    "(or the embedded corpus), not data.prepared records")
+  share = data_cfg.get("ernie_reorder_share", 0.5)
+  if not 0 <= share <= 1:
+    raise DataError(f"data.ernie_reorder_share={share}: the share of sentence-reordering rows must be in [0, 1]")
+  if encoder is None:
+    return ernie.CasedEncoder(tokenizer.encode), share
+  encoder.encode = ernie.cased(encoder.encode)  # knowledge masking's tags and the capital bit together
+  return encoder, share

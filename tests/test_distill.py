@@ -12,7 +12,7 @@ import pytest
 
 import data_fixtures
 from bert_jax import cli, params_checkpoint, run_lock
-from bert_jax.finetune import heads
+from bert_jax.finetune import heads, init
 from bert_jax.training import checkpoint, metrics
 from bert_jax.compress import distill, teacher as teacher_lib
 from bert_jax.models.config import ModelConfig
@@ -26,13 +26,14 @@ def _log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def test_soft_target_loss_is_t_squared_kl():
+def test_soft_target_loss_is_t_squared_kl_and_logit_mse_a_squared_distance():
   s, t, temperature = RNG.normal(size=(3, 4)), RNG.normal(size=(3, 4)) * 3, 2.5
   p, log_q = np.exp(_log_softmax(t / temperature)), _log_softmax(s / temperature)
   expected = temperature ** 2 * np.sum(p * (np.log(p) - log_q))
   np.testing.assert_allclose(losses.soft_target_sum(jnp.asarray(s), jnp.asarray(t), temperature), expected,
                              rtol=1e-5)
   assert float(losses.soft_target_sum(jnp.asarray(t), jnp.asarray(t), temperature)) == pytest.approx(0, abs=1e-5)
+  np.testing.assert_allclose(losses.logit_mse_sum(jnp.asarray(s), jnp.asarray(t)), np.sum((s - t) ** 2), rtol=1e-5)
 
 
 def test_hidden_and_attention_mse_average_over_valid_tokens_only():
@@ -175,3 +176,68 @@ def test_an_int8_teacher_is_refused_before_anything_else(tmp_path, capsys, confi
   err = capsys.readouterr().err.strip()
   assert code == 2 and err.endswith(f"distill.teacher={tmp_path / 'int8'} holds int8 weights (bert-jax quantize); "
                                     "distil from the float model it came from (runs/float)"), err
+
+
+def test_pre_trained_distillation_starts_from_the_pretrained_student_and_learns_from_soft_labels_alone(
+    task_teacher, tmp_path, capsys):
+  """configs/distill.py:pd (Turc et al. 2019): without init_from, one line and exit 2 before anything is
+  written; with it (here the teacher's own workdir stands in for a pretrained compact student), the
+  student starts from init_from's encoder (at learning rate 1e-9 it ends there within 1e-6) and its loss
+  is the soft-label loss alone (hard_weight 0, temperature 1)."""
+  teacher, data = task_teacher
+  command = ["distill", "--config", "configs/distill.py:pd", "--config.train.batch_size=16",
+             "--config.train.epochs=1", "--config.data.max_seq_length=8", "--config.train.log_every_steps=1",
+             "--config.train.tensorboard=false", f"--config.distill.teacher={teacher}",
+             f"--config.data.data_dir={data}"]
+  assert cli.main([*command, "--workdir", str(tmp_path / "refused")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("bert-jax distill: error: pre-trained distillation distils a pretrained compact student: set "
+                        "--config.init_from"), err
+  assert not (tmp_path / "refused").exists() or os.listdir(tmp_path / "refused") == []
+  assert cli.main([*command, "--workdir", str(tmp_path / "pd"), f"--config.init_from={teacher}",
+                   "--config.optimizer.learning_rate=1e-9"]) == 0
+  student, _ = checkpoint.load_params(tmp_path / "pd")
+  start, _ = checkpoint.load_params(teacher)
+  encoder = [k for k in init.ENCODER_KEYS if k in start]
+  assert encoder and all(k in student for k in encoder)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),  # a fresh init is ~0.02 away
+               {k: student[k] for k in encoder}, {k: start[k] for k in encoder})
+  rows = [json.loads(line) for line in (tmp_path / "pd" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in rows if "soft_loss" in r and not r.get("eval")]
+  assert len(train) == 4 and all(r["loss"] == pytest.approx(r["soft_loss"], rel=1e-6) for r in train), train
+  assert all(r["hard_loss"] > 0 for r in train)  # computed and logged, weighted 0
+
+
+def test_a_bilstm_student_distils_predicts_and_refuses_hf_export(task_teacher, tmp_path, capsys):
+  """configs/distill.py:bilstm (Tang et al. 2019): the BiLSTM student trains on hard labels + logit MSE; its
+  workdir is a fine-tuning workdir: `predict` on the dev file agrees with the run's own final dev accuracy;
+  `convert --to hf` and a transformer-only loss are one line and exit 2."""
+  teacher, data = task_teacher
+  command = ["distill", "--config", "configs/distill.py:bilstm", "--config.model.vocab_size=8192",
+             "--config.model.embedding_size=16", "--config.model.lstm_size=8", "--config.model.hidden_size=16",
+             "--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.epochs=1",
+             "--config.train.log_every_steps=1", "--config.train.tensorboard=false", "--config.train.keep_best=false",
+             f"--config.distill.teacher={teacher}", f"--config.data.data_dir={data}"]
+  assert cli.main([*command, "--workdir", str(tmp_path / "refused"), "--config.distill.hidden_weight=1"]) == 2
+  assert "the bilstm student has no transformer layers to match the teacher's" in capsys.readouterr().err
+  student = str(tmp_path / "bilstm")
+  assert cli.main([*command, "--workdir", student]) == 0
+  assert json.loads((tmp_path / "bilstm" / "config.json").read_text())["model"]["family"] == "bilstm"
+  rows = [json.loads(line) for line in (tmp_path / "bilstm" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in rows if "soft_loss" in r and not r.get("eval")]
+  assert len(train) == 4 and all(r["loss"] == pytest.approx(0.5 * (r["hard_loss"] + r["soft_loss"]), rel=1e-5)
+                                 for r in train), train
+  predictions = str(tmp_path / "predictions.jsonl")
+  assert cli.main(["predict", "--model", student, "--input", os.path.join(data, "dev.tsv"),
+                   "--output", predictions]) == 0
+  with open(os.path.join(data, "dev.tsv")) as f:
+    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
+  with open(predictions) as f:
+    labels = [json.loads(line)["label"] for line in f]
+  final = json.loads((tmp_path / "bilstm" / "eval_results.json").read_text())["accuracy"]
+  assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(final)
+  capsys.readouterr()
+  assert cli.main(["convert", "--to", "hf", student, str(tmp_path / "hf")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.endswith("the bilstm family has no Hugging Face layout (transformers has no such model); keep it in "
+                    "bert_jax's format (predict reads it)") and "\n" not in err, err

@@ -28,6 +28,7 @@ PUBLISHED = {
     "configs/electra.py:small": 14e6, "configs/electra.py:base": 110e6, "configs/electra.py:large": 335e6,
     "configs/spanbert.py:base": 110e6, "configs/spanbert.py:large": 340e6,
     "configs/structbert.py:base": 110e6, "configs/structbert.py:large": 340e6,
+    "configs/ernie.py:base": 110e6, "configs/ernie.py:large": 340e6,  # BERT's, plus a task embedding per task
 }
 # The ALBERT paper's 235M for xxlarge is not reproducible from its stated sizes (H=4096, E=128, FFN
 # 16384, V=30000, all shared): the released checkpoint (and HF's model card) has 223M, -5.3%.
@@ -71,6 +72,9 @@ def hf_backbone(spec):
     if family == "electra":
       return transformers.ElectraModel(transformers.ElectraConfig(embedding_size=config.embedding_size,
                                                                   **common))
+    if family == "ernie":  # ERNIE 2.0's task embeddings: HF's ErnieModel with use_task_id
+      return transformers.ErnieModel(transformers.ErnieConfig(use_task_id=True, task_type_vocab_size=config.num_tasks,
+                                                              **common))
     return transformers.BertModel(transformers.BertConfig(**common), add_pooling_layer=config.use_pooler)
 
 

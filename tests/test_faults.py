@@ -16,6 +16,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -146,6 +147,26 @@ def test_resume_with_another_optimizer_is_refused_before_writing(healthy, tmp_pa
                                       r"\(optimizer.name: saved run 'adamw', this config 'lamb'\)"):
     trainer.pretrain(_config("--config.train.num_steps=6", "--config.optimizer.name=lamb"), str(workdir))
   assert (workdir / "config.json").read_text() == before
+
+
+def test_a_paused_state_resumes_and_another_optimizer_is_refused_naming_it(tmp_path):
+  """checkpoint.resume_paused, through which fine-tuning, MT-DNN and Sentence-BERT resume: the paused state
+  and progress come back; a config whose optimizer state has other shapes is refused, naming the setting
+  that differs from the run config the state was saved with."""
+  config = ml_collections.ConfigDict({"checkpoint": {"keep": 1, "async_save": False}, "optimizer": {"name": "adamw"}})
+  assert checkpoint.resume_paused(tmp_path, {}, config) is None
+  ckpt = checkpoint.Checkpointer.paused(tmp_path, config.checkpoint)
+  ckpt.save(3, {"w": np.arange(2, dtype=np.float32), "mu": np.ones(2, np.float32)}, force=True, progress={"best": 1})
+  ckpt.close()
+  workdir_lib.write_json(tmp_path / workdir_lib.RUN_CONFIG, config.to_dict())
+  shape = jax.ShapeDtypeStruct((2,), np.float32)
+  state, progress = checkpoint.resume_paused(tmp_path, {"w": shape, "mu": shape}, config)
+  np.testing.assert_array_equal(state["w"], [0, 1])
+  assert progress == {"best": 1}
+  config.optimizer.name = "lamb"
+  with pytest.raises(UserError, match=rf"{workdir_lib.PAUSED}/3: the saved train state does not fit this config "
+                                      r"\(optimizer.name: saved run 'adamw', this config 'lamb'\)"):
+    checkpoint.resume_paused(tmp_path, {"w": shape}, config)
 
 
 @pytest.mark.parametrize("damage", ["truncated arrays", "no manifest"])

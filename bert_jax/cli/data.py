@@ -1,4 +1,5 @@
-"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|preview|throughput|service`: thin wrappers over data_pipelines."""
+"""`bert-jax vocab`, `bert-jax tokenize`, `bert-jax data prepare|augment|preview|throughput|service`: thin wrappers over
+data_pipelines (augment: over compress/augment.py)."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,16 @@ def _vocab_extend(args):
     native.write(args.output, vocab_extend.extended(converted, tokenizer, words, tmp))
   print(f"added {len(words)} words (ids {tokenizer.vocab_size}..{tokenizer.vocab_size + len(words) - 1}), e.g. "
         + ", ".join(f"{w} ({len(p)} pieces, {n}x)" for w, p, n in words[:5]) + f"; wrote {args.output}")
+
+
+def _augment(args):
+  from bert_jax.compress import augment  # pylint: disable=import-outside-toplevel
+  counts = augment.augment_glue(args.model, args.task, args.input, args.output, per_example=args.per_example,
+                                replace_prob=args.replace_prob, candidates=args.candidates, seed=args.seed,
+                                max_rows=args.max_rows)
+  print(f"{counts['rows']} training rows -> {counts['written']} in {args.output}/train.tsv ({args.per_example} "
+        f"augmented copies each; {counts['several_piece_words']} words of several pieces kept as they were: no "
+        f"word vectors here) | next: bert-jax distill ... --config.data.data_dir={args.output}")
 
 
 def _tokenize(args):
@@ -208,6 +219,18 @@ def register(subparsers) -> None:
   _add_beam_args(p)
   _add_text_args(p)
   p.set_defaults(handler=_prepare)
+  p = sub.add_parser("augment", help="TinyBERT's data augmentation of a GLUE task folder's train.tsv: words "
+                     "replaced by a masked LM's predictions, for task distillation")
+  p.add_argument("--model", required=True, help="a checkpoint with an MLM head (bert_jax, Hugging Face or TF)")
+  p.add_argument("--task", required=True, help="the GLUE task whose columns train.tsv has, e.g. sst2")
+  p.add_argument("--input", required=True, help="the task's folder (train.tsv; its other files are copied)")
+  p.add_argument("--output", required=True, help="the augmented folder")
+  p.add_argument("--per-example", type=int, default=20, help="augmented copies of each row (the paper's N_a)")
+  p.add_argument("--replace-prob", type=float, default=0.4, help="each word's chance of being replaced (p_t)")
+  p.add_argument("--candidates", type=int, default=15, help="a word's MLM candidates (K)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--max-rows", type=int, default=0, help="augment the first N training rows only (0: all)")
+  p.set_defaults(handler=_augment)
   p = sub.add_parser("preview", help="write batches as the model gets them to .npz; print one")
   p.add_argument("--config", required=True, help="e.g. configs/bert.py:demo")
   p.add_argument("--num-batches", type=int, default=2)

@@ -34,23 +34,28 @@ from bert_jax.finetune import heads, init, optim, trainer
 from bert_jax.finetune.features import MODEL_INPUTS
 from bert_jax.finetune.objective import predict_step
 from bert_jax.finetune.tasks import Task
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 from bert_jax.ops import distill_losses as losses
 from bert_jax.training import partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup, teacher_step
 
 LOSSES = ("hard", "soft", "hidden", "attention", "pkd")
+# distill.soft_loss: KL to the teacher's softened distribution (Hinton et al.), or the squared distance
+# between the logits (Tang et al. 2019's BiLSTM students)
+SOFT_LOSSES = ("kl", "logit_mse")
 
 
 class InnerModel(heads.FinetuneModel):
-  """FinetuneModel (the same parameter tree) also returning every layer's hidden states and, when
-  asked, attention maps."""
+  """FinetuneModel (the same parameter tree) also returning, when asked, every layer's hidden states and
+  attention maps."""
   attentions: bool = False
+  hidden: bool = True
 
   def __call__(self, input_ids, attention_mask, token_type_ids, *, deterministic: bool = True,
                head_mask=None):
     out = self.encoder_model(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
-                             output_hidden_states=True, output_attentions=self.attentions)
+                             output_hidden_states=self.hidden, output_attentions=self.attentions)
     return {**self.head(out, attention_mask, deterministic), "hidden_states": out.hidden_states,
             "attentions": out.attentions}
 
@@ -116,7 +121,8 @@ class DistillObjective:
              "soft": jnp.sum(jnp.square(s["logits"] - t["logits"]))}
     else:
       out = {"hard": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(s["logits"], batch["label"])),
-             "soft": losses.soft_target_sum(s["logits"], t["logits"], self.cfg.temperature)}
+             "soft": (losses.logit_mse_sum(s["logits"], t["logits"]) if self.cfg.get("soft_loss") == "logit_mse"
+                      else losses.soft_target_sum(s["logits"], t["logits"], self.cfg.temperature))}
     if self.weights["hidden"]:
       out["hidden"] = losses.hidden_mse_sum(self._project(params, s["hidden_states"]),
                                             t["hidden_states"][jnp.concatenate([jnp.zeros(1, int), mapped])],
@@ -150,8 +156,8 @@ def student_config(config: ml_collections.ConfigDict, teacher: Teacher, layers) 
   else:
     saved = workdir_lib.read_config(config.init_from) if config.init_from else None
     fields = dict(saved["model"]) if saved else config.model.to_dict()
-  fields.update(hidden_dropout=config.model.hidden_dropout, attention_dropout=config.model.attention_dropout)
-  return ModelConfig.from_dict(fields)
+  student = families.model_config(fields)
+  return families.of(student).with_dropout(student, config.model.hidden_dropout, config.model.attention_dropout)
 
 
 def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: ModelConfig, kind: str) -> None:
@@ -159,6 +165,11 @@ def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: Mode
     raise UserError(f"distill supports classification and regression tasks, not a {kind} head")
   if cfg.temperature <= 0 or any(cfg[f"{k}_weight"] < 0 for k in LOSSES):
     raise UserError("distill.temperature must be > 0 and every distill.*_weight >= 0")
+  if cfg.get("soft_loss", "kl") not in SOFT_LOSSES:
+    raise UserError(f"distill.soft_loss={cfg.soft_loss!r} is not one of {SOFT_LOSSES}")
+  if not hasattr(student, "num_heads") and (cfg.hidden_weight or cfg.attention_weight or cfg.pkd_weight):
+    raise UserError(f"the {student.family} student has no transformer layers to match the teacher's: "
+                    "distill.hidden_weight, attention_weight and pkd_weight must be 0 (its losses: hard, soft)")
   if not any(cfg[f"{k}_weight"] for k in LOSSES):
     raise UserError("every distill.*_weight is 0: switch on at least one loss")
   if student.hidden_size > teacher.hidden_size and not cfg.projection:
@@ -181,6 +192,9 @@ class Distillation:
     if config.train.mode != "finetune":
       raise UserError(f"distill trains every student parameter: train.mode={config.train.mode!r} is not "
                       "supported here (use train.mode=finetune)")
+    if config.distill.get("require_init_from") and not config.init_from:
+      raise UserError("pre-trained distillation distils a pretrained compact student: set --config.init_from to "
+                      "its pretraining workdir or checkpoint (e.g. bert-jax pretrain --config configs/bert.py:mini)")
     self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name)
     self.layers = chosen_layers(config.distill.student_layers, self.teacher.model.num_layers)
     if self.layers is not None and config.init_from:
@@ -212,11 +226,11 @@ class Distillation:
             ) -> tuple[TrainSetup, int]:
     """The student's setup; its train step reads the teacher's params (loaded here, sharded)."""
     teacher_config = self._teacher_config(task)
-    make = lambda model, pooling, attn: InnerModel(model, task.head, task.num_labels, pooling,  # noqa: E731
-                                                   config.head.dropout, attentions=attn)
-    attn = bool(config.distill.attention_weight)
-    student = make(model_config, config.head.pooling, attn)
-    teacher = make(teacher_config, self._teacher_pooling, attn)
+    make = lambda model, pooling, attn, hidden: InnerModel(model, task.head, task.num_labels, pooling,  # noqa: E731
+                                                           config.head.dropout, attentions=attn, hidden=hidden)
+    attn, hidden = bool(config.distill.attention_weight), bool(config.distill.hidden_weight or config.distill.pkd_weight)
+    student = make(model_config, config.head.pooling, attn, hidden)
+    teacher = make(teacher_config, self._teacher_pooling, attn, hidden)
     mapping = layer_map(model_config.num_layers, teacher_config.num_layers, self.layers)
     objective = DistillObjective(config.distill, student, teacher, mapping)
     dummy = jnp.zeros((1, config.data.max_seq_length), jnp.int32)

@@ -219,7 +219,8 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   name every parameter the HF class has no place for."""
   family = converted.record
   if family.hf is None:
-    raise UserError(f"the {family.name} family has no Hugging Face layout")
+    raise UserError(f"the {family.name} family has no Hugging Face layout (transformers has no such model); "
+                    "keep it in bert_jax's format (predict reads it)")
   if getattr(converted.config, "sublayer_order", ""):
     raise UserError(f"model.sublayer_order={converted.config.sublayer_order!r}: a sandwich transformer has no "
                     "Hugging Face layout (its layers are not attention-then-feed-forward); keep it in bert_jax's format")

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, pretrained, workdir as workdir_lib
+from bert_jax import config_schema, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, modes, optim
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
@@ -255,26 +255,11 @@ class MultiTaskRun:
   def step(self) -> int:
     return int(self.state.step)
 
-  def _checkpointer(self) -> checkpoint.Checkpointer:
-    cfg = self.config.checkpoint
-    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
-                                   items=("progress",))
-
   def _start(self):
     """Own saved state > init_from's encoder over a fresh init > a fresh init."""
-    if (self.workdir / workdir_lib.PAUSED).exists():
-      ckpt = self._checkpointer()
-      try:
-        step, saved = ckpt.latest_step(), self.workdir / workdir_lib.RUN_CONFIG
-        if step is not None:
-          ckpt.check_resumable(step, self.setup.abstract_state,
-                               workdir_lib.read_json(saved) if saved.exists() else None, self.config)
-        restored = ckpt.restore_latest(self.setup.abstract_state)
-      finally:
-        ckpt.close()
-      if restored is not None:
-        print(f"resumed from {self.workdir / workdir_lib.PAUSED / str(restored[1])}", flush=True)
-        return restored[0]["state"], Progress(**restored[0]["progress"])
+    paused = checkpoint.resume_paused(self.workdir, self.setup.abstract_state, self.config)
+    if paused is not None:
+      return paused[0], Progress(**paused[1])
     params = self.setup.init_params(jax.random.key(self.seeds["head"]))
     if self.config.init_from:
       keep = [k for k in init.ENCODER_KEYS if k in params]
@@ -292,7 +277,7 @@ class MultiTaskRun:
     lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
     stream = TaskStream([t.train for t in self.tasks], cfg.batch_size, self.seeds["data"], self.p, self.step,
                         num_steps, lengths)
-    ckpt = self._checkpointer()
+    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
     steps = loop.Loop(
         step_fn=lambda state, batch: self.setups[stream.task].train_step(state, batch, rng), mesh=self.setup.mesh,
         cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
@@ -378,20 +363,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Multi-task fine-tuning in `workdir` (held locked). Returns {"dev": {task: metrics, ..., "score"}, "step",
   "num_steps", "best_step", "best_score", "stopped_by", "finished_before"}: a finished workdir is not trained
   again (finished_before, with its record), unless train.restart."""
-  validate(config)
-  pretrained.check_init_from(config)
-  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    before = loop.read_finished(run_dir)
-    if before is not None:
-      return {**before, "stopped_by": None, "finished_before": True}
-    config = pretrained.native_init_from(config, run_dir)
-    run = MultiTaskRun(config, run_dir, signals)
-    workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
+  def train_run(run: MultiTaskRun) -> dict[str, Any]:
     run.advance()
     result = {"step": run.step, "num_steps": run.setup.num_steps, "best_step": run.progress.best_step,
               "best_score": run.progress.best_score if run.progress.best_step >= 0 else None,
               "stopped_early": run.progress.stopped_early, "stopped_by": run.stopped_by, "finished_before": False}
     return {**result, "dev": {} if run.stopped_by else run.finish()}
+  return loop.run_job(config, workdir, validate=validate, build=MultiTaskRun, train=train_run)
 
 
 def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, params_checkpoint, pretrained, workdir as workdir_lib
+from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, modes, optim, smart
 from bert_jax.finetune.batching import train_batches
@@ -204,32 +204,13 @@ class Run:
     self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
     self.state, self.progress = self._start()
 
-  def _checkpointer(self) -> checkpoint.Checkpointer:
-    cfg = self.config.checkpoint
-    return checkpoint.Checkpointer(self.workdir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
-                                   items=("progress",))
-
   def _start(self):
     """Own paused state > the learner's initial parameters."""
-    if (self.workdir / workdir_lib.PAUSED).exists():
-      ckpt = self._checkpointer()
-      try:
-        self._check_resumable(ckpt)
-        restored = ckpt.restore_latest(self.setup.abstract_state)
-      finally:
-        ckpt.close()
-      if restored is not None:
-        print(f"resumed from {self.workdir / workdir_lib.PAUSED / str(restored[1])}", flush=True)
-        return restored[0]["state"], Progress(**restored[0]["progress"])
+    paused = checkpoint.resume_paused(self.workdir, self.setup.abstract_state, self.config)
+    if paused is not None:
+      return paused[0], Progress(**paused[1])
     params = self.learner.initial_params(self)
     return self.setup.make_state(jax.device_put(params, self.setup.state_shardings.params)), Progress()
-
-  def _check_resumable(self, ckpt: checkpoint.Checkpointer) -> None:
-    step = ckpt.latest_step()
-    saved = self.workdir / workdir_lib.RUN_CONFIG
-    if step is not None:
-      ckpt.check_resumable(step, self.setup.abstract_state,
-                           workdir_lib.read_json(saved) if saved.exists() else None, self.config)
 
   @property
   def last_kept(self) -> int | None:
@@ -252,7 +233,7 @@ class Run:
     logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
     if self.step == 0:
       logger.write_hparams(self.config.to_dict())
-    ckpt = self._checkpointer()
+    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
     steps = loop.Loop(
         step_fn=lambda state, batch: self.setup.train_step(state, batch, rng), mesh=self.setup.mesh,
         cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
@@ -311,7 +292,7 @@ class Run:
   def pause(self) -> None:
     """Saves the train state so that a new Run on this workdir continues where this one stopped."""
     self.guard.check_state(self.step, self.state, self.last_kept)
-    ckpt = self._checkpointer()
+    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
     try:
       self._save_state(ckpt, self.step, self.state)
     finally:
@@ -374,24 +355,16 @@ def run_job(config: ml_collections.ConfigDict, workdir: str,
   the final dev metrics, "step", "num_steps", "best_step", "best_score", "score", "stopped_early",
   "stopped_by", "finished_before"}: a finished workdir is not trained again (finished_before, with its
   record), unless train.restart."""
-  validate(config)
-  pretrained.check_init_from(config)
-  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    before = loop.read_finished(run_dir)
-    if before is not None:
-      return {**before, "stopped_by": None, "finished_before": True}
-    config = pretrained.native_init_from(config, run_dir)
-    run = Run(config, run_dir, make_learner(config), signals)
-    workdir_lib.write_json(run.workdir / workdir_lib.RUN_CONFIG, config.to_dict())
-    if not config.eval_only:
+  def train(run: Run) -> dict[str, Any]:
+    if not run.config.eval_only:
       run.advance()
     result = {"step": run.step, "num_steps": run.setup.num_steps, "best_step": run.progress.best_step,
               "best_score": run.progress.best_score if run.progress.best_step >= 0 else None,
               "score": run.score_name, "stopped_early": run.progress.stopped_early,
               "stopped_by": run.stopped_by, "finished_before": False}
-    if run.stopped_by:
-      return {**result, "dev": {}}
-    return {**result, "dev": run.finish()}
+    return {**result, "dev": {} if run.stopped_by else run.finish()}
+  return loop.run_job(config, workdir, validate=validate, train=train,
+                      build=lambda config, run_dir, signals: Run(config, run_dir, make_learner(config), signals))
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

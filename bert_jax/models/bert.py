@@ -110,7 +110,8 @@ def lookup(embed: nn.Embed, ids: Array, table_axes: tuple) -> Array:
 
 
 class Embeddings(nn.Module):
-  """Word + position + token-type embeddings, LayerNorm, dropout, and the E -> H projection if E != H."""
+  """Word + position + token-type (+ task: config.num_tasks) embeddings, LayerNorm, dropout, and the E -> H
+  projection if E != H."""
   config: ModelConfig
 
   def setup(self):
@@ -122,16 +123,21 @@ class Embeddings(nn.Module):
                                      embedding_init=kernel_init(cfg, ("positions", "embed")))
     self.token_type_embeddings = embed(cfg.type_vocab_size,
                                        embedding_init=kernel_init(cfg, ("type_vocab", "embed")))
+    if cfg.num_tasks:
+      self.task_embeddings = embed(cfg.num_tasks, embedding_init=kernel_init(cfg, ("type_vocab", "embed")))
     self.layer_norm = layer_norm(cfg, "layer_norm")
     self.dropout = Dropout(cfg.hidden_dropout)
     if cfg.embed_dim != cfg.hidden_size:
       self.projection = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "projection")
 
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array,
-               deterministic: bool) -> Array:
+               deterministic: bool, task_ids: Optional[Array] = None) -> Array:
     x = (lookup(self.word_embeddings, input_ids, ("vocab", None))
          + lookup(self.position_embeddings, position_ids, (None, None))
          + lookup(self.token_type_embeddings, token_type_ids, (None, None)))
+    if self.config.num_tasks:  # one task per row: int32[B]
+      tasks = jnp.zeros(input_ids.shape[:1], jnp.int32) if task_ids is None else task_ids
+      x = x + lookup(self.task_embeddings, tasks, (None, None))[:, None, :]
     x = self.dropout(self.layer_norm(x), deterministic=deterministic)
     if self.config.embed_dim != self.config.hidden_size:
       x = self.projection(x)
@@ -439,9 +445,11 @@ class BertModel(nn.Module):
                token_type_ids: Optional[Array] = None, position_ids: Optional[Array] = None,
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
                deterministic: bool = True, output_hidden_states: bool = False,
-               output_attentions: bool = False, head_mask: Optional[Array] = None) -> ModelOutput:
+               output_attentions: bool = False, head_mask: Optional[Array] = None,
+               task_ids: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids, document_ids: int32[B, T];
     masked_positions: int32[B, P] (MLM logits only there; every position when None);
+    task_ids: int32[B], each row's task embedding (config.num_tasks > 0; task 0 when None);
     head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities."""
     cfg = self.config
     if input_ids.ndim != 2:
@@ -456,7 +464,7 @@ class BertModel(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     embeddings = Embeddings(cfg, name="embeddings")
-    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic))
+    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic, task_ids))
     attention.say_fallback(cfg.attention, output_attentions, head_mask)
     segments = attention.Segments.of(attention_mask, document_ids, cfg.causal)
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")

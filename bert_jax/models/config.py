@@ -67,6 +67,9 @@ class ModelConfig:
     interleaved layers; any other order is unrolled, unshared, unpruned, and has no per-layer outputs.
   causal: each token attends only to itself and the tokens before it (a left-to-right model: BERT's
     "LTR & No NSP" ablation, Devlin et al. 2019, Table 5; objective="ltr"), in pretraining and fine-tuning.
+  num_tasks: ERNIE 2.0's task embeddings (Sun et al. 2019, section 3.2): a table of this many rows, the
+    row of each row's task (`task_ids`, int32[B]; task 0 when not given) added to the word, position and
+    token-type embeddings; 0: none (no parameter, the model as without the switch).
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -99,6 +102,7 @@ class ModelConfig:
   family: str = ""
   sublayer_order: str = ""
   causal: bool = False
+  num_tasks: int = 0
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -123,6 +127,8 @@ class ModelConfig:
     if self.attention != "dot" and self.attention_dropout > 0:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
+    if self.num_tasks < 0:
+      raise UserError(f"model.num_tasks must be >= 0 (0: no task embeddings), got {self.num_tasks}")
     if self.adapter_size < 0:
       raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
     if self.sublayer_order == "sf" * self.num_layers:

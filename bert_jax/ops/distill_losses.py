@@ -2,6 +2,7 @@
 
   soft       T^2 KL(softmax(t / T) || softmax(s / T))            (Hinton et al.; DistilBERT), per row or,
              with weights, per weighted masked-LM prediction (general distillation)
+  logit_mse  ||s - t||^2 of the logits, per row (Tang et al. 2019's BiLSTM students)
   cosine     1 - cos(h_s, h_t) of the last hidden states, per valid token (DistilBERT)
   hidden     mean over valid tokens and width of (W h_s - h_t)^2, per mapped layer (TinyBERT)
   attention  mean over heads, valid queries and keys of (a_s - a_t)^2, per mapped layer (TinyBERT,
@@ -16,6 +17,11 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+
+
+def logit_mse_sum(student_logits: Array, teacher_logits: Array) -> Array:
+  """The squared distance between the logits, summed over classes and rows."""
+  return jnp.sum(jnp.square(student_logits.astype(jnp.float32) - teacher_logits.astype(jnp.float32)))
 
 
 def soft_target_sum(student_logits: Array, teacher_logits: Array, temperature: float,

@@ -38,7 +38,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from bert_jax import config_schema, pretrained, workdir as workdir_lib
+from bert_jax import config_schema, workdir as workdir_lib
 from bert_jax.conversion import native
 from bert_jax.errors import UserError
 from bert_jax.finetune import init, optim
@@ -190,6 +190,7 @@ class Training:
     self.setup, self.steps_per_epoch = build_setup(config, self.objective, len(train.columns), len(train))
     self.embedder = self._embedder()
     self.progress: dict[str, Any] = {}
+    self.state = self._start()  # before the job writes this run's config: a paused state is checked against its own
 
   def _embedder(self) -> embed.Embedder:
     """An Embedder on the run's mesh, for the current parameters (dataclasses.replace its params)."""
@@ -209,22 +210,12 @@ class Training:
     embedder = dataclasses.replace(self.embedder, params={k: params[k] for k in ENCODER_KEYS})
     return {k: float(v) for k, v in evaluate.sts(embedder, self.dev).items()}
 
-  def _checkpointer(self) -> checkpoint.Checkpointer:
-    cfg = self.config.checkpoint
-    return checkpoint.Checkpointer(self.run_dir / workdir_lib.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
-                                   items=("progress",))
-
-  def _start(self, ckpt: checkpoint.Checkpointer) -> Any:
+  def _start(self) -> Any:
     """Own saved state > init_from's encoder over a fresh init > a fresh init."""
-    step, saved = ckpt.latest_step(), self.run_dir / workdir_lib.RUN_CONFIG
-    if step is not None:
-      ckpt.check_resumable(step, self.setup.abstract_state,
-                           workdir_lib.read_json(saved) if saved.exists() else None, self.config)
-      restored = ckpt.restore_latest(self.setup.abstract_state)
-      if restored is not None:
-        print(f"resumed from {ckpt.directory / str(restored[1])}", flush=True)
-        self.progress = dict(restored[0]["progress"])
-        return restored[0]["state"]
+    paused = checkpoint.resume_paused(self.run_dir, self.setup.abstract_state, self.config)
+    if paused is not None:
+      self.progress = paused[1]
+      return paused[0]
     params = self.setup.init_params(jax.random.key(self.config.train.seed))
     if self.config.init_from:
       params = checkpoint.load_params_into(self.config.init_from, params, keep=ENCODER_KEYS)
@@ -234,9 +225,9 @@ class Training:
 
   def train(self) -> loop.Outcome:
     cfg, setup = self.config.train, self.setup
-    ckpt = self._checkpointer()
+    state = self.state
+    ckpt = checkpoint.Checkpointer.paused(self.run_dir, self.config.checkpoint)
     try:
-      state = self._start(ckpt)
       start = int(state.step)
       logger = MetricsLogger(self.run_dir, setup.num_steps, start, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
       if start == 0:
@@ -289,19 +280,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains a bi-encoder in `workdir` (held locked). Returns {"dev": the final dev STS scores (and
   initial/*), "step", "num_steps", "stopped_by", "finished_before"}: a finished workdir is not trained
   again (finished_before), unless train.restart."""
-  validate(config)
-  pretrained.check_init_from(config)
-  with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    before = loop.read_finished(run_dir)
-    if before is not None:
-      return {**before, "stopped_by": None, "finished_before": True}
-    config = pretrained.native_init_from(config, run_dir)
-    run = Training(config, run_dir, signals)
-    workdir_lib.write_json(run_dir / workdir_lib.RUN_CONFIG, config.to_dict())
+  def train_run(run: Training) -> dict[str, Any]:
     outcome = run.train()
     result = {"step": outcome.step, "num_steps": run.setup.num_steps, "stopped_by": outcome.stopped_by,
               "finished_before": False}
     return {**result, "dev": {} if outcome.stopped_by else run.finish(outcome)}
+  return loop.run_job(config, workdir, validate=validate, build=Training, train=train_run)
 
 
 def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:

@@ -117,6 +117,13 @@ class Checkpointer:
   def for_pretraining(cls, location: epath.PathLike, cfg: ml_collections.ConfigDict) -> "Checkpointer":
     return cls(workdir.path(location) / workdir.CHECKPOINTS, keep=cfg.keep, async_save=cfg.async_save)
 
+  @classmethod
+  def paused(cls, location: epath.PathLike, cfg: ml_collections.ConfigDict) -> "Checkpointer":
+    """Where a fine-tuning-style job (fine-tuning, MT-DNN, Sentence-BERT) keeps its train state and
+    progress until it finishes: WORKDIR/paused."""
+    return cls(workdir.path(location) / workdir.PAUSED, keep=cfg.keep, async_save=cfg.async_save,
+               items=("progress",))
+
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
@@ -239,3 +246,26 @@ def _leaf_shapes(tree: Any) -> dict[tuple, tuple]:
 
 def _complete_steps(directory: epath.Path) -> list[int]:
   return [int(p.name) for p in directory.iterdir() if p.name.isdigit()] if directory.exists() else []
+
+
+def resume_paused(location: epath.PathLike, abstract_state: Any,
+                  config: ml_collections.ConfigDict) -> tuple[Any, dict] | None:
+  """A fine-tuning-style job's paused (state, progress) in `location`, checked against the run config it
+  was saved with (WORKDIR/run_config.json, which the job rewrites only after this); None when there is
+  none."""
+  run_dir = workdir.path(location)
+  if not (run_dir / workdir.PAUSED).exists():
+    return None
+  ckpt = Checkpointer.paused(run_dir, config.checkpoint)
+  try:
+    step, saved = ckpt.latest_step(), run_dir / workdir.RUN_CONFIG
+    if step is None:
+      return None
+    ckpt.check_resumable(step, abstract_state, workdir.read_json(saved) if saved.exists() else None, config)
+    restored = ckpt.restore_latest(abstract_state)
+  finally:
+    ckpt.close()
+  if restored is None:
+    return None
+  print(f"resumed from {ckpt.directory / str(restored[1])}", flush=True)
+  return restored[0]["state"], dict(restored[0]["progress"])

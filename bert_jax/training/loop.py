@@ -1,6 +1,7 @@
 """The one training loop. Every job (pretraining with each objective, ELECTRA included; fine-tuning;
 task-specific and general distillation) steps through `Loop.run` and so logs, evaluates, checkpoints
-and answers signals the same way; `hold` is how every job starts.
+and answers signals the same way; `hold` is how every job starts, and `run_job` how every
+fine-tuning-style job does.
 
 A job hands the loop its jitted step (rng and frozen inputs bound: `(state, batch) -> (state,
 metrics)`), an iterator of host batches whose first is step `start + 1`'s, and three actions:
@@ -30,11 +31,12 @@ import threading
 from typing import Any, Callable, Iterator
 
 import jax
+import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from bert_jax import run_lock, workdir as workdir_lib
+from bert_jax import pretrained, run_lock, workdir as workdir_lib
 from bert_jax.training import finite, partitioning
 from bert_jax.training.metrics import MetricsLogger
 
@@ -110,6 +112,25 @@ def hold(workdir: str, restart: bool = False) -> Iterator[tuple[epath.Path, Stop
     if restart and read_finished(run_dir) is not None:
       _set_aside(run_dir)
     yield run_dir, signals
+
+
+def run_job(config: ml_collections.ConfigDict, workdir: str, *, validate: Callable[[Any], None],
+            build: Callable[[Any, epath.Path, StopRequests], Any], train: Callable[[Any], dict]) -> dict:
+  """How a fine-tuning-style job (fine-tuning, MT-DNN, Sentence-BERT) runs: `validate(config)` and
+  init_from's check before anything is written; then, holding the workdir (`hold`), a finished run's
+  record (finished_before) unless train.restart, or: init_from converted into the workdir, the run
+  built (`build(config, run_dir, signals)`, which checks a paused state against the run config it was
+  saved with), the new run config written, and `train(run)`'s result."""
+  validate(config)
+  pretrained.check_init_from(config)
+  with hold(workdir, restart=config.train.restart) as (run_dir, signals):
+    before = read_finished(run_dir)
+    if before is not None:
+      return {**before, "stopped_by": None, "finished_before": True}
+    config = pretrained.native_init_from(config, run_dir)
+    run = build(config, run_dir, signals)
+    workdir_lib.write_json(run_dir / workdir_lib.RUN_CONFIG, config.to_dict())
+    return train(run)
 
 
 def read_finished(run_dir: epath.Path) -> dict | None:

@@ -17,7 +17,7 @@ import ml_collections
 from bert_jax import config_schema, config_utils, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import checkpoint, finite, loop, memory, partitioning
+from bert_jax.training import checkpoint, finite, loop, memory, objectives, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
 
@@ -146,6 +146,13 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
   evaluating = train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0
   eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size) if evaluating else None
   general_inputs = _general_inputs(config) if evaluating else None
+  if isinstance(setup.objective, objectives.ScheduledObjective):  # each step's batch as its schedule says
+    where = (jax.process_index(), jax.process_count())
+    inputs = setup.objective.feed(inputs, start, "train", config, *where)
+    if eval_inputs is not None:
+      eval_inputs = setup.objective.feed(eval_inputs, 0, "eval", config, *where)
+    if general_inputs is not None:
+      general_inputs = setup.objective.feed(general_inputs, 0, "eval", config, *where)
   rng = jax.random.key(train_cfg.seed + 1)
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())

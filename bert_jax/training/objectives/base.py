@@ -66,6 +66,16 @@ class TeacherObjective(PretrainingObjective, Protocol):
     """This objective, its train sums reading `teacher_params`."""
 
 
+@runtime_checkable
+class ScheduledObjective(PretrainingObjective, Protocol):
+  """A pretraining objective whose batches carry what a schedule decides per step (ERNIE 2.0's task of each
+  batch, objectives/ernie2.py): the pretraining job puts `feed` in front of its input."""
+
+  def feed(self, inputs: Any, first_step: int, split: str, config: ml_collections.ConfigDict,
+           process_index: int = 0, process_count: int = 1) -> Any:
+    """`inputs` ("train": its first batch is step first_step + 1's; or "eval") with the schedule's features."""
+
+
 def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:
   """An all-zeros batch of the data contract's shapes (for init and abstract evaluation)."""
   tokens = np.zeros((batch_size, seq_len), np.int32)
@@ -77,11 +87,15 @@ def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[s
 
 
 def refuse_structbert_inputs(config: ml_collections.ConfigDict) -> None:
-  """Shuffled trigrams and 3-way sentence labels are StructBERT's: another objective would train on them
-  without their losses (shuffled tokens never predicted, a label its 2-way head cannot hold)."""
+  """Shuffled trigrams and 3-way sentence labels are StructBERT's, the 'ernie' builder's rows ERNIE 2.0's:
+  another objective would train on them without their losses (shuffled tokens never predicted, a label its
+  2-way head cannot hold, reordered pieces read as text)."""
   # Saved configs may lack either key (older runs; converted checkpoints keep only the tokenizer's).
   data = config.get("data") or {}
   shuffle, builder = data.get("trigram_shuffle_rate", 0.0), data.get("example_builder", "")
+  if builder == "ernie" and config.objective != "ernie2":
+    raise UserError(f"data.example_builder='ernie' makes ERNIE 2.0's rows, which objective={config.objective!r} "
+                    "has no loss for; use objective='ernie2' (configs/ernie.py) or another builder")
   if shuffle or builder == "sso":
     raise UserError(f"data.trigram_shuffle_rate={shuffle} and data.example_builder={builder!r}: shuffled "
                     f"trigrams and the 'sso' builder are StructBERT's inputs, which objective={config.objective!r} "
