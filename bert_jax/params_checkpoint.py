@@ -25,7 +25,7 @@ from etils import epath
 
 from bert_jax import orbax_faults, workdir
 from bert_jax.errors import UserError
-from bert_jax.ops import finite, int8
+from bert_jax.ops import finite, lowbit
 
 
 BASE = "base_checkpoint"
@@ -172,8 +172,8 @@ def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   config = workdir.read_config(location)
   params = _restore_on_host(*params_location(location))
   finite.check_params_finite(params, str(location))
-  if config.get("quantization"):  # `bert-jax quantize`'s int8 weights, back on their grid in float32
-    params = int8.dequantize_params(params)
+  if config.get("quantization"):  # `bert-jax quantize`'s int8 or packed weights, back on their grid in float32
+    params = lowbit.dequantize_params(params)
   base = base_checkpoint(location)
   return (params if base is None else _completed(load_params(base)[0], params)), config
 
@@ -256,8 +256,8 @@ def _load_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None
 def _restore_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None,
                   wanted: Callable[[str], bool]) -> Any:
   saved = _flat(_own_metadata(location))
-  if any(name.endswith("['qvalue']") for name in saved):
-    raise UserError(f"{location} holds int8 weights (bert-jax quantize): predict with it, and fine-tune, "
+  if any(name.endswith(("['qvalue']", "['packed']")) for name in saved):
+    raise UserError(f"{location} holds quantized weights (bert-jax quantize): predict with it, and fine-tune, "
                     "distill or quantize from the float model it was made from")
   keep = None if keep is None else set(keep)
   leaves = [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(target)

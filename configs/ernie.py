@@ -28,8 +28,9 @@ PRESETS = {
     "base": "ERNIE 2.0-base (Sun et al. 2019): word- then structure-aware tasks, batch 768 x 512",
     "large": "ERNIE 2.0-large (Sun et al. 2019), the same schedule",
 }
-# The stages: MLM alone, then the word-aware tasks join, then the structure-aware ones.
-WORD = "mlm=1,capital=1,token_doc=1"
+# The stages: MLM alone, then the word-aware tasks join, then the structure-aware ones; MLM (knowledge
+# masking) keeps twice a new task's odds.
+WORD = "mlm=2,capital=1,token_doc=1"
 ALL = WORD + ",reorder=1,distance=1"
 
 
@@ -48,5 +49,5 @@ def get_config(arg: str = "base"):
     c.data.update(max_seq_length=128, max_predictions_per_seq=20)
     c.ernie.stages = ("0:mlm=1", f"100:{WORD}", f"300:{ALL}")
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
-    c.train.update(batch_size=32, num_steps=1000)
+    c.train.update(batch_size=32, num_steps=1500)
   return c

@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.head = ml_collections.ConfigDict()
   c.head.pooling = "pooled"  # pooled ([CLS] through the pooler) | layer_mix (weighted all layers)
   c.head.dropout = 0.1
+  c.head.cls_norm = "none"  # none | isobn: the summary vector normalised (IsoBN, bert_jax/models/isobn.py)
 
   # Shared fields: bert_jax/config_schema.py; the others are fine-tuning's own.
   c.optimizer = common.optimizer_config(learning_rate=2e-5, warmup_ratio=0.1)  # the rate of the pretrained weights

@@ -11,13 +11,15 @@ Word-aware (every real token but [CLS]/[SEP]; -1 elsewhere):
   document that are not in the row ("other segments of the original document").
 Structure-aware (one label per row, -1 where the row is not of that kind): a row is, at random
 (data.ernie_reorder_share of them), one of
-- sentence reordering (`reorder_labels`): one or two segments of consecutive sentences cut into k = 1, 2
+- sentence reordering (`reorder_labels`): one or two runs of consecutive sentences cut into k = 1, 2
   or 3 pieces (at sentence boundaries when there are k sentences, else inside them), shown in a random
   order as [CLS] p1 [SEP] p2 [SEP] ... ; the label is the order's index among the sum_k k! = 9
   permutations of REORDER_CLASSES (the identity of 1 piece is class 0);
-- sentence distance (`distance_labels`): a pair [CLS] A [SEP] B [SEP] with B the segment after A (0), a
-  segment of A's document not next to it (1), or one from another document (2), 1/3 each of the
-  choices the document allows.
+- sentence distance (`distance_labels`): a pair [CLS] A [SEP] B [SEP] of runs, B the run after A (0), a
+  run of A's document not next to it (1), or one from another document (2), 1/3 each; a run whose document
+  cannot give the distance drawn makes a reordering row instead, so the three stay about balanced.
+A run is at most half a pair's tokens and a third of its document's (`_segments`), so short documents give
+all three distances too.
 Knowledge masking's tags (knowledge.py) ride on the ids unchanged. The semantic-aware tasks read labelled
 files instead: `read_labelled`.
 """
@@ -104,8 +106,11 @@ def _assemble(cfg, pieces, reorder: int, distance: int) -> Row:
                                        "reorder_labels": reorder, "distance_labels": distance})
 
 
-def _segments(doc: _Document, budget: int) -> list[list[int]]:
-  """The document's sentences in runs of consecutive sentence indices, each about `budget` tokens."""
+def _segments(cfg, doc: _Document) -> list[list[int]]:
+  """The document's sentences in runs of consecutive sentence indices, each of at most half a pair's tokens
+  and of a third of the document's (a long sentence alone), so that a document of three sentences or more
+  has three runs: an adjacent and a distant one for each."""
+  budget = max(1, min((cfg.max_seq_length - 3) // 2, sum(len(s) for s in doc.sentences) // 3))
   runs, run, length = [], [], 0
   for k, sentence in enumerate(doc.sentences):
     if run and length + len(sentence) > budget:
@@ -144,10 +149,9 @@ def _reorder_row(cfg, doc: _Document, used: list[int], rng) -> Row | None:
 
 def _distance_row(cfg, docs, d: int, runs: list[list[int]], i: int, rng) -> Row | None:
   far = [j for j in range(len(runs)) if abs(j - i) > 1]
-  choices = [c for c, ok in ((0, i + 1 < len(runs)), (1, bool(far)), (2, len(docs) > 1)) if ok]
-  if not choices:
-    return None
-  label = choices[int(rng.integers(len(choices)))]
+  label = int(rng.integers(DISTANCE_CLASSES))
+  if not (i + 1 < len(runs), bool(far), len(docs) > 1)[label]:
+    return _reorder_row(cfg, docs[d], runs[i], rng)  # not this run's distance: the classes stay balanced
   doc = docs[d]
   if label == 0:
     j, other, other_runs = i + 1, d, runs
@@ -155,7 +159,7 @@ def _distance_row(cfg, docs, d: int, runs: list[list[int]], i: int, rng) -> Row 
     j, other, other_runs = int(rng.choice(far)), d, runs
   else:
     other = int(rng.choice([e for e in range(len(docs)) if e != d]))
-    other_runs = _segments(docs[other], (cfg.max_seq_length - 3) // 2)
+    other_runs = _segments(cfg, docs[other])
     j = int(rng.integers(len(other_runs)))
   a = [t for k in runs[i] for t in doc.sentences[k]]
   b = [t for k in other_runs[j] for t in docs[other].sentences[k]]
@@ -174,7 +178,7 @@ def build_rows(cfg, docs, rng: np.random.Generator, stats, reorder_share: float)
   docs = [_Document(d) for d in ([s for s in doc if s] for doc in docs) if d]
   rows = []
   for d, doc in enumerate(docs):
-    runs = _segments(doc, (cfg.max_seq_length - 3) // 2)
+    runs = _segments(cfg, doc)
     i = 0
     while i < len(runs):
       if rng.random() < reorder_share:

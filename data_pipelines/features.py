@@ -55,6 +55,8 @@ ERNIE_FEATURES = {  # data.example_builder="ernie" (ernie.py); -1: no label
                        "(0..8); -1 on a sentence-distance row"),
     "distance_labels": ("int32", ("B",), "sentence distance: 0 B follows A, 1 B elsewhere in A's document, 2 B "
                         "from another document; -1 on a reordering row"),
+    "task_ids": ("int32", ("B",), "the row's task (training/objectives/ernie2.py); 0 here, set per step by the "
+                 "schedule's TaskFeed"),
 }
 # What a row source hands to `Featurizer`: the unmasked rows and each row's mask identity.
 ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", "counter")

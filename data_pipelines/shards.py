@@ -160,6 +160,7 @@ def _stack(rows, counters, shards, width: int) -> dict:
       for i, row in enumerate(rows):
         out[name][i, :len(row.ids)] = row.extras[name]
     out.update({name: np.array([r.extras[name] for r in rows], np.int32) for name in ernie.SEQUENCE_LABELS})
+    out["task_ids"] = np.zeros((n,), np.int32)
   return out
 
 

@@ -55,3 +55,18 @@ def write_first_word_sst2(directory, n_train=256, n_dev=48, random_train_labels=
         label = int(rng.integers(2)) if random_train_labels and split == "train" else y
         f.write(f"{('false', 'true')[y]} {sentence}\t{label}\n")
   return str(directory)
+
+
+def predict_accuracy(model_dir, data_dir, output) -> float:
+  """`bert-jax predict` of a sst2-format model on DATA_DIR/dev.tsv into OUTPUT: the share of its labels
+  equal to the file's."""
+  import json  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  assert cli.main(["predict", "--model", str(model_dir), "--input", os.path.join(data_dir, "dev.tsv"),
+                   "--output", str(output)]) == 0
+  with open(os.path.join(data_dir, "dev.tsv"), encoding="utf-8") as f:
+    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
+  with open(output, encoding="utf-8") as f:
+    labels = [json.loads(line)["label"] for line in f]
+  return float(np.mean(np.array(labels) == np.array(truth)))

@@ -4,7 +4,6 @@ version keeps its accuracy at under 30% of its bytes and `predict` serves it."""
 import json
 import os
 
-import numpy as np
 import pytest
 
 import data_fixtures
@@ -62,15 +61,9 @@ def test_int8_teacher_keeps_accuracy_and_predict_serves_it(teacher, tmp_path, ca
   assert results["int8"]["accuracy"] >= float_acc - 0.02 and results["agreement"] >= 0.95, results
   assert results["bytes"]["ratio"] <= 0.3, results["bytes"]
   capsys.readouterr()
-  predictions = str(tmp_path / "predictions.jsonl")
-  assert cli.main(["predict", "--model", out, "--input", os.path.join(data, "dev.tsv"),
-                   "--output", predictions]) == 0
-  with open(os.path.join(data, "dev.tsv")) as f:
-    truth = [line.rsplit("\t", 1)[1].strip() for line in f.read().splitlines()[1:]]
-  with open(predictions) as f:
-    labels = [json.loads(line)["label"] for line in f]
+  accuracy = data_fixtures.predict_accuracy(out, data, tmp_path / "predictions.jsonl")
   # predict loads the int8 workdir on its own path and agrees with the quantize job's measurement
-  assert np.mean(np.array(labels) == np.array(truth)) == pytest.approx(results["int8"]["accuracy"])
+  assert accuracy == pytest.approx(results["int8"]["accuracy"])
   assert cli.main(["quantize", "--model", out, "--output", str(tmp_path / "again")]) == 2
   assert "already quantized" in capsys.readouterr().err
 

@@ -18,9 +18,9 @@ from core_helpers import TINY
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install 'bert_jax[tpu]')")
-# A BERT-large step that fits costs 1-2 CPU minutes to compile; these run with BERT_JAX_SLOW_TESTS=1.
+# Compiling BERT-large (1-2 CPU minutes) or several objectives for a slice: these run with BERT_JAX_SLOW_TESTS=1.
 slow = pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"),
-                          reason="compiles BERT-large for a TPU slice (minutes); set BERT_JAX_SLOW_TESTS=1")
+                          reason="compiles for a TPU slice (a minute or more); set BERT_JAX_SLOW_TESTS=1")
 
 
 # (name, topology, chips, hosts) from cloud.google.com/tpu/docs/{v3,v4,v5e,v5p-training,v6e}.
@@ -276,7 +276,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 @pytest.mark.parametrize("family,feature", [("spanbert", "masked_lm_span_offset"),
-                                            ("structbert", "shuffled_positions")])
+                                            ("structbert", "shuffled_positions"), ("ernie", "task_ids")])
 def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature):
   """`compile`'s abstract batch is the input pipeline's contract for the config (span and trigram
   features included; before, the spanbert step raised a KeyError): lowered here on the CPU mesh."""
@@ -294,6 +294,17 @@ def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature
   setup = build_train_setup(config, mesh)
   setup.train_step.lower(setup.abstract_state, batch, jax.random.key(0))
   setup.eval_step.lower(setup.abstract_state.params, batch)
+
+
+@slow  # ~30 s of TPU compilation each
+@needs_libtpu
+@pytest.mark.parametrize("config", ["configs/ernie.py:tiny", "configs/ltr.py:tiny", "configs/structbert.py:tiny"])
+def test_the_lectures_objectives_compile_for_a_v4_8_slice(capsys, config):
+  """ERNIE 2.0 (five task heads, task embeddings), the LTR ablation (causal mask) and StructBERT compile for
+  TPU through `bert-jax compile`, at TINY's sizes, and fit."""
+  status, report, err = _compile_json(capsys, "--config", config, "--topology", "v4-8", *TINY)
+  assert status == 0 and report["fits"], err
+  assert report["train_step"]["device_bytes"] > 0 and report["eval_step"]["device_bytes"] > 0
 
 
 def test_missing_libtpu_names_the_tpu_extra(capsys, monkeypatch):

@@ -48,7 +48,8 @@ def load(path: str, eval_limit: int = 0) -> FineTuned:
     config.data.eval_limit = eval_limit
   task = task_registry.build_task(config, bert_jax.load_tokenizer(path), need_train=False)
   model_config = ModelConfig.from_dict(saved["model"]).replace(hidden_dropout=0.0, attention_dropout=0.0)
-  model = heads.FinetuneModel(model_config, task.head, task.num_labels, config.head.pooling, 0.0)
+  model = heads.FinetuneModel(model_config, task.head, task.num_labels, config.head.pooling, 0.0,
+                              config.head.get("cls_norm", "none"))
   return FineTuned(path, model_config, FinetuneObjective(model), params, task, config.train.eval_batch_size)
 
 

@@ -10,7 +10,9 @@ distilling or quantizing it again is refused: those start from the float model.
 
 eval_results.json gets the dev metrics of both models, the share of the float score the int8 model
 keeps, how often their predictions agree, the seconds of one pass over the dev set for each (after a
-warm-up call that compiles) and the bytes: of the arrays, and of params/ on disk.
+warm-up call that compiles) and the bytes: of the arrays, and of params/ on disk. Q-BERT's mixed precision
+(`--mode hessian`, compress/qbert.py) checks its source and measures its output with the same
+`check_source` and `compare`.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 
 import bert_jax
 from bert_jax import params_checkpoint, workdir as workdir_lib
-from bert_jax.ops import int8
+from bert_jax.ops import int8, lowbit
 from bert_jax.errors import UserError
 from bert_jax.finetune import predict
 from bert_jax.finetune.task_registry import build_task
@@ -63,37 +65,49 @@ def _agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
   return float(np.mean(np.abs(a[key] - b[key]) <= 1e-2))
 
 
-def quantize(model: str, output: str, activations: str = "int8", batch_size: int = 0) -> dict[str, Any]:
-  """Writes the int8 version of the fine-tuning workdir `model` to `output`; returns eval_results."""
-  if activations not in ACTIVATIONS:
-    raise UserError(f"--activations={activations!r} is not one of {ACTIVATIONS}")
+def check_source(model: str, output: str) -> tuple[dict, Any]:
+  """(the float model's config, the output path) once both are fit to quantize from and into."""
   config = workdir_lib.read_config(model)
   if config.get("quantization"):
-    raise UserError(f"{model} is already quantized (int8, from {config['quantization'].get('source')}); "
-                    "quantize the float model it came from")
+    raise UserError(f"{model} is already quantized ({config['quantization'].get('weights')}, from "
+                    f"{config['quantization'].get('source')}); quantize the float model it came from")
   predict.head_info(config, model)
   out = workdir_lib.path(output)
   if out == workdir_lib.path(model):
     raise UserError("--output must differ from --model: the float model is the reference")
+  return config, out
+
+
+def compare(model: str, output: str, config: dict, params: Any, saved: dict, quantized: Any, tokenizer,
+            batch_size: int, name: str) -> dict[str, Any]:
+  """Dev metrics, seconds and bytes of the float model and its quantized copy (`name` in the results),
+  written to eval_results.json in `output`; the quantized copy runs from its dequantized weights."""
+  float_metrics, float_out, float_s = evaluate(
+      predict.Predictor.build(config, params, tokenizer, batch_size, model), config)
+  q_metrics, q_out, q_s = evaluate(
+      predict.Predictor.build(saved, lowbit.dequantize_params(quantized), tokenizer, batch_size, output), saved)
+  float_bytes, q_bytes = int8.tree_bytes(params), int8.tree_bytes(quantized)
+  float_disk = int8.directory_bytes(params_checkpoint.params_location(model)[0])
+  q_disk = int8.directory_bytes(workdir_lib.path(output) / workdir_lib.PARAMS)
+  results = {"float": {**float_metrics, "seconds": float_s}, name: {**q_metrics, "seconds": q_s},
+             "retained": q_metrics["score"] / float_metrics["score"] if float_metrics["score"] else float("nan"),
+             "agreement": _agreement(float_out, q_out), "speedup": float_s / q_s,
+             "bytes": {"float": float_bytes, name: q_bytes, "ratio": q_bytes / float_bytes,
+                       "float_disk": float_disk, f"{name}_disk": q_disk, "disk_ratio": q_disk / float_disk},
+             "activations": saved["quantization"]["activations"]}
+  workdir_lib.write_json(workdir_lib.path(output) / workdir_lib.EVAL_RESULTS, results)
+  return results
+
+
+def quantize(model: str, output: str, activations: str = "int8", batch_size: int = 0) -> dict[str, Any]:
+  """Writes the int8 version of the fine-tuning workdir `model` to `output`; returns eval_results."""
+  if activations not in ACTIVATIONS:
+    raise UserError(f"--activations={activations!r} is not one of {ACTIVATIONS}")
+  config, out = check_source(model, output)
   params, _ = params_checkpoint.load_params(model)
   tokenizer = bert_jax.load_tokenizer(model)
   quantized = int8.quantize_params(jax.device_get(params))
   saved = {**config, "quantization": {"weights": "int8", "activations": activations,
                                       "source": str(workdir_lib.path(model))}}
   params_checkpoint.save_params(out, quantized, saved, tokenizer.files)
-  float_metrics, float_out, float_s = evaluate(
-      predict.Predictor.build(config, params, tokenizer, batch_size, model), config)
-  int8_metrics, int8_out, int8_s = evaluate(
-      predict.Predictor.build(saved, int8.dequantize_params(quantized), tokenizer, batch_size, output), saved)
-  float_bytes, int8_bytes = int8.tree_bytes(params), int8.tree_bytes(quantized)
-  float_disk = int8.directory_bytes(params_checkpoint.params_location(model)[0])
-  int8_disk = int8.directory_bytes(out / workdir_lib.PARAMS)
-  results = {"float": {**float_metrics, "seconds": float_s}, "int8": {**int8_metrics, "seconds": int8_s},
-             "retained": int8_metrics["score"] / float_metrics["score"] if float_metrics["score"] else
-             float("nan"),
-             "agreement": _agreement(float_out, int8_out), "speedup": float_s / int8_s,
-             "bytes": {"float": float_bytes, "int8": int8_bytes, "ratio": int8_bytes / float_bytes,
-                       "float_disk": float_disk, "int8_disk": int8_disk, "disk_ratio": int8_disk / float_disk},
-             "activations": activations}
-  workdir_lib.write_json(out / workdir_lib.EVAL_RESULTS, results)
-  return results
+  return compare(model, output, config, params, saved, quantized, tokenizer, batch_size, "int8")

@@ -37,8 +37,8 @@ class Teacher:
     saved = workdir_lib.read_config(location)  # none there: a one-line UserError
     quantized = saved.get("quantization")
     if quantized:
-      raise UserError(f"distill.teacher={location} holds int8 weights (bert-jax quantize); distil from the float "
-                      f"model it came from ({quantized.get('source')})")
+      raise UserError(f"distill.teacher={location} holds {quantized.get('weights')} weights (bert-jax quantize); "
+                      f"distil from the float model it came from ({quantized.get('source')})")
     return cls(location, saved, ModelConfig.from_dict(saved["model"]))
 
   @classmethod

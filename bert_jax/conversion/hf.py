@@ -198,6 +198,9 @@ def _task_export(converted: common.Converted) -> _Export:
                     "equivalent: only pooled classification heads export; use bert-jax predict")
   if head.kind in family.hf.no_task_export:
     raise UserError(f"{architecture} {family.hf.no_task_export[head.kind]}")
+  if "cls_norm" in converted.params.get("head", {}):
+    raise UserError("head.cls_norm='isobn' (IsoBN's normalised [CLS]) has no Hugging Face equivalent: "
+                    f"{architecture} would drop it; use bert-jax predict")
   rows = family.hf.task_rows.get(head.kind, kind.hf_rows)
   # A pretraining head whose parameters the task rows write (RoBERTa's pooler) leaves the base model.
   written = {r.ours for r in rows}

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 
 from bert_jax.models import families, head_kinds
-from bert_jax.models.head_kinds import POOLINGS  # noqa: F401  (the head.pooling choices)
+from bert_jax.models.head_kinds import CLS_NORMS, POOLINGS  # noqa: F401  (head.cls_norm's, head.pooling's choices)
 
 Array = jax.Array
 
@@ -23,11 +23,13 @@ class FinetuneModel(nn.Module):
   num_labels: int
   pooling: str = "pooled"
   head_dropout: float = 0.1
+  cls_norm: str = "none"  # head.cls_norm: none | isobn (models/isobn.py)
 
   def setup(self):
     self.encoder_model = families.build(self.config)
     nn.share_scope(self, self.encoder_model)
-    self.head = head_kinds.get(self.kind).build(self.config, self.num_labels, self.pooling, self.head_dropout)
+    self.head = head_kinds.get(self.kind).build(self.config, self.num_labels, self.pooling, self.head_dropout,
+                                                self.cls_norm)
 
   def __call__(self, input_ids: Array, attention_mask: Array, token_type_ids: Array, *,
                deterministic: bool = True, head_mask: Array | None = None) -> dict[str, Array]:

@@ -224,7 +224,8 @@ class MultiTaskRun:
   def _setups(self) -> tuple[list[TrainSetup], int]:
     """One sharded setup per task over the same tree, mesh and optimizer: its own jitted steps."""
     config = self.config
-    models = [heads.FinetuneModel(self.model_config, t.head, t.num_labels, config.head.pooling, config.head.dropout)
+    models = [heads.FinetuneModel(self.model_config, t.head, t.num_labels, config.head.pooling, config.head.dropout,
+                                  config.head.get("cls_norm", "none"))
               for t in self.tasks]
     inner = [FinetuneObjective(m) for m in models]
     dummy = jnp.zeros((1, config.data.max_seq_length), jnp.int32)

@@ -46,7 +46,10 @@ class FinetuneObjective:
            head_mask: jax.Array | None = None, teacher: Any = None) -> dict[str, jax.Array]:
     """The task loss summed (plus SMART's terms in training); teacher: SMART's momentum teacher."""
     outputs = self.apply(params, batch, rng, deterministic, head_mask)
+    state_loss = outputs.pop("state_loss", None)  # head.cls_norm's estimates (models/isobn.py); value 0
     sums = {"loss": self.head.loss(outputs, batch)}
+    if state_loss is not None:  # times the count the loss is divided by: the estimates' gradient as it is
+      sums["loss"] = sums["loss"] + state_loss * self.head.count(batch)
     if self.smart is not None and not deterministic:
       apply = lambda p, delta: self.apply(p, batch, rng, False, head_mask, delta)  # noqa: E731
       sums.update(smart.sums(apply, params, teacher, outputs, batch, rng, self.smart, self.kind,

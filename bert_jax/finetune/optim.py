@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from bert_jax.models import isobn
 from bert_jax.models.config import ModelConfig
 from bert_jax.training.optim import decay_mask, learning_rate_schedule
 
@@ -113,7 +114,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, 
       optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
       scale_by_multipliers(lr_multipliers(params, model, cfg.layer_decay, head_multiplier)),
       optax.scale_by_learning_rate(schedule))
-  if trainable is not None and not all(jax.tree.leaves(trainable)):
-    labels = jax.tree.map(lambda t: "train" if t else "frozen", trainable)
-    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+  if trainable is None:
+    trainable = jax.tree.map(lambda _: True, params)
+  # head.cls_norm's running estimates (models/isobn.py) are assigned, not trained: their "gradient" is
+  # (estimate - new value), so the update -gradient sets the new value.
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, t: "state" if getattr(path[-1], "key", None) in isobn.STATE_PARAMS else ("train" if t else "frozen"),
+      trainable)
+  if any(label != "train" for label in jax.tree.leaves(labels)):
+    tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero(), "state": optax.scale(-1.0)}, labels)
   return tx, schedule

@@ -86,7 +86,8 @@ class Predictor:
     if batch_size <= 0:
       raise UserError(f"batch size {batch_size} must be positive")
     model = heads.FinetuneModel(families.model_config(config["model"]), kind, num_labels,
-                                config["head"]["pooling"], config["head"]["dropout"])
+                                config["head"]["pooling"], config["head"]["dropout"],
+                                config["head"].get("cls_norm", "none"))
     if (config.get("quantization") or {}).get("activations") == "int8":
       model = int8.int8_model(model)
     dummy = jnp.zeros((1, config["data"]["max_seq_length"]), jnp.int32)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import json
 import math
 
 import ml_collections

@@ -55,7 +55,7 @@ def build_train_setup(config: ml_collections.ConfigDict, model_config, task: Tas
                       ) -> tuple[TrainSetup, int]:
   """The task's model and optimizer through the shared sharded setup; also the steps per epoch."""
   model = heads.FinetuneModel(model_config, task.head, task.num_labels, config.head.pooling,
-                              config.head.dropout)
+                              config.head.dropout, config.head.get("cls_norm", "none"))
   if config.train.qat:
     model = int8.int8_model(model)
   objective = FinetuneObjective(model, config.smart if config.smart.enabled else None)
@@ -343,6 +343,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"predict_split={config.predict_split!r} is not one of ('', 'dev', 'test')")
   if config.head.pooling not in heads.POOLINGS:
     raise UserError(f"head.pooling={config.head.pooling!r} is not one of {heads.POOLINGS}")
+  if config.head.get("cls_norm", "none") not in heads.CLS_NORMS:
+    raise UserError(f"head.cls_norm={config.head.cls_norm!r} is not one of {heads.CLS_NORMS}")
+  if config.head.get("cls_norm", "none") != "none" and config.job in ("distill", "theseus"):
+    raise UserError(f"head.cls_norm={config.head.cls_norm!r} is for fine-tuning (and MT-DNN); a distilled "
+                    "student's head reads its summary vector as it is")
   modes.validate(config.train)
   smart.validate(config.smart)
   batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)

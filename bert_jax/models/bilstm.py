@@ -62,14 +62,6 @@ class BiLSTMConfig(FamilyConfig):
     if self.scan_layers:
       raise UserError("model.scan_layers=True: the BiLSTM's layers are not scanned (set it to False)")
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
 
 class BiLSTMModel(nn.Module):
   """The family module (models/families.py's contract): last_hidden_state [B, T, 2 * lstm_size], the last

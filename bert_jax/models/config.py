@@ -239,8 +239,9 @@ def _per_layer(pruned: Any, num_layers: int, num_heads: int) -> tuple[tuple[int,
 
 
 class FamilyConfig:
-  """from_dict / to_dict / replace for a family's own frozen config dataclass (ModernBERT, MobileBERT,
-  XLNet); `FAMILY_NAME` names the family in the unknown-key error."""
+  """from_dict / to_dict / replace, and the dtypes of its `dtype` and `param_dtype` fields, for a family's own
+  frozen config dataclass (ModernBERT, MobileBERT, XLNet, BiLSTM); `FAMILY_NAME` names the family in the
+  unknown-key error."""
   FAMILY_NAME = "model"
 
   @classmethod
@@ -256,3 +257,11 @@ class FamilyConfig:
 
   def replace(self, **changes):
     return dataclasses.replace(self, **changes)
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self):
+    return jnp.dtype(self.param_dtype)

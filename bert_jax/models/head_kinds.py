@@ -31,13 +31,14 @@ import numpy as np
 import optax
 
 from bert_jax.errors import UserError
-from bert_jax.models import bert, families
+from bert_jax.models import bert, families, isobn
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.families import Row, dense_rows, hf_only
 
 Array = jax.Array
 Batch = Mapping[str, Array]
 POOLINGS = ("pooled", "layer_mix")
+CLS_NORMS = ("none", "isobn")  # head.cls_norm: models/isobn.py
 
 
 class LayerMix(nn.Module):
@@ -72,8 +73,11 @@ class _Head(nn.Module):
 
 
 class SequenceHead(_Head):
-  """classification (logits [B, C]) and, with regression=True, regression (one value [B])."""
+  """classification (logits [B, C]) and, with regression=True, regression (one value [B]). cls_norm="isobn":
+  the summary vector is normalised first (models/isobn.py); in training the outputs then carry
+  `state_loss`, which the objective adds to the loss."""
   regression: bool = False
+  cls_norm: str = "none"
 
   @nn.compact
   def __call__(self, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> dict[str, Array]:
@@ -82,9 +86,13 @@ class SequenceHead(_Head):
       h = LayerMix(name="layer_mix")(out.hidden_states[:, :, 0])
     else:
       h = summarize(self.config, out, attention_mask, deterministic)
+    state_loss = None
+    if self.cls_norm == "isobn":
+      h, state_loss = isobn.IsoBN(name="cls_norm")(h, deterministic)
     logits = bert.dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(
         drop(h, deterministic=deterministic)).astype(jnp.float32)
-    return {"logits": logits[:, 0] if self.regression else logits}
+    outputs = {"logits": logits[:, 0] if self.regression else logits}
+    return outputs if state_loss is None else {**outputs, "state_loss": state_loss}
 
 
 def summarize(config: Any, out: bert.ModelOutput, attention_mask: Array, deterministic: bool) -> Array:
@@ -172,8 +180,16 @@ class HeadKind:
   hf_config: Callable[[tuple[str, ...]], dict]
   records: Callable[[dict[str, np.ndarray], tuple[str, ...]], list[dict]] | None = None
 
-  def build(self, config: Any, num_labels: int, pooling: str, dropout: float) -> nn.Module:
-    return self.module(config=config, num_labels=num_labels, pooling=pooling, dropout=dropout)
+  def build(self, config: Any, num_labels: int, pooling: str, dropout: float, cls_norm: str = "none") -> nn.Module:
+    """The head module; cls_norm (head.cls_norm: none | isobn) only for the kinds that read the summary."""
+    if cls_norm not in CLS_NORMS:
+      raise UserError(f"head.cls_norm={cls_norm!r} is not one of {CLS_NORMS}")
+    if cls_norm == "none":
+      return self.module(config=config, num_labels=num_labels, pooling=pooling, dropout=dropout)
+    if not self.reads_summary:
+      raise UserError(f"head.cls_norm={cls_norm!r} normalises the [CLS] vector of sequence heads; a {self.name} "
+                      "head reads every token")
+    return self.module(config=config, num_labels=num_labels, pooling=pooling, dropout=dropout, cls_norm=cls_norm)
 
   def encoder_config(self, config: Any, pooling: str) -> Any:
     """The encoder without pretraining heads; the summary's heads (BERT's pooler) only where this head

@@ -142,14 +142,6 @@ class MobileBertConfig(FamilyConfig):
   def head_dim(self) -> int:
     return self.true_hidden_size // self.num_heads
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
 
 def _dense(cfg: MobileBertConfig, features: int, axes: tuple[str, str], name: str, use_bias: bool = True) -> nn.Dense:
   return nn.Dense(features, use_bias=use_bias, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype, name=name,

@@ -133,14 +133,6 @@ class ModernBertConfig(FamilyConfig):
   def embed_dim(self) -> int:
     return self.hidden_size
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
 
 def backbone_params(model: Mapping[str, Any]) -> int:
   """Embeddings, layers, final norm and pooler from a model section's sizes (no biases; the norms have

@@ -120,14 +120,6 @@ class XLNetConfig(FamilyConfig):
   def embed_dim(self) -> int:
     return self.hidden_size
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
 
 def backbone_params(model: Mapping[str, Any]) -> int:
   """Word embeddings, mask_emb and the layers from a model section's sizes (what `bert-jax info` counts)."""

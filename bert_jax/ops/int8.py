@@ -35,7 +35,7 @@ from bert_jax.errors import require
 QUANTIZED_LEAF = ("qvalue", "scale")
 
 
-def _qwix(purpose: str):
+def require_qwix(purpose: str):
   return require("qwix", "quantize", purpose)
 
 
@@ -52,30 +52,36 @@ def contracted_axes(path: tuple[str, ...], ndim: int) -> tuple[int, ...] | None:
   return (ndim - 2,)
 
 
-def _is_quantized_leaf(node: Any) -> bool:
+def is_quantized_leaf(node: Any) -> bool:
   return isinstance(node, dict) and set(node) == set(QUANTIZED_LEAF)
+
+
+def quantize_params_at(node: Any, path: tuple[str, ...]) -> Any:
+  """One leaf at `path`: {"qvalue": int8, "scale": f32} for a matmul weight, else the leaf itself."""
+  axes = contracted_axes(path, np.ndim(node))
+  if axes is None:
+    return node
+  qwix = require_qwix("int8 quantization")
+  channels = tuple(a for a in range(np.ndim(node)) if a not in axes)
+  q = qwix.quantize(jnp.asarray(node, jnp.float32), jnp.int8, channelwise_axes=channels)
+  return {"qvalue": np.asarray(q.qvalue), "scale": np.asarray(q.scale, np.float32)}
 
 
 def quantize_params(params: Any) -> Any:
   """The params tree (numpy or jax leaves) with every matmul weight as {"qvalue": int8, "scale": f32}."""
-  qwix = _qwix("int8 quantization")
+  require_qwix("int8 quantization")
 
   def visit(node, path):
     if isinstance(node, dict):
       return {k: visit(v, path + (k,)) for k, v in node.items()}
-    axes = contracted_axes(path, np.ndim(node))
-    if axes is None:
-      return node
-    channels = tuple(a for a in range(np.ndim(node)) if a not in axes)
-    q = qwix.quantize(jnp.asarray(node, jnp.float32), jnp.int8, channelwise_axes=channels)
-    return {"qvalue": np.asarray(q.qvalue), "scale": np.asarray(q.scale, np.float32)}
+    return quantize_params_at(node, path)
 
   return visit(params, ())
 
 
 def dequantize_params(params: Any) -> Any:
   """The inverse of quantize_params (float32 weights on the int8 grid); other leaves as they are."""
-  if _is_quantized_leaf(params):
+  if is_quantized_leaf(params):
     return np.asarray(params["qvalue"], np.float32) * np.asarray(params["scale"], np.float32)
   if isinstance(params, dict):
     return {k: dequantize_params(v) for k, v in params.items()}
@@ -85,7 +91,7 @@ def dequantize_params(params: Any) -> Any:
 def int8_model(model):
   """`model` (a linen Module) with int8 dot_generals and einsums: dynamic per-channel quantization of
   both operands forward, straight-through gradients backward (see the module docstring)."""
-  qwix = _qwix("int8 compute (train.qat, quantized inference)")
+  qwix = require_qwix("int8 compute (train.qat, quantized inference)")
   rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int8, act_qtype=jnp.int8)
   return qwix.quantize_model(model, qwix.QtProvider([rule]))
 

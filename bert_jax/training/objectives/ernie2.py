@@ -161,8 +161,9 @@ class TaskFeed:
     n = len(data["labels"])
     index, count = self._process
     first = (self._step * count + index) * rows
-    take = np.array([np.random.default_rng([self._schedule.seed & 0xFFFFFFFF, 1, i // n]).permutation(n)[i % n]
-                     for i in range(first, first + rows)])
+    order = {e: np.random.default_rng([self._schedule.seed & 0xFFFFFFFF, 1, e]).permutation(n)
+             for e in range(first // n, (first + rows - 1) // n + 1)}
+    take = np.array([order[i // n][i % n] for i in range(first, first + rows)])
     out = {k: v[take] for k, v in data.items() if k != "labels"}
     out["labelled_labels"] = data["labels"][take]
     for name, value in batch.items():  # corpus features the file has not: nothing to predict there
