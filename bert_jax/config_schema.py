@@ -95,6 +95,9 @@ FIELDS = (
           (DATASET,)),
     Field("train.eval_steps", ">= 0", _int(0),
           "held-out batches per evaluation (the same batches each time); 0: no evaluation", (CORPUS,)),
+    Field("train.eval_at_start", "true or false", _bool,
+          "with evaluation on, also evaluate the starting parameters, logged as step 0 (continued pretraining: "
+          "the checkpoint's held-out loss before training); a resumed run does not repeat it", (CORPUS,)),
     Field("train.eval_batch_size", ">= 0", _int(0),
           "rows per evaluation batch; 0: train.batch_size"),
     Field("train.tensorboard", "true or false", _bool,
@@ -142,6 +145,10 @@ FIELDS = (
     Field("data.vocab", "a path or ''", _str,
           "the vocabulary (vocab.txt or a SentencePiece *.model); '': the embedded one, or init_from's"),
     Field("data.lower_case", "true or false", _bool, "lower-case and strip accents before tokenizing"),
+    Field("data.general_eval_corpus", "globs or ''", _str,
+          "a second held-out set (read as data.eval_corpus is) evaluated with the first at the same steps, its "
+          "metrics named general_* (continued pretraining: general-domain text, to show forgetting); '': none",
+          (CORPUS,)),
 )
 
 def _get(config: ml_collections.ConfigDict, key: str) -> Any:

@@ -61,7 +61,7 @@ def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> di
     row["num_steps"] = c.train.num_steps
   if "distill" in c and (c.distill.get("student_layers") or c.job == "theseus"):  # some of the teacher's layers
     row.update(model_from="the teacher")
-  elif finetuning and "distill" not in c:  # the model section counts only without init_from
+  elif (finetuning and "distill" not in c) or c.get("init_from_model"):  # the model is init_from's
     row.update(model_from="init_from")
   else:
     row.update(layers=c.model.num_layers, hidden=c.model.hidden_size, params=backbone_params(c.model))

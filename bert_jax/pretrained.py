@@ -2,7 +2,8 @@
 
 `init_from` takes any of them too: `check_init_from` names a missing or unknown one before a run writes
 anything, and `native_init_from` converts a foreign one into the run's workdir (WORKDIR/init_from, what
-`bert-jax convert --from hf|tf` writes), once: a rerun finds it there.
+`bert-jax convert --from hf|tf` writes), once: a rerun finds it there. `with_init_from_model` gives a
+pretraining config the checkpoint's model and tokenizer (continued pretraining, configs/continue.py).
 """
 from __future__ import annotations
 
@@ -61,8 +62,12 @@ _FOREIGN = {"hf": "a Hugging Face folder", "tf": "an original TF checkpoint"}
 
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
-  """UserError naming config.init_from when it is set and not a checkpoint (or not there at all)."""
+  """UserError naming config.init_from when it is set and not a checkpoint (or not there at all), or unset
+where the config takes its model from it (init_from_model: configs/continue.py)."""
   if not config.init_from:
+    if config.get("init_from_model", False):
+      raise UserError("init_from is empty: continued pretraining (init_from_model) needs the checkpoint to continue: "
+                      "--config.init_from=DIR (a Hugging Face folder, an original TF checkpoint or a bert_jax one)")
     return
   location = workdir.path(config.init_from)
   workdir.check_bucket(location)
@@ -97,6 +102,52 @@ def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> 
   config.init_from = os.fspath(target)
   config.lock()
   return config
+
+
+# Model fields that say how a run computes, not what the checkpoint is: continued pretraining takes them
+# from the run's config, the rest from the checkpoint.
+RUN_FIELDS = ("dtype", "param_dtype", "remat", "attention", "scan_unroll")
+# The rows each sentence head trains on (a model without one: config's builder, unless it needs a head).
+_SENTENCE_ROWS = {"nsp": "nsp", "sop": "sop"}
+
+
+def with_init_from_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` (a pretraining config; init_from a bert_jax checkpoint, after `native_init_from`) with the
+  checkpoint's architecture (config.model's RUN_FIELDS kept), its tokenizer and vocabulary (data.vocab,
+  data.tokenizer, data.lower_case) and its heads: its MLM head, or a fresh one when it has none (said on
+  stdout), and its sentence head (NSP or SOP rows), if any. Continued pretraining (BioBERT; Lee et al. 2019)."""
+  saved = workdir.read_config(config.init_from)
+  if "model" not in saved:
+    raise UserError(f"init_from: {config.init_from} has no model section in its config.json")
+  info = native.tokenizer(config.init_from)
+  if info is None or info.kind == "bpe":
+    raise UserError(f"init_from: {config.init_from} has "
+                    + ("no vocabulary" if info is None else "a byte-level BPE tokenizer, which pretraining does not "
+                       "read yet") + "; continued pretraining trains on the checkpoint's own vocabulary")
+  if config.data.vocab:
+    raise UserError(f"data.vocab={config.data.vocab!r}: continued pretraining keeps init_from's vocabulary; leave "
+                    "data.vocab empty (to add domain words, extend the checkpoint first: bert-jax vocab extend)")
+  values = dict(saved["model"])
+  values.update({k: config.model[k] for k in RUN_FIELDS if k in values and k in config.model})
+  model = families.model_config(values)
+  family = families.of(model)
+  heads = family.heads_of(model)
+  if "mlm" not in heads:
+    model = family.with_heads(model, (*heads, "mlm"))
+    print(f"init_from: {config.init_from} has no MLM head (e.g. a sentence-transformers model): continued "
+          "pretraining starts a fresh one", flush=True)
+  sentence = getattr(model, "sentence_head", "none")
+  builder = _SENTENCE_ROWS.get(sentence) or (
+      "full_sentences" if config.data.example_builder in ("nsp", "sop", "sso") else config.data.example_builder)
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.model = ml_collections.ConfigDict(model.to_dict())
+  out.data.update(vocab=str(next(iter(info.files.values()))), tokenizer=info.kind, lower_case=info.lower_case,
+                  example_builder=builder)
+  print(f"continued pretraining of {config.init_from}: its {model.family or family.name} model "
+        f"({model.num_layers} layers, {model.vocab_size} token ids), {info.kind} tokenizer, heads "
+        f"{', '.join(family.heads_of(model))}; {builder} rows", flush=True)
+  out.lock()
+  return out
 
 
 def read_checkpoint(path: str, *, scan_layers: bool | None = None, electra_part: str | None = None,

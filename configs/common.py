@@ -57,6 +57,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.tfds_data_dir = ""
   c.prepared = ""  # glob of records written by `bert-jax data prepare`
   c.eval_corpus = ""  # "" : hold out eval_fraction of the documents
+  c.general_eval_corpus = ""  # a second held-out set, its metrics general_* (configs/continue.py); "": none
   c.eval_fraction = 0.02
   c.vocab = ""  # vocab.txt (WordPiece) or *.model (SentencePiece); "" : the embedded vocabulary
   c.tokenizer = "wordpiece"  # wordpiece | sentencepiece; must match the vocab file
@@ -129,7 +130,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Batch-size warmup (train.batch_warmup_*; bert_jax/training/batch_warmup.py) and the warmup-stable-decay
   # schedule (optimizer.decay='1-sqrt'): off here, on in configs/modernbert.py
   c.train = train_config(num_steps=1_000_000, batch_size=256, log_every_steps=100, eval_every_steps=10_000,
-                         eval_steps=20, batch_warmup_steps=0, batch_warmup_start=1.0)
+                         eval_steps=20, eval_at_start=False, batch_warmup_steps=0, batch_warmup_start=1.0)
   c.optimizer = optimizer_config(name="adamw", learning_rate=1e-4, warmup_steps=10_000)  # adamw | lamb | stable_adamw
   c.checkpoint = checkpoint_config(every_steps=5_000, keep=3, async_save=True)
 

@@ -140,6 +140,19 @@ def write_model(pieces: list[tuple[str, float, int]], charsmap: bytes = b"", byt
   return bytes(out)
 
 
+def model_type(proto: bytes) -> int:
+  """The trainer spec's model type: 1 unigram (the default), 2 BPE, 3 word, 4 char."""
+  spec = next((v for n, _, v in _fields(proto) if n == 2), b"")
+  return next((v for n, _, v in _fields(spec) if n == 3), 1)
+
+
+def with_pieces(proto: bytes, pieces: list[tuple[str, float]]) -> bytes:
+  """`proto` (a ModelProto) with normal pieces (piece, score) appended after its own: repeated fields
+  concatenate in wire order, so every other field, and every old piece's id, stays as it was."""
+  return proto + b"".join(_put(1, _put(1, piece) + _put(2, float(score)) + _put(3, _NORMAL))
+                          for piece, score in pieces)
+
+
 # --- the Precompiled normalizer, as tokenizers applies it ---------------------------------------------------
 
 class _Charsmap:
@@ -395,6 +408,10 @@ class FairseqSentencePieceTokenizer:
       # Metaspace's split: each `▁` starts a piece of its own
       marked.extend(part for part in re.split(f"(?={_META})", word) if part)
     return marked
+
+  def marked_words(self, text: str) -> list[str]:
+    """The words of `text` as the Unigram search sees them: normalized, white-space split, `▁`-marked."""
+    return self._words(text)
 
   def _encode_plain(self, text: str) -> list[int]:
     ids = []

@@ -14,7 +14,8 @@ PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "
     f"configs/{f}.py:{p}" for f in ("roberta", "albert", "electra", "spanbert", "structbert", "ernie")
     for p in ("tiny", "base")
 ] + ["configs/stacking.py:stage1", "configs/glue.py:embedded", "configs/glue.py:mnli", "configs/squad.py:v2",
-     "configs/ner.py:conll2003", "configs/distill.py:sst2", "configs/distill.py:general-tiny"]
+     "configs/ner.py:conll2003", "configs/distill.py:sst2", "configs/distill.py:general-tiny",
+     "configs/continue.py:tiny", "configs/continue.py:base"]
 
 
 def test_the_readme_reference_is_the_schemas_table():

@@ -39,15 +39,15 @@ def _vocab_extend(args):
   converted = pretrained.read_checkpoint(args.checkpoint)
   if converted.tokenizer is None:
     raise UserError(f"{args.checkpoint}: no tokenizer files to extend")
-  tokenizer = pretrained.build_tokenizer(converted.tokenizer)
-  if converted.tokenizer.kind != "wordpiece":
+  if converted.tokenizer.kind not in vocab_extend.KINDS:
     raise UserError(f"{args.checkpoint}: a {converted.tokenizer.kind} vocabulary; `bert-jax vocab extend` extends "
-                    "WordPiece vocabularies (vocab.txt) only for now")
+                    f"{', '.join(vocab_extend.KINDS)} vocabularies")
+  tokenizer = pretrained.build_tokenizer(converted.tokenizer)
   words = vocab_extend.candidates(tokenizer, vocab.corpus_sentences(args.corpus), args.count, args.min_pieces)
   if not words:
     raise UserError(f"--corpus {args.corpus}: no word of it splits into {args.min_pieces} or more known pieces")
   with tempfile.TemporaryDirectory() as tmp:
-    native.write(args.output, vocab_extend.extended(converted, tokenizer, words, f"{tmp}/vocab.txt"))
+    native.write(args.output, vocab_extend.extended(converted, tokenizer, words, tmp))
   print(f"added {len(words)} words (ids {tokenizer.vocab_size}..{tokenizer.vocab_size + len(words) - 1}), e.g. "
         + ", ".join(f"{w} ({len(p)} pieces, {n}x)" for w, p, n in words[:5]) + f"; wrote {args.output}")
 
@@ -181,7 +181,7 @@ def register(subparsers) -> None:
   # `bert-jax vocab extend ...` (cli/__init__.py reads it as this command: `vocab` takes no subcommand)
   extend = subparsers.add_parser(
       VOCAB_EXTEND, help="(`bert-jax vocab extend`) add a domain corpus's most frequent many-piece words to a "
-      "checkpoint's WordPiece vocabulary")
+      "checkpoint's WordPiece or SentencePiece vocabulary")
   extend.add_argument("checkpoint", help="a bert_jax, Hugging Face or original TF checkpoint")
   extend.add_argument("output", help="the extended bert_jax params checkpoint")
   extend.add_argument("--corpus", required=True, help="glob(s) of the domain's text files, comma separated")

@@ -4,19 +4,35 @@ The N most frequent words of a domain corpus that the vocabulary splits into sev
 tokens of their own, appended after the old ones (old ids unchanged). Each new row of every
 vocabulary-sized parameter (the word embeddings; the MLM output bias) starts as the mean of the word's
 old pieces' rows, and model.vocab_size grows to match, so the extended model predicts and exports as
-before for old tokens. WordPiece vocabularies only for now (a whole word added to vocab.txt is what
-greedy longest-match finds first); SentencePiece models are refused with that message.
+before for old tokens.
+
+- WordPiece: the whole word is appended to vocab.txt (greedy longest-match finds it first).
+- SentencePiece (ALBERT's layout, a unigram `spiece.model`): the word, `▁`-marked, is appended to the
+  model as a normal piece whose score is the model's best (a single piece then outscores any split of
+  the word in the Unigram search). Not as a user-defined piece: transformers' converter makes those
+  added tokens matched in the raw text, where no `▁` is, so HF's tokenizer would split the word.
+- fairseq's layout (CamemBERT, XLM-R: `<mask>` is the last id, after the model's pieces): appending to
+  the SentencePiece model would move `<mask>`; instead the tokenizer becomes the tokenizer.json
+  transformers reads, the new pieces (same score rule) after `<mask>`, so `<mask>` and every old id
+  keep their ids and the new words take the ids after it.
+SentencePiece BPE models (merges, not a Unigram search) and byte-level BPE are refused.
 """
 from __future__ import annotations
 
 import collections
+import os
 
 import jax
 import numpy as np
 
+from bert_jax import workdir
 from bert_jax.conversion import common
-from bert_jax.data_pipelines.tokenizers import basic_tokenize
+from bert_jax.data_pipelines import fairseq_spm
+from bert_jax.data_pipelines.tokenizers import albert_preprocess, basic_tokenize
 from bert_jax.errors import UserError
+
+KINDS = ("wordpiece", "sentencepiece", *fairseq_spm.KINDS)  # the tokenizer kinds this extends
+_MARK = "\u2581"
 
 
 def candidates(tokenizer, sentences, count: int, min_pieces: int = 2) -> list[tuple[str, list[int], int]]:
@@ -25,14 +41,26 @@ def candidates(tokenizer, sentences, count: int, min_pieces: int = 2) -> list[tu
   counts = collections.Counter(word for sentence in sentences
                                for word in basic_tokenize(sentence, tokenizer.lower_case))
   unk = tokenizer.special_ids["[UNK]"]
+  known = set(tokenizer.vocab)
   found = []
   for word, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
     pieces = tokenizer.encode(word)
-    if len(pieces) >= min_pieces and unk not in pieces:
+    if len(pieces) >= min_pieces and unk not in pieces and new_token(tokenizer, word) not in known:
       found.append((word, pieces, n))
       if len(found) == count:
         break
   return found
+
+
+def new_token(tokenizer, word: str) -> str | None:
+  """The vocabulary entry that makes `word` one token: itself (WordPiece), or its `▁`-marked piece as the
+  SentencePiece search sees it (None where the normalizer makes it several words)."""
+  if tokenizer.kind == "wordpiece":
+    return word
+  if tokenizer.kind == "sentencepiece":
+    return _MARK + albert_preprocess(word, tokenizer.lower_case, tokenizer.quotes_to_double)
+  marked = tokenizer.marked_words(word)
+  return marked[0] if len(marked) == 1 else None
 
 
 def _has_vocab_axis(path) -> bool:
@@ -53,19 +81,46 @@ def grow(params, old_size: int, pieces: list[list[int]]):
 
 
 def extended(converted: common.Converted, tokenizer, words: list[tuple[str, list[int], int]],
-             vocab_path: str) -> common.Converted:
-  """`converted` with `words` (from `candidates`) appended to its WordPiece vocabulary, written to
-  `vocab_path`, and its parameters grown to match."""
+             directory: str) -> common.Converted:
+  """`converted` with `words` (from `candidates`) appended to its vocabulary (written into `directory`:
+  see the module docstring) and its parameters grown to match."""
   info, config = converted.tokenizer, converted.config
-  if info is None or info.kind != "wordpiece":
-    raise UserError(f"a {info.kind if info else 'missing'} vocabulary; `bert-jax vocab extend` extends WordPiece "
-                    "vocabularies (vocab.txt) only for now")
+  if info is None or info.kind not in KINDS:
+    raise UserError(f"a {info.kind if info else 'missing'} vocabulary; `bert-jax vocab extend` extends "
+                    f"{', '.join(KINDS)} vocabularies")
   if config.vocab_size != tokenizer.vocab_size:
     raise UserError(f"the model has {config.vocab_size} token embeddings but its vocabulary {tokenizer.vocab_size} "
                     "entries; extend a model whose sizes agree")
-  with open(vocab_path, "w", encoding="utf-8") as f:
-    f.write("".join(t + "\n" for t in [*tokenizer.vocab, *(w for w, _, _ in words)]))
+  tokens = [new_token(tokenizer, w) for w, _, _ in words]
+  write = {"wordpiece": _wordpiece, "sentencepiece": _sentencepiece}.get(info.kind, _fairseq)
+  name = write(tokenizer, tokens, directory)
   params = grow(converted.params, config.vocab_size, [p for _, p, _ in words])
   return common.Converted(converted.family, config.replace(vocab_size=config.vocab_size + len(words)), params,
-                          common.Tokenizer(info.kind, info.lower_case, {"vocab.txt": vocab_path},
+                          common.Tokenizer(info.kind, info.lower_case, {name: os.path.join(directory, name)},
                                            info.max_chars_per_word), pooling=converted.pooling)
+
+
+def _wordpiece(tokenizer, tokens: list[str], directory: str) -> str:
+  workdir.write_text(os.path.join(directory, "vocab.txt"), "".join(t + "\n" for t in [*tokenizer.vocab, *tokens]))
+  return "vocab.txt"
+
+
+def _sentencepiece(tokenizer, tokens: list[str], directory: str) -> str:
+  with open(tokenizer.path, "rb") as f:
+    proto = f.read()
+  if fairseq_spm.model_type(proto) != 1:
+    raise UserError(f"{tokenizer.path} is not a unigram SentencePiece model (a BPE one merges pieces: a new piece "
+                    "is not reached); `bert-jax vocab extend` extends unigram models")
+  pieces, _, _ = fairseq_spm.read_model(proto)
+  best = max(score for _, score, kind in pieces if kind == 1)
+  workdir.write_bytes(os.path.join(directory, "spiece.model"), fairseq_spm.with_pieces(proto, [(t, best) for t in tokens]))
+  return "spiece.model"
+
+
+def _fairseq(tokenizer, tokens: list[str], directory: str) -> str:
+  spec = fairseq_spm.hf_tokenizer_json(tokenizer)
+  special = tokenizer.special_mask()
+  best = max(score for (_, score), s in zip(tokenizer.scored_vocab, special) if not s)
+  spec["model"]["vocab"] += [[t, best] for t in tokens]
+  workdir.write_json(os.path.join(directory, fairseq_spm.HF_TOKENIZER_FILE), spec)
+  return fairseq_spm.HF_TOKENIZER_FILE

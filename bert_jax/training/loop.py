@@ -16,6 +16,8 @@ metrics)`), an iterator of host batches whose first is step `start + 1`'s, and t
      state is checked finite and saved;
   5. every `eval_every` steps and at the end (`eval_every` = 0: no evaluation while training): the
      state is checked finite and evaluated; the job may answer "stop" (early stopping).
+With `Cadence.eval_at_start`, a run from step 0 also evaluates its starting state first, logged as step 0
+(continued pretraining's "before"); a resumed run does not.
 A checkpoint comes before the evaluation of its step, so an evaluation that fails loses no step.
 The host runs at most one step ahead of the device, so a signal is answered at the step the device
 is on, not many queued steps later.
@@ -165,6 +167,7 @@ class Cadence:
   log_every: int
   eval_every: int = 0
   checkpoint_every: int = 0
+  eval_at_start: bool = False  # with eval_every > 0: evaluate the starting state, as step 0, when start == 0
 
 
 @dataclasses.dataclass
@@ -208,6 +211,8 @@ class Loop:
     """Steps start + 1 .. end (or until a signal or early stopping)."""
     outcome, window, in_flight = Outcome(state, start), [], None
     resumed = start % self.cadence.log_every != 0  # the first row after it averages fewer steps
+    if start == 0 and self.cadence.eval_at_start and self._evaluates() and self._evaluate(0, state, outcome):
+      return outcome
     for step in range(start + 1, end + 1):
       state, metrics = self.step_fn(state, partitioning.global_batch(next(batches), self.mesh))
       if in_flight is not None:  # keeps the host one step ahead of the device, not more
@@ -223,15 +228,8 @@ class Loop:
         self.save(step, state)
         self.last_saved = step
       outcome.state, outcome.step = state, step
-      if self.evaluate is not None and self.cadence.eval_every and (
-          self._periodic(step, self.cadence.eval_every) or step == end):
-        self.guard.check_state(step, state, self.last_saved)
-        evaluation = self.evaluate(step, state)
-        self.logger.log_eval(step, evaluation.scalars)
-        outcome.eval = evaluation.scalars
-        self.last_saved = step if evaluation.kept else self.last_saved
-        if evaluation.stop:
-          outcome.stopped_early = True
+      if self._evaluates() and (self._periodic(step, self.cadence.eval_every) or step == end):
+        if self._evaluate(step, state, outcome):
           break
       if stop:
         outcome.stopped_by = self.signals.name
@@ -240,6 +238,19 @@ class Loop:
                 flush=True)
         break
     return outcome
+
+  def _evaluates(self) -> bool:
+    return self.evaluate is not None and self.cadence.eval_every > 0
+
+  def _evaluate(self, step: int, state: Any, outcome: Outcome) -> bool:
+    """Evaluates `state` at `step` into `outcome`; whether the job asks to stop here."""
+    self.guard.check_state(step, state, self.last_saved)
+    evaluation = self.evaluate(step, state)
+    self.logger.log_eval(step, evaluation.scalars)
+    outcome.eval = evaluation.scalars
+    self.last_saved = step if evaluation.kept else self.last_saved
+    outcome.stopped_early = evaluation.stop
+    return evaluation.stop
 
   @staticmethod
   def _periodic(step: int, every: int) -> bool:

@@ -57,16 +57,29 @@ def _check_resumable(setup: TrainSetup, ckpt: checkpoint.Checkpointer, run_dir) 
                        setup.config)
 
 
-def _check_eval_split(inputs: Any, data_cfg: ml_collections.ConfigDict) -> None:
+def _check_eval_split(inputs: Any, data_cfg: ml_collections.ConfigDict, general: bool = False) -> None:
   """Pulls one held-out batch at start-up, so an empty split fails now, not after the first train steps."""
   try:
     next(inputs)
   except (DataError, StopIteration) as e:
+    if general:
+      raise UserError(f"data.general_eval_corpus={data_cfg.general_eval_corpus!r} gives no examples "
+                      f"({e or 'no batch'}); give text files with enough documents for train.eval_steps batches, "
+                      "or leave it empty") from None
     source = (f"data.eval_corpus={data_cfg.eval_corpus!r}" if data_cfg.eval_corpus
               else f"data.eval_fraction={data_cfg.eval_fraction} of the documents")
     raise UserError(f"the evaluation split ({source}) gives no examples ({e or 'no batch'}); raise "
                     "data.eval_fraction or set data.eval_corpus, or set train.eval_every_steps=0 to train "
                     "without evaluation") from None
+
+
+def _general_inputs(config: ml_collections.ConfigDict) -> Any:
+  """The second held-out set (data.general_eval_corpus), read as data.eval_corpus is, or None."""
+  if not config.data.general_eval_corpus:
+    return None
+  general = ml_collections.ConfigDict(config.to_dict())
+  general.data.eval_corpus = config.data.general_eval_corpus
+  return make_inputs(general, "eval", config.train.eval_batch_size)
 
 
 def _write_run_files(config: ml_collections.ConfigDict, run_dir, tokenizer_path: str | None) -> None:
@@ -99,10 +112,16 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   its record), unless train.restart."""
   check_run_config(config)
   pretrained.check_init_from(config)
-  # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
-  memory.check_fits(build_train_setup(config))
+  continued = config.get("init_from_model", False)  # configs/continue.py: the model is init_from's
+  if not continued:
+    # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
+    memory.check_fits(build_train_setup(config))
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    return pretrain_in(pretrained.native_init_from(config, run_dir), run_dir, signals)
+    config = pretrained.native_init_from(config, run_dir)
+    if continued:
+      config = pretrained.with_init_from_model(config)
+      memory.check_fits(build_train_setup(config))
+    return pretrain_in(config, run_dir, signals)
 
 
 def pretrain_in(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
@@ -126,14 +145,18 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
   frozen = setup.load_frozen()  # a distillation teacher's params; else ()
   evaluating = train_cfg.eval_every_steps > 0 and train_cfg.eval_steps > 0
   eval_inputs = make_inputs(config, "eval", train_cfg.eval_batch_size) if evaluating else None
+  general_inputs = _general_inputs(config) if evaluating else None
   if isinstance(setup.objective, objectives.ScheduledObjective):  # each step's batch as its schedule says
     where = (jax.process_index(), jax.process_count())
     inputs = setup.objective.feed(inputs, start, "train", config, *where)
     if eval_inputs is not None:
       eval_inputs = setup.objective.feed(eval_inputs, 0, "eval", config, *where)
+    if general_inputs is not None:
+      general_inputs = setup.objective.feed(general_inputs, 0, "eval", config, *where)
   rng = jax.random.key(train_cfg.seed + 1)
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
+    general_start = stack.enter_context(tempfile.TemporaryDirectory())
     logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
                             wandb=train_cfg.wandb)
     stack.callback(logger.close)
@@ -143,16 +166,24 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
       stack.callback(eval_inputs.close)
       eval_inputs.save(eval_start)
       _check_eval_split(eval_inputs, config.data)
+    if general_inputs is not None:
+      stack.callback(general_inputs.close)
+      general_inputs.save(general_start)
+      _check_eval_split(general_inputs, config.data, general=True)
     logger.write_hparams(config.to_dict())
 
     def held_out(step: int, state) -> loop.Evaluation:
       del step
-      return loop.Evaluation(evaluate(setup, state.params, eval_inputs, eval_start))
+      scalars = evaluate(setup, state.params, eval_inputs, eval_start)
+      if general_inputs is not None:
+        general = evaluate(setup, state.params, general_inputs, general_start)
+        scalars.update({f"general_{k}": v for k, v in general.items()})
+      return loop.Evaluation(scalars)
 
     steps = loop.Loop(
         step_fn=lambda state, batch: setup.train_step(state, batch, rng, *frozen), mesh=setup.mesh,
         cadence=loop.Cadence(train_cfg.num_steps, train_cfg.log_every_steps, train_cfg.eval_every_steps,
-                             config.checkpoint.every_steps),
+                             config.checkpoint.every_steps, train_cfg.eval_at_start),
         logger=logger, guard=finite.DivergenceGuard(train_cfg.skip_nonfinite_steps), signals=signals,
         save=lambda step, state: ckpt.save(step, state, force=True, data=inputs),
         evaluate=held_out if eval_inputs is not None else None,
