@@ -17,9 +17,52 @@ its checkpoints or the compiled step.
 """
 from __future__ import annotations
 
+import collections
+import os
+import re
+import shutil
+import tempfile
+
 import numpy as np
 
+from bert_jax.data_pipelines import embedded
 from bert_jax.errors import UserError
+
+EMBEDDED = "embedded"  # ernie_thu.entity_embeddings / mentions: the toy graph of the embedded corpus (toy_graph)
+TOY_ENTITIES = 64
+
+
+def toy_graph(dim: int) -> tuple[str, str]:
+  """(vectors.npy, mentions.tsv) of a toy knowledge graph for the embedded corpus, built on first use and cached:
+  its TOY_ENTITIES most frequent words of 6 letters or more as entities, each with a random vector of width
+  `dim` (seeded). It runs ERNIE-THU's pipeline end to end (the tiny preset); its vectors hold no knowledge."""
+  corpus, _ = embedded.ensure_embedded()
+  final = os.path.join(os.path.dirname(corpus), f"ernie-thu-toy-{TOY_ENTITIES}-{dim}")
+  if not os.path.isdir(final):
+    with open(corpus, encoding="utf-8") as f:
+      counts = collections.Counter(w for w in re.findall(r"[a-z]{6,}", f.read().lower()))
+    words = sorted(counts, key=lambda w: (-counts[w], w))[:TOY_ENTITIES]
+    staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(final))
+    try:
+      np.save(os.path.join(staging, "vectors.npy"),
+              np.random.default_rng(0).normal(size=(len(words), dim)).astype(np.float32))
+      with open(os.path.join(staging, "mentions.tsv"), "w", encoding="utf-8") as f:
+        f.writelines(f"{w}\t{i}\n" for i, w in enumerate(words))
+      os.rename(staging, final)
+    except OSError:
+      if not os.path.isdir(final):
+        raise
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  return os.path.join(final, "vectors.npy"), os.path.join(final, "mentions.tsv")
+
+
+def resolve(table: str, mentions: str, dim: int) -> tuple[str, str]:
+  """The config's paths, "embedded" replaced by the toy graph's files."""
+  if EMBEDDED in (table, mentions):
+    toy = toy_graph(dim)
+    table, mentions = (toy[0] if table == EMBEDDED else table), (toy[1] if mentions == EMBEDDED else mentions)
+  return table, mentions
 
 
 def load_table(path: str, dim: int) -> np.ndarray:

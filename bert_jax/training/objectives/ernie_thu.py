@@ -144,7 +144,8 @@ class ErnieThuPretraining(BertPretraining):
            process_index: int = 0, process_count: int = 1) -> EntityFeed:
     """`inputs` with the entity features (EntityFeed); the mention list is tokenized by the input's tokenizer."""
     if self.mentions is None and config.ernie_thu.mentions:
-      self.mentions = entities.Mentions.from_file(config.ernie_thu.mentions, inputs.tokenizer, self.table.shape[0])
+      _, path = entities.resolve("", config.ernie_thu.mentions, self.config.entity_dim)
+      self.mentions = entities.Mentions.from_file(path, inputs.tokenizer, self.table.shape[0])
     seed = config.train.seed * 1000 + process_index  # each host noises its own rows
     return EntityFeed(inputs, self, first_step, split, seed)
 
@@ -164,5 +165,6 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
                     "sum <= 1 (the paper: 0.05 and 0.15)")
   if block.max_entities <= 0:
     raise UserError(f"ernie_thu.max_entities must be positive, got {block.max_entities}")
-  table = entities.load_table(block.entity_embeddings, model_config.entity_dim)
+  path, _ = entities.resolve(block.entity_embeddings, "", model_config.entity_dim)
+  table = entities.load_table(path, model_config.entity_dim)
   return ErnieThuPretraining(model_config, table, None, block.max_entities, block.dea_replace, block.dea_mask)
