@@ -201,28 +201,28 @@ def test_the_dea_loss_against_numpy():
 
 
 # The synthetic knowledge graph: 24 entities with random vectors, each with an attribute (one of 4 words) that is a
-# function of its vector. Every sentence mentions 2 or 3 entities by the same word ("thing": the surface says
-# nothing), each mention followed by its entity's attribute word, masked for the MLM: only the entity can tell it.
-THING, ATTRS, FILLER, MASK = 5, (6, 7, 8, 9), range(10, 40), 4
+# function of its vector. Every row mentions an entity by the word "thing" (the surface says nothing about which),
+# followed by its entity's attribute word, masked for the MLM: only the entity can tell it; and one or two other
+# entities by the word "object", followed by filler.
+THING, OBJECT, ATTRS, FILLER, MASK = 5, 40, (6, 7, 8, 9), range(10, 40), 4
 
 
-def _kg_batch(rng, table, rows=16, length=12):
+def _kg_batch(rng, table, rows=64, length=12):
   attribute = np.argmax(table[:, :4], axis=1)  # entity row -> attribute index
   ids = rng.choice(list(FILLER), (rows, length)).astype(np.int32)
   ids[:, 0] = 2
   entity_ids = np.zeros((rows, length), np.int32)
-  positions = np.zeros((rows, 3), np.int32)
-  targets = np.zeros((rows, 3), np.int32)
-  weights = np.zeros((rows, 3), np.float32)
+  positions = np.zeros((rows, 1), np.int32)
+  targets = np.zeros((rows, 1), np.int32)
   for b in range(rows):
-    starts = rng.choice([1, 4, 7, 10], rng.integers(2, 4), replace=False) if length >= 12 else [1, 4]
-    for k, s in enumerate(sorted(starts)):
+    starts = rng.permutation([1, 4, 7, 10])[:rng.integers(2, 4)]
+    for k, s in enumerate(starts):
       e = rng.integers(len(table))
-      ids[b, s], entity_ids[b, s] = THING, e + 1
-      positions[b, k], targets[b, k], weights[b, k] = s + 1, ATTRS[attribute[e]], 1.0
-      ids[b, s + 1] = MASK
+      ids[b, s], entity_ids[b, s] = THING if k == 0 else OBJECT, e + 1
+      if k == 0:
+        positions[b, 0], targets[b, 0], ids[b, s + 1] = s + 1, ATTRS[attribute[e]], MASK
   return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids),
-          "masked_lm_positions": positions, "masked_lm_ids": targets, "masked_lm_weights": weights,
+          "masked_lm_positions": positions, "masked_lm_ids": targets, "masked_lm_weights": np.ones((rows, 1), np.float32),
           "next_sentence_labels": np.zeros(rows, np.int32), "entity_ids": entity_ids}
 
 
@@ -234,7 +234,7 @@ def _train(steps, use_entities=True, seed=0):
                          num_layers=3, entity_layers=2)
   first = objective.add_features(_kg_batch(rng, table), rng)
   params = nn.meta.unbox(objective.init(jax.random.key(seed), first))
-  tx = optax.adam(3e-3)
+  tx = optax.adam(5e-3)
   opt = tx.init(params)
 
   def strip(batch):
@@ -253,7 +253,7 @@ def _train(steps, use_entities=True, seed=0):
     params, opt, value = step(params, opt, strip(objective.add_features(_kg_batch(rng, table), rng)))
     losses.append(float(value))
   objective.replace = objective.mask = 0.0  # held out: every alignment as the text has it
-  held = strip(objective.add_features(_kg_batch(np.random.default_rng(99), table, rows=64), np.random.default_rng(9)))
+  held = strip(objective.add_features(_kg_batch(np.random.default_rng(99), table, rows=128), np.random.default_rng(9)))
   metrics = objective.metrics(objective.sums(params, held, None, True), objective.counts(held))
   return losses, {k: float(v) for k, v in metrics.items()}
 
@@ -265,11 +265,11 @@ def test_on_a_synthetic_knowledge_graph_the_loss_falls():
 
 @slow  # a few hundred steps (BERT_JAX_SLOW_TESTS=1)
 def test_on_a_synthetic_knowledge_graph_the_planted_relation_is_learned_from_the_entities():
-  _, fused = _train(500)
-  _, blind = _train(500, use_entities=False)  # the same model with every alignment masked
+  _, fused = _train(400)
+  _, blind = _train(400, use_entities=False)  # the same model with every alignment masked
   assert fused["mlm_accuracy"] > 0.75, fused  # chance: 1/4 attributes (the majority one ~ 0.3)
-  assert blind["mlm_accuracy"] < 0.45, blind
-  assert fused["dea_accuracy"] > 0.7, fused  # chance: 1/2 to 1/3 candidates
+  assert blind["mlm_accuracy"] < 0.5, blind  # the majority attribute, ~0.4
+  assert fused["dea_accuracy"] > 0.9, fused  # chance: 1/2 to 1/3 candidates
 
 
 RUN = ["--config.model.hidden_size=32", "--config.model.num_heads=2", "--config.model.intermediate_size=48",
