@@ -2,6 +2,8 @@
 the switch off = the model as before, the dEA noise, candidates, labels and loss against hand-built examples and
 NumPy, mention matching, and on a small synthetic knowledge graph: the loss falls and a planted token-entity
 relation is learned."""
+import types
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from scipy.special import erf
 
 from bert_jax import params_checkpoint
 from bert_jax.config_utils import load_config
+from bert_jax.conversion import hf
 from bert_jax.data_pipelines import entities
 from bert_jax.errors import UserError
 from bert_jax.models import attention, families
@@ -316,3 +319,10 @@ def test_missing_entity_inputs_are_one_line():
     make_objective(load_config("configs/ernie_thu.py:base"))
   with pytest.raises(UserError, match="entity_layers > 0"):
     make_objective(load_config("configs/ernie_thu.py:tiny", ["--config.model.entity_layers=0"]))
+
+
+def test_a_fused_model_has_no_hugging_face_export(tmp_path):
+  converted = types.SimpleNamespace(record=families.get("bert"), config=ModelConfig(**SMALL, entity_layers=1,
+                                                                                    entity_dim=8, entity_heads=2))
+  with pytest.raises(UserError, match="entity_layers=1: ERNIE-THU's entity fusion layers have no Hugging Face"):
+    hf.write(str(tmp_path / "hf"), converted)
