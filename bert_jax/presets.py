@@ -33,7 +33,14 @@ def backbone_params(model: ml_collections.ConfigDict) -> int:
   copies = {"none": (model.num_layers, model.num_layers), "all": (1, 1),
             "attention": (1, model.num_layers), "ffn": (model.num_layers, 1)}[model.share_layers]
   pooler = h * h + h if model.use_pooler else 0
-  return embeddings + copies[0] * attention + copies[1] * ffn + pooler
+  fused = 0  # ERNIE-THU's fusion layers (model.entity_layers): in place of K feed-forward sublayers
+  if model.get("entity_layers", 0):
+    d = model.entity_dim
+    fusion = (h * i + i) + d * i + (i * h + h) + (i * d + d)  # token_fusion, entity_fusion, token/entity_output
+    fusion += 4 * (d * d + d) + 2 * d  # the entity self-attention and its LayerNorm
+    fusion += 2 * h + 2 * d if model.get("entity_fusion", "paper") == "residual" else 0
+    fused = model.entity_layers * (fusion - ffn)
+  return embeddings + copies[0] * attention + copies[1] * ffn + pooler + fused
 
 
 def _family(c: ml_collections.ConfigDict) -> str:

@@ -102,7 +102,8 @@ def test_presets_lists_every_preset_of_every_config_file(capsys):
   assert rows["configs/modernbert.py:base"]["family"] == "modernbert"
 
 
-@pytest.mark.parametrize("spec", ["configs/albert.py:tiny", "configs/electra.py:tiny", "configs/modernbert.py:tiny"])
+@pytest.mark.parametrize("spec", ["configs/albert.py:tiny", "configs/electra.py:tiny", "configs/modernbert.py:tiny",
+                                  "configs/ernie_thu.py:tiny"])
 def test_preset_parameter_counts_agree_with_the_built_model(spec):
   """presets counts from the sizes; `bert-jax info` counts the leaves of the abstract parameter tree."""
   from bert_jax import presets

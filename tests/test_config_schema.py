@@ -11,7 +11,7 @@ from bert_jax.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "base", "large", "demo")] + [
-    f"configs/{f}.py:{p}" for f in ("roberta", "albert", "electra", "spanbert", "structbert", "ernie")
+    f"configs/{f}.py:{p}" for f in ("roberta", "albert", "electra", "spanbert", "structbert", "ernie", "ernie_thu")
     for p in ("tiny", "base")
 ] + ["configs/stacking.py:stage1", "configs/glue.py:embedded", "configs/glue.py:mnli", "configs/squad.py:v2",
      "configs/ner.py:conll2003", "configs/distill.py:sst2", "configs/distill.py:general-tiny",

@@ -227,6 +227,9 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   if getattr(converted.config, "sublayer_order", ""):
     raise UserError(f"model.sublayer_order={converted.config.sublayer_order!r}: a sandwich transformer has no "
                     "Hugging Face layout (its layers are not attention-then-feed-forward); keep it in bert_jax's format")
+  if getattr(converted.config, "entity_layers", 0):
+    raise UserError(f"model.entity_layers={converted.config.entity_layers}: ERNIE-THU's entity fusion layers have no "
+                    "Hugging Face layout; keep it in bert_jax's format")
   export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
   names = {"b": family.hf.base_prefix if export.prefixed else ""}
   hf_config = {"architectures": [export.architecture], "model_type": family.hf.model_type,

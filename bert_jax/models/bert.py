@@ -373,6 +373,71 @@ class SandwichSublayers(nn.Module):
     return x
 
 
+class KnowledgeLayer(nn.Module):
+  """ERNIE-THU's aggregator (Zhang et al. 2019, section 4.2, "Knowledgeable Encoder"): one layer of the token
+  stream w [B, T, H] and the entity stream e [B, T, De] (an entity's vector at the first token of its mention,
+  `entity_mask` 1 there).
+
+  w~ = LN(w + Attn(w)) (the token self-attention sublayer of TransformerLayer), e~ = LN_e(e + Attn_e(e)) (a
+  multi-head self-attention over the aligned entities only: keys where entity_mask), then the information fusion
+  that takes the feed-forward sublayer's place:
+    h = act(W~_t w~ + W~_e e~ + b~) at aligned tokens, act(W~_t w~ + b~) elsewhere   [B, T, intermediate_size]
+    w' = act(W_t h + b_t), e' = act(W_e h + b_e)      (config.entity_fusion="paper": the paper's equations)
+    w' = LN(w~ + W_t h + b_t), e' = LN_e(e~ + W_e h + b_e)   ("residual": the released code's BertOutput)
+  act is config.hidden_act (GELU). Modules: attention, attention_layer_norm, entity_attention,
+  entity_attention_layer_norm, token_fusion (W~_t, b~), entity_fusion (W~_e, no bias), token_output,
+  entity_output (+ output_layer_norm, entity_output_layer_norm with "residual").
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, e: Array, entity_mask: Array, segments: attention.Segments,
+               entity_segments: attention.Segments, deterministic: bool) -> tuple[Array, Array]:
+    cfg, ecfg = self.config, self.config.entity_config()
+    drop = Dropout(cfg.hidden_dropout)
+    act = activation(cfg)
+    y, _ = SelfAttention(cfg, name="attention")(x, segments, deterministic)
+    x = layer_norm(cfg, "attention_layer_norm")(x + drop(y, deterministic=deterministic))
+    y, _ = SelfAttention(ecfg, name="entity_attention")(e, entity_segments, deterministic)
+    e = layer_norm(ecfg, "entity_attention_layer_norm")(e + drop(y, deterministic=deterministic))
+    from_entity = nn.Dense(cfg.intermediate_size, use_bias=False, dtype=cfg.compute_dtype,
+                           param_dtype=cfg.weight_dtype, name="entity_fusion",
+                           kernel_init=kernel_init(cfg, ("embed", "mlp")))(e)
+    h = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "token_fusion")(x)
+            + entity_mask[..., None].astype(from_entity.dtype) * from_entity)
+    w_out = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "token_output")(h)
+    e_out = dense(cfg, cfg.entity_dim, ("mlp", "embed"), "entity_output")(h)
+    if cfg.entity_fusion == "residual":
+      x = layer_norm(cfg, "output_layer_norm")(x + drop(w_out, deterministic=deterministic))
+      e = layer_norm(ecfg, "entity_output_layer_norm")(e + drop(e_out, deterministic=deterministic))
+    else:
+      x, e = drop(act(w_out), deterministic=deterministic), drop(act(e_out), deterministic=deterministic)
+    return constrain_hidden(x), e
+
+
+class KnowledgeEncoder(nn.Module):
+  """config.entity_layers KnowledgeLayers (`layer_{i}`), unrolled, over the text encoder's output."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, entity_vectors: Optional[Array], entity_mask: Optional[Array],
+               segments: attention.Segments, deterministic: bool) -> Array:
+    cfg = self.config
+    if entity_vectors is None:
+      entity_vectors = jnp.zeros(x.shape[:2] + (cfg.entity_dim,), cfg.compute_dtype)
+      entity_mask = jnp.zeros(x.shape[:2], jnp.int32)
+    elif entity_mask is None:
+      raise ValueError("entity_vectors need their entity_mask (1 at the tokens an entity is aligned to)")
+    mask = (entity_mask != 0).astype(jnp.int32)
+    # The entities of a row's own document only (packed rows): key ids are the token's segment where aligned.
+    entity_segments = attention.Segments(segments.ids * mask, packed=True) if segments.packed \
+        else attention.Segments(mask)
+    e = entity_vectors.astype(cfg.compute_dtype)
+    for i in range(cfg.entity_layers):
+      x, e = KnowledgeLayer(cfg, name=f"layer_{i}")(x, e, mask, segments, entity_segments, deterministic)
+    return x
+
+
 class MaskedLMHead(nn.Module):
   """Dense(E) -> activation -> LayerNorm -> tied word embeddings + output bias."""
   config: ModelConfig
@@ -446,8 +511,11 @@ class BertModel(nn.Module):
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
                deterministic: bool = True, output_hidden_states: bool = False,
                output_attentions: bool = False, head_mask: Optional[Array] = None,
-               task_ids: Optional[Array] = None) -> ModelOutput:
+               task_ids: Optional[Array] = None, entity_vectors: Optional[Array] = None,
+               entity_mask: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids, document_ids: int32[B, T];
+    entity_vectors: float[B, T, entity_dim], entity_mask: int32[B, T] (config.entity_layers > 0): the frozen
+    vector of the entity aligned to each token (a mention's first one), 1 in the mask there; none when None;
     masked_positions: int32[B, P] (MLM logits only there; every position when None);
     task_ids: int32[B], each row's task embedding (config.num_tasks > 0; task 0 when None);
     head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities."""
@@ -467,8 +535,13 @@ class BertModel(nn.Module):
     x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic, task_ids))
     attention.say_fallback(cfg.attention, output_attentions, head_mask)
     segments = attention.Segments.of(attention_mask, document_ids, cfg.causal)
-    encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
+    if cfg.entity_layers and (output_hidden_states or output_attentions or head_mask is not None):
+      raise ValueError("model.entity_layers: the fusion layers return no hidden states, attentions or head masks")
+    encoder = Encoder(cfg.text_config() if cfg.entity_layers else cfg, output_hidden_states, output_attentions,
+                      name="encoder")
     h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic)
+    if cfg.entity_layers:
+      h = KnowledgeEncoder(cfg, name="knowledge_encoder")(h, entity_vectors, entity_mask, segments, deterministic)
     out = {"last_hidden_state": h, "attentions": attentions}
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)

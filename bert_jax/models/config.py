@@ -22,6 +22,7 @@ _CHOICES = {
     "param_dtype": ("float32", "bfloat16"),
     "remat": ("none", "full", "dots", "dots_no_batch"),
     "attention": ("dot", "splash", "cudnn"),
+    "entity_fusion": ("paper", "residual"),
 }
 # A key older configs wrote, and what its values became (`attention`).
 _LEGACY_ATTENTION = {"auto": "dot", "xla": "dot", "cudnn": "cudnn"}
@@ -70,6 +71,14 @@ class ModelConfig:
   num_tasks: ERNIE 2.0's task embeddings (Sun et al. 2019, section 3.2): a table of this many rows, the
     row of each row's task (`task_ids`, int32[B]; task 0 when not given) added to the word, position and
     token-type embeddings; 0: none (no parameter, the model as without the switch).
+  entity_layers: ERNIE-THU's knowledgeable encoder (Zhang et al. 2019, "ERNIE: Enhanced Language
+    Representation with Informative Entities"): the top `entity_layers` of the num_layers layers are
+    aggregators (models/bert.py:KnowledgeLayer) that fuse the token stream with a stream of frozen entity
+    vectors (`entity_vectors` [B, T, entity_dim] at the first token of each mention, `entity_mask`), with
+    `entity_heads` heads of self-attention over the entities; 0: none (no parameter, the model as without).
+  entity_fusion: "paper": the aggregator's outputs are the paper's equations, w' = act(W_t' h + b_t) and
+    e' = act(W_e' h + b_e); "residual": LN(w~ + W_t' h + b_t) and LN(e~ + W_e' h + b_e), as ERNIE-THU's
+    released code (thunlp/ERNIE) writes them.
   """
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -103,6 +112,10 @@ class ModelConfig:
   sublayer_order: str = ""
   causal: bool = False
   num_tasks: int = 0
+  entity_layers: int = 0
+  entity_dim: int = 100
+  entity_heads: int = 4
+  entity_fusion: str = "paper"
 
   def __post_init__(self):
     for name, allowed in _CHOICES.items():
@@ -129,6 +142,16 @@ class ModelConfig:
                       "model.attention_dropout=0 or model.attention='dot'")
     if self.num_tasks < 0:
       raise UserError(f"model.num_tasks must be >= 0 (0: no task embeddings), got {self.num_tasks}")
+    if not 0 <= self.entity_layers < self.num_layers:
+      raise UserError(f"model.entity_layers={self.entity_layers} must be >= 0 (0: no entity fusion) and below "
+                      f"model.num_layers={self.num_layers} (at least one text layer under the fusion layers)")
+    if self.entity_layers:
+      if self.entity_dim <= 0 or self.entity_heads <= 0 or self.entity_dim % self.entity_heads:
+        raise UserError(f"model.entity_dim={self.entity_dim} must be a positive multiple of model.entity_heads="
+                        f"{self.entity_heads}")
+      if self.share_layers != "none" or self.pruned_heads or self.sublayer_order or self.adapter_size:
+        raise UserError("model.entity_layers needs model.share_layers='none', no pruned heads, no sublayer_order "
+                        "and no adapters")
     if self.adapter_size < 0:
       raise UserError(f"model.adapter_size must be >= 0 (0: no adapters), got {self.adapter_size}")
     if self.sublayer_order == "sf" * self.num_layers:
@@ -184,6 +207,15 @@ class ModelConfig:
   def pruned_heads_dict(self) -> dict[int, list[int]]:
     """HF's form: {layer: [heads]} for the layers with pruned heads."""
     return {i: list(heads) for i, heads in enumerate(self.pruned_heads) if heads}
+
+  def text_config(self) -> "ModelConfig":
+    """The layers under the entity fusion layers (entity_layers): a plain encoder of the others."""
+    return self.replace(num_layers=self.num_layers - self.entity_layers, entity_layers=0)
+
+  def entity_config(self) -> "ModelConfig":
+    """The entity stream's width and heads, for its self-attention and layer norms."""
+    return self.replace(hidden_size=self.entity_dim, num_heads=self.entity_heads, intermediate_size=self.entity_dim,
+                        entity_layers=0, attention="dot", num_tasks=0)
 
   @property
   def embed_dim(self) -> int:
