@@ -17,6 +17,7 @@ from bert_jax.training import checkpoint, metrics
 from bert_jax.compress import distill, teacher as teacher_lib
 from bert_jax.models.config import ModelConfig
 from bert_jax.ops import distill_losses as losses
+from core_helpers import slow
 
 RNG = np.random.default_rng(0)
 
@@ -178,22 +179,30 @@ def test_an_int8_teacher_is_refused_before_anything_else(tmp_path, capsys, confi
                                     "distil from the float model it came from (runs/float)"), err
 
 
-def test_pre_trained_distillation_starts_from_the_pretrained_student_and_learns_from_soft_labels_alone(
-    task_teacher, tmp_path, capsys):
-  """configs/distill.py:pd (Turc et al. 2019): without init_from, one line and exit 2 before anything is
-  written; with it (here the teacher's own workdir stands in for a pretrained compact student), the
-  student starts from init_from's encoder (at learning rate 1e-9 it ends there within 1e-6) and its loss
-  is the soft-label loss alone (hard_weight 0, temperature 1)."""
+def _pd_command(teacher, data):
+  return ["distill", "--config", "configs/distill.py:pd", "--config.train.batch_size=16",
+          "--config.train.epochs=1", "--config.data.max_seq_length=8", "--config.train.log_every_steps=1",
+          "--config.train.tensorboard=false", f"--config.distill.teacher={teacher}", f"--config.data.data_dir={data}"]
+
+
+def test_pre_trained_distillation_without_a_pretrained_student_is_one_line(task_teacher, tmp_path, capsys):
+  """configs/distill.py:pd (Turc et al. 2019) without init_from: one line and exit 2 before anything is written."""
   teacher, data = task_teacher
-  command = ["distill", "--config", "configs/distill.py:pd", "--config.train.batch_size=16",
-             "--config.train.epochs=1", "--config.data.max_seq_length=8", "--config.train.log_every_steps=1",
-             "--config.train.tensorboard=false", f"--config.distill.teacher={teacher}",
-             f"--config.data.data_dir={data}"]
+  command = _pd_command(teacher, data)
   assert cli.main([*command, "--workdir", str(tmp_path / "refused")]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("bert-jax distill: error: pre-trained distillation distils a pretrained compact student: set "
                         "--config.init_from"), err
   assert not (tmp_path / "refused").exists() or os.listdir(tmp_path / "refused") == []
+
+
+@slow  # a distillation run; the refusal above is the default suite's
+def test_pre_trained_distillation_learns_from_the_pretrained_student_and_soft_labels_alone(task_teacher, tmp_path):
+  """configs/distill.py:pd with init_from (here the teacher's own workdir stands in for a pretrained compact
+  student): the student starts from init_from's encoder (at learning rate 1e-9 it ends there within 1e-6)
+  and its loss is the soft-label loss alone (hard_weight 0, temperature 1)."""
+  teacher, data = task_teacher
+  command = _pd_command(teacher, data)
   assert cli.main([*command, "--workdir", str(tmp_path / "pd"), f"--config.init_from={teacher}",
                    "--config.optimizer.learning_rate=1e-9"]) == 0
   student, _ = checkpoint.load_params(tmp_path / "pd")

@@ -285,6 +285,7 @@ def _run(workdir, steps, *extra):
     return trainer.pretrain_in(config, run_dir, signals)
 
 
+@slow  # three short runs; the draws that make it exact are test_the_schedule_draws_from_its_stage_..., in the default suite
 def test_a_run_stopped_and_resumed_across_a_stage_boundary_equals_the_uninterrupted_run(tmp_path):
   whole = _run(tmp_path / "whole", 6)
   _run(tmp_path / "parts", 3)
