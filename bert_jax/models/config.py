@@ -28,8 +28,20 @@ _CHOICES = {
 _LEGACY_ATTENTION = {"auto": "dot", "xla": "dot", "cudnn": "cudnn"}
 
 
+class Dtypes:
+  """compute_dtype and weight_dtype: the dtypes of a config's `dtype` and `param_dtype` fields."""
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Dtypes):
   """Encoder hyper-parameters. Defaults are BERT-base.
 
   embedding_size: width of the token embeddings; 0 means hidden_size. When it differs, a projection
@@ -225,14 +237,6 @@ class ModelConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
 
 def _per_layer(pruned: Any, num_layers: int, num_heads: int) -> tuple[tuple[int, ...], ...]:
   """pruned_heads as one sorted tuple per layer (() when none), from HF's {layer: [heads]} dict
@@ -270,8 +274,8 @@ def _per_layer(pruned: Any, num_layers: int, num_heads: int) -> tuple[tuple[int,
   return tuple(tuple(sorted(heads)) for heads in layers)
 
 
-class FamilyConfig:
-  """from_dict / to_dict / replace, and the dtypes of its `dtype` and `param_dtype` fields, for a family's own
+class FamilyConfig(Dtypes):
+  """from_dict / to_dict / replace (and Dtypes') for a family's own
   frozen config dataclass (ModernBERT, MobileBERT, XLNet, BiLSTM); `FAMILY_NAME` names the family in the
   unknown-key error."""
   FAMILY_NAME = "model"
@@ -289,11 +293,3 @@ class FamilyConfig:
 
   def replace(self, **changes):
     return dataclasses.replace(self, **changes)
-
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)

@@ -8,6 +8,7 @@ with the full batch's counts gives exactly the full batch's gradient.
 """
 from __future__ import annotations
 
+import abc
 from typing import Any, Mapping, Protocol, runtime_checkable
 
 import jax
@@ -74,6 +75,30 @@ class ScheduledObjective(PretrainingObjective, Protocol):
   def feed(self, inputs: Any, first_step: int, split: str, config: ml_collections.ConfigDict,
            process_index: int = 0, process_count: int = 1) -> Any:
     """`inputs` ("train": its first batch is step first_step + 1's; or "eval") with the schedule's features."""
+
+
+class BatchFeed(abc.ABC):
+  """A pretraining input whose batches an objective adds features to on the host (ERNIE 2.0's task ids,
+  ERNIE-THU's entities): `added(batch)` gives each batch's additions, with `self.step` the batch's train step
+  (the first batch's is first_step + 1). Everything else (save, restore, close, tokenizer) is the input's."""
+
+  def __init__(self, inputs, first_step: int, split: str):
+    self._inputs, self.step, self.split = inputs, first_step, split
+
+  def __getattr__(self, name):
+    return getattr(self._inputs, name)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    batch = dict(next(self._inputs))
+    self.step += 1
+    return self.added(batch)
+
+  @abc.abstractmethod
+  def added(self, batch: dict) -> dict:
+    """`batch` (a copy of the input's) with the objective's host-side features."""
 
 
 def example_batch(batch_size: int, seq_len: int, max_predictions: int) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from bert_jax.data_pipelines import ernie as ernie_data
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput, dense
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import Batch, model_inputs, token_nll_and_correct
+from bert_jax.training.objectives.base import Batch, BatchFeed, model_inputs, token_nll_and_correct
 from bert_jax.training.objectives.bert import BertPretraining
 from bert_jax.training.objectives.registry import register
 
@@ -123,36 +123,27 @@ class Schedule:
     return [self.names.index(n) for n in self.stages[-1].weights]
 
 
-class TaskFeed:
+class TaskFeed(BatchFeed):
   """The pretraining input with `task_ids` added to each batch: the task `schedule` draws for each step (first
   batch: step `first_step + 1`), or on the eval split the last stage's corpus tasks row by row. A drawn labelled
-  task's batch takes its rows from the task's file instead (`labelled_labels`: its labels, -1 on corpus rows).
-  Everything else (save, restore, close, tokenizer) is the input's."""
+  task's batch takes its rows from the task's file instead (`labelled_labels`: its labels, -1 on corpus rows)."""
 
   def __init__(self, inputs, schedule: Schedule, first_step: int, split: str, labelled: dict,
                process_index: int = 0, process_count: int = 1):
-    self._inputs, self._schedule, self._step, self._split = inputs, schedule, first_step, split
-    self._labelled, self._process = labelled, (process_index, process_count)
+    super().__init__(inputs, first_step, split)
+    self._schedule, self._labelled, self._process = schedule, labelled, (process_index, process_count)
 
-  def __getattr__(self, name):
-    return getattr(self._inputs, name)
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    batch = dict(next(self._inputs))
-    self._step += 1
+  def added(self, batch: dict) -> dict:
     rows = batch["input_ids"].shape[0]
-    if self._split == "eval":
+    if self.split == "eval":
       tasks = [t for t in self._schedule.final_tasks() if t < len(TASKS)]
       batch["task_ids"] = np.array([tasks[r % len(tasks)] for r in range(rows)], np.int32)
     else:
-      batch["task_ids"] = np.full((rows,), self._schedule.task_at(self._step), np.int32)
+      batch["task_ids"] = np.full((rows,), self._schedule.task_at(self.step), np.int32)
     if self._labelled:
       batch["labelled_labels"] = np.full((rows,), -1, np.int32)
       name = self._schedule.names[int(batch["task_ids"][0])]
-      if self._split != "eval" and name in self._labelled:
+      if self.split != "eval" and name in self._labelled:
         batch.update(self._labelled_rows(batch, self._labelled[name], rows))
     return batch
 
@@ -160,7 +151,7 @@ class TaskFeed:
     """The step's rows of a labelled file: window (step, host) of a fresh permutation per pass over it."""
     n = len(data["labels"])
     index, count = self._process
-    first = (self._step * count + index) * rows
+    first = (self.step * count + index) * rows
     order = {e: np.random.default_rng([self._schedule.seed & 0xFFFFFFFF, 1, e]).permutation(n)
              for e in range(first // n, (first + rows - 1) // n + 1)}
     take = np.array([order[i // n][i % n] for i in range(first, first + rows)])

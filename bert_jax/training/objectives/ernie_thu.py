@@ -28,7 +28,7 @@ from bert_jax.data_pipelines import entities
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput, dense
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.objectives.base import Batch, model_inputs, token_nll_and_correct
+from bert_jax.training.objectives.base import Batch, BatchFeed, model_inputs, token_nll_and_correct
 from bert_jax.training.objectives.bert import BertPretraining
 from bert_jax.training.objectives.registry import register
 
@@ -36,28 +36,20 @@ HEAD = "dea_head"  # beside the encoder's params
 FEATURES = ("entity_vectors", "entity_mask", "entity_candidates", "entity_candidate_mask", "entity_labels")
 
 
-class EntityFeed:
+class EntityFeed(BatchFeed):
   """The pretraining input with ERNIE-THU's entity features added to each batch (entities.features): the dEA
   noise of train batch `first_step + k` drawn from (seed, first_step + k), so a resumed run noises as the
-  uninterrupted one; a held-out batch's from its ids, so every evaluation sees the same. Everything else (save,
-  restore, close, tokenizer) is the input's."""
+  uninterrupted one; a held-out batch's from its ids, so every evaluation sees the same."""
 
   def __init__(self, inputs, objective: "ErnieThuPretraining", first_step: int, split: str, seed: int):
-    self._inputs, self._objective, self._step, self._split, self._seed = inputs, objective, first_step, split, seed
+    super().__init__(inputs, first_step, split)
+    self._objective, self._seed = objective, seed
 
-  def __getattr__(self, name):
-    return getattr(self._inputs, name)
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict:
-    batch = dict(next(self._inputs))
-    self._step += 1
-    if self._split == "eval":
+  def added(self, batch: dict) -> dict:
+    if self.split == "eval":
       rng = np.random.default_rng([self._seed & 0xFFFFFFFF, 2, zlib.crc32(np.ascontiguousarray(batch["input_ids"]))])
     else:
-      rng = np.random.default_rng([self._seed & 0xFFFFFFFF, 1, self._step])
+      rng = np.random.default_rng([self._seed & 0xFFFFFFFF, 1, self.step])
     return self._objective.add_features(batch, rng)
 
 
