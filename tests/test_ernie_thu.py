@@ -261,6 +261,7 @@ def _train(steps, use_entities=True, seed=0):
   return losses, {k: float(v) for k, v in metrics.items()}
 
 
+@slow  # 30 steps of a fused model; the tiny preset's run through the pretrain job stays in the default suite
 def test_on_a_synthetic_knowledge_graph_the_loss_falls():
   losses, _ = _train(30)
   assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
