@@ -132,21 +132,28 @@ def ensure_sentencepiece(lower_case: bool) -> str:
   return final
 
 
+def build_once(final: str, build) -> None:
+  """Builds directory `final` once, atomically: `build(staging)` fills a staging directory beside it, which is
+  renamed to `final` (a concurrent builder that got there first wins; its copy is kept)."""
+  if os.path.isdir(final):
+    return
+  os.makedirs(os.path.dirname(final), exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(final))
+  try:
+    build(staging)
+    os.rename(staging, final)
+  except OSError:
+    if not os.path.isdir(final):
+      raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def ensure_embedded() -> tuple[str, str]:
   """(corpus.txt, vocab.txt) of the embedded corpus, built on first use (a few seconds) and cached."""
   files = _stdlib_files()
   final = os.path.join(cache_root(), f"embedded-{_cache_key(files)}")
-  if not os.path.isdir(final):
-    os.makedirs(cache_root(), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".building-", dir=cache_root())
-    try:
-      _build(staging, files)
-      os.rename(staging, final)
-    except OSError:
-      if not os.path.isdir(final):
-        raise
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
+  build_once(final, lambda staging: _build(staging, files))
   return os.path.join(final, "corpus.txt"), os.path.join(final, "vocab.txt")
 
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import collections
 import os
 import re
-import shutil
-import tempfile
 
 import numpy as np
 
@@ -38,22 +36,17 @@ def toy_graph(dim: int) -> tuple[str, str]:
   `dim` (seeded). It runs ERNIE-THU's pipeline end to end (the tiny preset); its vectors hold no knowledge."""
   corpus, _ = embedded.ensure_embedded()
   final = os.path.join(os.path.dirname(corpus), f"ernie-thu-toy-{TOY_ENTITIES}-{dim}")
-  if not os.path.isdir(final):
+
+  def build(staging: str) -> None:
     with open(corpus, encoding="utf-8") as f:
       counts = collections.Counter(w for w in re.findall(r"[a-z]{6,}", f.read().lower()))
     words = sorted(counts, key=lambda w: (-counts[w], w))[:TOY_ENTITIES]
-    staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(final))
-    try:
-      np.save(os.path.join(staging, "vectors.npy"),
-              np.random.default_rng(0).normal(size=(len(words), dim)).astype(np.float32))
-      with open(os.path.join(staging, "mentions.tsv"), "w", encoding="utf-8") as f:
-        f.writelines(f"{w}\t{i}\n" for i, w in enumerate(words))
-      os.rename(staging, final)
-    except OSError:
-      if not os.path.isdir(final):
-        raise
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
+    np.save(os.path.join(staging, "vectors.npy"),
+            np.random.default_rng(0).normal(size=(len(words), dim)).astype(np.float32))
+    with open(os.path.join(staging, "mentions.tsv"), "w", encoding="utf-8") as f:
+      f.writelines(f"{w}\t{i}\n" for i, w in enumerate(words))
+
+  embedded.build_once(final, build)
   return os.path.join(final, "vectors.npy"), os.path.join(final, "mentions.tsv")
 
 
