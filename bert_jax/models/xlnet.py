@@ -61,6 +61,9 @@ class XLNetConfig(FamilyConfig):
     none kept); reuse_len: of this segment, the first reuse_len tokens are cached (0: all; the
     pretraining data's reuse length).
   clamp_len: distances beyond +-clamp_len share one encoding (-1: no clamp).
+  bi_data: the second half of the batch reads its rows backwards (pretraining's reversed streams,
+    training/objectives/xlnet.py): its distances are negated, as XLNet's and Hugging Face's
+    relative_positional_encoding with bi_data (the batch must be even; one row, as at init, reads forward).
   max_position_embeddings: XLNet has no position table; the longest input fine-tuning builds.
   mlm_head: the LM head (the word embeddings, tied, plus a bias: Hugging Face's lm_loss).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
@@ -79,6 +82,7 @@ class XLNetConfig(FamilyConfig):
   mem_len: int = 0
   reuse_len: int = 0
   clamp_len: int = -1
+  bi_data: bool = False
   initializer_range: float = 0.02
   pad_token_id: int = 5
   mlm_head: bool = True
@@ -139,14 +143,19 @@ class XLNetOutput(ModelOutput):
 
 # --- Relative positions -----------------------------------------------------------------------------------
 
-def relative_positions(q_len: int, k_len: int, hidden: int, clamp_len: int = -1) -> np.ndarray:
-  """Sinusoidal encodings [R = K + T, H] of the distances K, K - 1, ..., -T + 1 (Transformer-XL's, bi-
-  directional): [sin(d f), cos(d f)] with f = 10000^(-2k/H)."""
+def relative_positions(q_len: int, k_len: int, hidden: int, clamp_len: int = -1, bi_data: bool = False
+                       ) -> np.ndarray:
+  """Sinusoidal encodings [G, R = K + T, H] of the distances K, K - 1, ..., -T + 1 (Transformer-XL's, bi-
+  directional): [sin(d f), cos(d f)] with f = 10000^(-2k/H). G = 1, or 2 with bi_data: the second group's
+  distances negated (for the batch's backward half)."""
   distances = np.arange(k_len, -q_len, -1.0)
+  if bi_data:
+    distances = np.stack([distances, -distances])
+  distances = np.atleast_2d(distances)
   if clamp_len > 0:
     distances = np.clip(distances, -clamp_len, clamp_len)
   inv_freq = 1.0 / 10000 ** (np.arange(0, hidden, 2.0) / hidden)
-  angles = np.einsum("r,f->rf", distances, inv_freq)
+  angles = np.einsum("gr,f->grf", distances, inv_freq)
   return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1).astype(np.float32)
 
 
@@ -198,11 +207,15 @@ class RelativeAttention(nn.Module):
 
   def core(self, q: Array, k: Array, v: Array, kr: Array, other_segment: Optional[Array], mask: Optional[Array],
            head_mask: Optional[Array], deterministic: bool) -> Array:
-    """q [B, T, N, D], k/v [B, K, N, D], kr [R, N, D], other_segment bool [B, T, K], mask [B, T, K] (1:
-    blocked) -> [B, T, N, D]."""
+    """q [B, T, N, D], k/v [B, K, N, D], kr [G, R, N, D] (group g: rows g B/G ... (g + 1) B/G - 1),
+    other_segment bool [B, T, K], mask [B, T, K] (1: blocked) -> [B, T, N, D]."""
     cfg = self.config
     content = jnp.einsum("bind,bjnd->bnij", q + self._w(self.content_bias), k)
-    position = rel_shift(jnp.einsum("bind,rnd->bnir", q + self._w(self.position_bias), kr), k.shape[1])
+    qr = q + self._w(self.position_bias)
+    groups = kr.shape[0]
+    qr = qr.reshape(groups, qr.shape[0] // groups, *qr.shape[1:])
+    position = jnp.einsum("gbind,grnd->gbnir", qr, kr).reshape(q.shape[0], *content.shape[1:3], kr.shape[1])
+    position = rel_shift(position, k.shape[1])
     score = content + position
     if other_segment is not None:
       per_segment = jnp.einsum("bind,snd->bnis", q + self._w(self.segment_bias), self._w(self.segment_embedding))
@@ -222,11 +235,11 @@ class RelativeAttention(nn.Module):
 
   def __call__(self, h: Array, g: Optional[Array], mem: Optional[Array], pos: Array, other_segment, mask_h, mask_g,
                target_mapping: Optional[Array], head_mask: Optional[Array], deterministic: bool):
-    """h [B, T, H]; g [B, P, H] or None; mem [B, M, H] or None; pos [R, H] -> (h, g)."""
+    """h [B, T, H]; g [B, P, H] or None; mem [B, M, H] or None; pos [G, R, H] -> (h, g)."""
     keys = h if mem is None else jnp.concatenate([mem.astype(h.dtype), h], axis=1)
     k = jnp.einsum("bjh,hnd->bjnd", keys, self._w(self.key))
     v = jnp.einsum("bjh,hnd->bjnd", keys, self._w(self.value))
-    kr = jnp.einsum("rh,hnd->rnd", pos.astype(h.dtype), self._w(self.position_key))
+    kr = jnp.einsum("grh,hnd->grnd", pos.astype(h.dtype), self._w(self.position_key))
     args = (k, v, kr, other_segment)
     q_h = jnp.einsum("bih,hnd->bind", h, self._w(self.query))
     h_out = self.post(h, self.core(q_h, *args, mask_h, head_mask, deterministic), deterministic)
@@ -382,6 +395,8 @@ class XLNetModel(nn.Module):
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
     b, t = input_ids.shape
+    if cfg.bi_data and b % 2 and b > 1:
+      raise ValueError(f"model.bi_data reads half the batch backwards: the batch ({b} rows) must be even")
     m = 0 if mems is None else mems.shape[2]
     embeddings = Embeddings(cfg, name="embeddings")
     dropout = Dropout(cfg.hidden_dropout)
@@ -389,7 +404,7 @@ class XLNetModel(nn.Module):
     g = None
     if target_mapping is not None:
       g = dropout(embeddings.queries(b, target_mapping.shape[1]), deterministic=deterministic)
-    pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len)),
+    pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len, cfg.bi_data and b > 1)),
                   deterministic=deterministic)
     mask_h, mask_g = _masks(attention_mask, perm_mask, t, m)
     keep = output_hidden_states or cfg.mem_len > 0

@@ -75,8 +75,7 @@ def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> XL
   for key in ("vocab_size", "d_model", "n_layer", "n_head", "d_inner"):
     if key not in hf_config:
       raise UserError(f"{source}: config.json lacks {key}")
-  refused = {"attn_type": ("bi", "attn_type='uni' (causal attention)"), "bi_data": (False, "bi_data=True"),
-             "same_length": (False, "same_length=True")}
+  refused = {"attn_type": ("bi", "attn_type='uni' (causal attention)"), "same_length": (False, "same_length=True")}
   for key, (wanted, what) in refused.items():
     if hf_config.get(key, wanted) != wanted:
       raise UserError(f"{source}: XLNet with {what} has no bert_jax counterpart")
@@ -89,7 +88,8 @@ def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> XL
       num_heads=hf_config["n_head"], intermediate_size=hf_config["d_inner"], hidden_act=_ACTS_TO_OURS[act],
       layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), hidden_dropout=dropout, attention_dropout=dropout,
       mem_len=hf_config.get("mem_len") or 0, reuse_len=hf_config.get("reuse_len") or 0,
-      clamp_len=hf_config.get("clamp_len", -1), initializer_range=hf_config.get("initializer_range", 0.02),
+      clamp_len=hf_config.get("clamp_len", -1), bi_data=bool(hf_config.get("bi_data", False)),
+      initializer_range=hf_config.get("initializer_range", 0.02),
       pad_token_id=hf_config.get("pad_token_id", 5), scan_layers=scan_layers)
   return with_heads(config, heads)
 
@@ -100,7 +100,7 @@ def write_hf_config(config: XLNetConfig) -> dict:
           "ff_activation": _ACTS_TO_HF[config.hidden_act], "untie_r": True, "attn_type": "bi",
           "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
           "dropout": config.hidden_dropout, "mem_len": config.mem_len or None, "reuse_len": config.reuse_len or None,
-          "bi_data": False, "clamp_len": config.clamp_len, "same_length": False, "pad_token_id": config.pad_token_id,
+          "bi_data": config.bi_data, "clamp_len": config.clamp_len, "same_length": False, "pad_token_id": config.pad_token_id,
           "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True, "dtype": "float32"}
 
 
