@@ -12,8 +12,13 @@ of a random factorisation order per row, the targets chosen as spans (n-grams of
 Recipe (the paper, appendix A.3, XLNet-Large): seq 512, Adam (eps 1e-6), weight decay 0.01, rate 4e-4
 with 40k warmup steps and linear decay, batch 8192, 500k steps. `base` is the paper's BERT-comparable
 setting: BERT-base's batch 256 and 1M steps (rate 1e-4).
-Not modelled yet: the segment recurrence in pretraining (memory of 384 states; the model takes `mems`,
-the train state does not carry them), bi_data and the reuse-length data layout.
+Memory across steps, as the released code (data_utils.py, train_gpu.py): data.example_builder=
+"xlnet_stream" (data_pipelines/xlnet_stream.py) lays the text out as batch-many parallel streams, each step's
+row i the next chunk of stream i (xlnet.reuse_len = 256 tokens, then A [SEP] B [SEP] [CLS]); each row attends
+to the memory of xlnet.mem_len = 384 states per layer of the previous steps' same row, carried (and
+checkpointed) in the train state; xlnet.bi_data: half the streams read the text backwards. `tiny`: 64 and
+96 of 128. xlnet.mem_len=0 trains without memory; data.example_builder=full_sentences (with
+xlnet.reuse_len=0, xlnet.bi_data=False) on shuffled rows. train.grad_accum_steps must stay 1 with memory.
 """
 from bert_jax.configs import common
 from bert_jax.models.xlnet import XLNetConfig
@@ -26,11 +31,11 @@ SIZES = {
     "base": (12, 768, 12, 3072),
     "large": (24, 1024, 16, 4096),
 }
-# name: (peak rate, batch, steps, warmup steps, sequence length)
+# name: (peak rate, batch, steps, warmup steps, sequence length, reuse length, memory length)
 RECIPES = {
-    "tiny": (1e-3, 32, 1500, 100, 128),
-    "base": (1e-4, 256, 1_000_000, 10_000, 512),
-    "large": (4e-4, 8192, 500_000, 40_000, 512),
+    "tiny": (1e-3, 32, 1500, 100, 128, 64, 96),
+    "base": (1e-4, 256, 1_000_000, 10_000, 512, 256, 384),
+    "large": (4e-4, 8192, 500_000, 40_000, 512, 256, 384),
 }
 PRESETS = {
     "tiny": "a 4-layer XLNet on the embedded corpus; permutation LM, minutes on a CPU",
@@ -51,9 +56,10 @@ def get_config(arg: str = "base"):
   c = common.base_config()
   c.objective = "xlnet"
   c.model = model_config(arg)
-  c.xlnet = ml_collections.ConfigDict({"prediction_k": 6, "max_span": 5, "span_context": 6})
-  lr, batch, steps, warmup, seq = RECIPES[arg]
-  c.data.update(example_builder="full_sentences", max_seq_length=seq, max_predictions_per_seq=seq // 6,
+  lr, batch, steps, warmup, seq, reuse, mem = RECIPES[arg]
+  c.xlnet = ml_collections.ConfigDict({"prediction_k": 6, "max_span": 5, "span_context": 6, "mem_len": mem,
+                                       "reuse_len": reuse, "bi_data": True})
+  c.data.update(example_builder="xlnet_stream", max_seq_length=seq, max_predictions_per_seq=seq // 6,
                 tokenizer="sentencepiece", lower_case=False)
   c.optimizer.update(name="adamw", learning_rate=lr, warmup_steps=warmup, weight_decay=0.01, eps=1e-6)
   c.train.update(batch_size=batch, num_steps=steps)

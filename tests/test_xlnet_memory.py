@@ -3,12 +3,16 @@ data_pipelines/xlnet_stream.py): bi_data's relative positions against transforme
 layout on a hand-made corpus, the memory carried by the train state, and exact resume."""
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
 import bert_jax
+from bert_jax.config_utils import load_config
+from bert_jax.data_pipelines import pipeline, shards, xlnet_stream
+from bert_jax.training import objectives, partitioning, step
 
 VOCAB = 50
 
@@ -42,3 +46,109 @@ def test_bi_data_positions_match_transformers(tmp_path):
   plain = forward.apply({"params": params}, jnp.asarray(ids), None, jnp.asarray(types), mems=jnp.asarray(mems))
   np.testing.assert_allclose(plain.last_hidden_state[:2], out.last_hidden_state[:2], atol=1e-6)
   assert np.abs(np.asarray(plain.last_hidden_state[2:] - out.last_hidden_state[2:])).max() > 1e-3  # what the test above checks
+
+
+# --- The stream layout ------------------------------------------------------------------------------------------
+
+SEQ, REUSE, MEM, B = 16, 4, 6, 8
+SMALL = ["--config.model.hidden_size=32", "--config.model.num_heads=2", "--config.model.intermediate_size=48",
+         "--config.model.num_layers=2", f"--config.data.max_seq_length={SEQ}", "--config.data.max_predictions_per_seq=2",
+         "--config.data.eval_fraction=0",
+         f"--config.xlnet.reuse_len={REUSE}", f"--config.xlnet.mem_len={MEM}", f"--config.train.batch_size={B}",
+         "--config.model.hidden_dropout=0", "--config.model.attention_dropout=0"]
+
+
+def _corpus(tmp_path):
+  """A sentence-per-line corpus of single-token words (blank lines between documents) and the token stream it
+  must give: each document's ids, then [SEP]."""
+  tokenizer = shards.make_tokenizer(load_config("configs/xlnet.py:tiny").data)
+  ids = {w: i for i, w in enumerate(tokenizer.vocab)}
+  words = [w for w in tokenizer.vocab[1000:1400] if w.isalpha() and tokenizer.encode(w) == [ids[w]]]
+  rs = np.random.RandomState(0)
+  lines, expected = [], []
+  for _ in range(6):  # documents
+    for _ in range(rs.randint(3, 7)):  # sentences
+      sentence = list(rs.choice(words, rs.randint(2, 8)))
+      lines.append(" ".join(sentence))
+      expected += [ids[w] for w in sentence]
+    lines.append("")
+    expected.append(tokenizer.special_ids["[SEP]"])
+  (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n")
+  return str(tmp_path / "corpus.txt"), np.array(expected)
+
+
+def _config(tmp_path, *overrides):
+  corpus, expected = _corpus(tmp_path)
+  return load_config("configs/xlnet.py:tiny", SMALL + [f"--config.data.corpus={corpus}", *overrides]), expected
+
+
+def test_each_row_continues_the_same_rows_stream(tmp_path):
+  config, tokens = _config(tmp_path, "--config.xlnet.bi_data=true")
+  inputs = pipeline.for_config(config, "train", B)
+  assert config.data.example_builder == "xlnet_stream" and isinstance(inputs, xlnet_stream.StreamInput)
+  n = len(tokens) // (B // 2)  # B / 2 forward streams, then the same reversed
+  streams = [tokens[i * n:(i + 1) * n] for i in range(B // 2)]
+  streams += [x[::-1] for x in streams]
+  batches = [next(inputs) for _ in range(3)]
+  sep, cls = 3, 2
+  for s, batch in enumerate(batches):
+    assert batch["input_ids"].shape == (B, SEQ) and (batch["input_mask"] == 1).all()
+    for i in range(B):
+      row, segments = batch["input_ids"][i], batch["segment_ids"][i]
+      # row i of step s: stream i's tokens from s x reuse_len, then A (stream i just after them) [SEP] B [SEP] [CLS]
+      np.testing.assert_array_equal(row[:REUSE], streams[i][s * REUSE:(s + 1) * REUSE])
+      assert row[REUSE] == streams[i][(s + 1) * REUSE] and row[-1] == cls and row[-2] == sep
+      a_end = int(np.flatnonzero(segments == 1)[0]) - 1  # A's [SEP]
+      assert row[a_end] == sep and (segments[:a_end + 1] == 0).all() and segments[-1] == 2
+      np.testing.assert_array_equal(row[REUSE:a_end], streams[i][(s + 1) * REUSE:(s + 1) * REUSE + a_end - REUSE])
+      np.testing.assert_array_equal(batch["predictable"][i], (row != sep) & (row != cls))
+      b = row[a_end + 1:-2]
+      if batch["next_sentence_labels"][i] == 1:  # B: the text after A (from A's end before A was trimmed)
+        start = (s + 1) * REUSE + a_end - REUSE
+        assert any((streams[i][c:c + len(b)] == b).all() for c in range(start, start + SEQ))
+  # the same (seed, step) gives the same batch; a restored position continues where the saved one was
+  inputs.save(str(tmp_path / "position"))
+  later = next(inputs)
+  again = pipeline.for_config(config, "train", B)
+  again.restore(str(tmp_path / "position"))
+  for k, v in next(again).items():
+    np.testing.assert_array_equal(v, later[k])
+
+
+# --- Memory across steps ----------------------------------------------------------------------------------------
+
+def _expected_memory(objective, params, batch, step_rng, mems):
+  """[B, L, M, H]: the last mem_len of [memory, each layer's input at the first reuse_len tokens], from the
+  model's hidden states (not its `mems` output), under the step's factorisation."""
+  order_rng, _ = jax.random.split(step_rng)
+  inputs, _ = objective._inputs(batch, order_rng)
+  out = objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1), output_hidden_states=True)
+  layer_inputs = np.asarray(out.hidden_states)[:-1, :, :REUSE]  # [L, B, reuse, H]
+  both = np.concatenate([np.swapaxes(np.asarray(mems), 0, 1), layer_inputs], axis=2)
+  return np.swapaxes(both[:, :, -MEM:], 0, 1)
+
+
+def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
+  config, _ = _config(tmp_path, "--config.xlnet.bi_data=true")
+  setup = step.build_train_setup(config)
+  assert isinstance(setup.objective, objectives.CarryingObjective) and setup.objective.config.bi_data
+  state = setup.init_state(jax.random.key(0))
+  assert state.carry.shape == (B, 2, MEM, 32) and not np.asarray(state.carry).any()  # zeros, as train_gpu.py
+  inputs = pipeline.for_config(config, "train", B)
+  rng = jax.random.key(1)
+  carry = np.zeros((B, 2, MEM, 32), np.float32)
+  for s in range(2):
+    batch = next(inputs)
+    params = jax.device_get(state.params)
+    step_rng = jax.random.fold_in(rng, s)
+    expected = _expected_memory(setup.objective, params, batch, step_rng, carry)
+    state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), rng)
+    np.testing.assert_allclose(np.asarray(state.carry), expected, atol=1e-5)
+    # the step's loss is the objective's with the previous step's memory (dropout is 0 here), not without it
+    with_memory = setup.objective.sums(params, {**batch, objectives.CARRY: jnp.asarray(carry)}, step_rng, True)
+    np.testing.assert_allclose(float(metrics["loss"]), with_memory["plm_loss"] / setup.objective.counts(batch)["plm"],
+                               rtol=1e-5)
+    carry = expected
+  assert np.abs(carry[:, :, -REUSE - 1]).min() > 0  # step 2's memory: step 1's reuse_len states, then step 2's
+  without = setup.objective.sums(params, batch, step_rng, True)["plm_loss"]
+  assert abs(float(without) - float(with_memory["plm_loss"])) > 1e-4

@@ -95,7 +95,8 @@ def test_original_tokens_puts_the_masked_tokens_back():
 def test_loss_matches_transformers_on_the_same_factorisation(tmp_path):
   config = load_config("configs/xlnet.py:tiny", ["--config.model.vocab_size=50", "--config.model.hidden_size=32",
                                                  "--config.model.num_layers=2", "--config.model.intermediate_size=40",
-                                                 "--config.model.num_heads=4"])
+                                                 "--config.model.num_heads=4", "--config.xlnet.mem_len=0",
+                                                 "--config.xlnet.reuse_len=0", "--config.xlnet.bi_data=false"])
   objective = make_objective(config)
   batch = _batch()
   params = nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0), batch))
@@ -132,7 +133,8 @@ def test_tiny_pretraining_loss_falls(tmp_path):
       "--config.train.batch_size=16", "--config.data.max_seq_length=64", "--config.train.num_steps=60",
       "--config.train.log_every_steps=5", "--config.train.eval_every_steps=0", "--config.checkpoint.every_steps=1000",
       "--config.checkpoint.async_save=False", "--config.optimizer.warmup_steps=5",
-      "--config.optimizer.learning_rate=2e-3"])
+      "--config.optimizer.learning_rate=2e-3", "--config.xlnet.reuse_len=32",
+      "--config.xlnet.mem_len=48"])  # the preset's memory across steps, bi_data and stream layout
   trainer.pretrain(config, str(tmp_path))
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     rows = [r for r in map(json.loads, f) if "loss" in r]

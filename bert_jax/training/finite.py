@@ -10,7 +10,7 @@ drop a finite checkpoint for a newer finite one.
 
 With `train.skip_nonfinite_steps=N` (N > 0) a step whose loss or gradient norm is not finite keeps
 the previous parameters and optimizer state (as large-batch LAMB recipes skip overflowed steps); the
-step counter, the input and the dropout stream move on. Each skipped step is printed, and the run
+step counter, the input and the dropout stream move on (an objective's carry, XLNet's memory, is kept). Each skipped step is printed, and the run
 stops as diverged once more than N steps were skipped.
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ def guard_step(step_fn: Callable, skip: bool) -> Callable:
       keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
       new_state = new_state.replace(params=jax.tree.map(keep, new_state.params, state.params),
                                     opt_state=jax.tree.map(keep, new_state.opt_state, state.opt_state),
-                                    teacher=jax.tree.map(keep, new_state.teacher, state.teacher))
+                                    teacher=jax.tree.map(keep, new_state.teacher, state.teacher),
+                                    carry=jax.tree.map(keep, new_state.carry, state.carry))
     return new_state, {**metrics, FINITE: finite}
   return guarded
 

@@ -43,6 +43,7 @@ class TrainState:
   params: Any
   opt_state: Any
   teacher: Any = None  # a momentum average of params (sharded_setup's teacher_momentum); else None
+  carry: Any = None  # a CarryingObjective's state from one step to the next (XLNet's memory); else None
 
 
 @dataclasses.dataclass
@@ -83,6 +84,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   sums its micro-batches' gradients and they are reduced across devices once (training/accumulate.py)."""
   rng = jax.random.fold_in(rng, state.step)
   counts = objective.counts(batch)
+  if state.carry is not None:  # the objective reads the carry as a feature of the batch's rows
+    batch = {**batch, objectives.CARRY: state.carry}
   teacher = {} if state.teacher is None else {"teacher": state.teacher}
 
   def loss_fn(params, micro_batch, micro_rng):
@@ -100,13 +103,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
                                        reduce_dtype=grad_reduce_dtype, trainable=trainable)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  sums = dict(sums)
+  carry = sums.pop(objectives.CARRY, None)
   metrics = objective.metrics(sums, counts)
   metrics.update(loss=objective.loss(sums, counts), grad_norm=optax.tree.norm(grads),
                  learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
   if state.teacher is not None:  # teacher <- (1 - beta) params + beta teacher, after the update
     teacher = optax.incremental_update(params, state.teacher, 1.0 - teacher_momentum(state.step))
-    return TrainState(state.step + 1, params, opt_state, teacher), metrics
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return TrainState(state.step + 1, params, opt_state, teacher, carry), metrics
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state, carry=carry), metrics
 
 
 def teacher_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, teacher_params: Any, *,
@@ -152,7 +157,8 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
                   eval_fn: Callable = eval_step,
                   eval_out_sharding: Callable[[Mesh], Sharding] = partitioning.replicated,
                   extra_shardings: Sequence[Any] = (), trainable: Any = None,
-                  teacher_momentum: Callable[[jax.Array], jax.Array] | None = None) -> TrainSetup:
+                  teacher_momentum: Callable[[jax.Array], jax.Array] | None = None,
+                  carry_init: Callable[[], Any] | None = None) -> TrainSetup:
   """The jitted, sharded functions of a job over config.mesh (nothing allocated).
 
   init_params: rng -> the boxed params tree (logical axis names on every leaf). make_tx: the abstract
@@ -161,16 +167,22 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
   `extra_shardings` for the extra arguments.
   eval_fn(params, batch, objective=) -> outputs in `eval_out_sharding(mesh)`. trainable: a tree of
   bools like the params (None: all train). teacher_momentum: step -> beta; the state then keeps a
-  teacher, starting as the initial params.
+  teacher, starting as the initial params. carry_init: () -> the boxed initial carry of a
+  CarryingObjective (rows of the global batch first), kept in the state and checkpointed with it.
   """
   mesh = mesh or partitioning.make_mesh(config.mesh)
   check_batch_layout(config.train, mesh)
   axis_rules = partitioning.rules(config.mesh)
   tx, schedule = make_tx(jax.eval_shape(init_params, jax.random.key(0)))
-  make_state = lambda params: TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),  # noqa: E731
-                                         jax.tree.map(jnp.copy, params) if teacher_momentum else None)
+
+  def make_state(params, boxed_carry=False):
+    carry = carry_init() if carry_init else None
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params),
+                      jax.tree.map(jnp.copy, params) if teacher_momentum else None,
+                      carry if boxed_carry else nn.meta.unbox(carry))
+
   # Optimizer moments follow their parameters' logical axes: the shardings come from the boxed tree.
-  abstract_boxed = jax.eval_shape(lambda rng: make_state(init_params(rng)), jax.random.key(0))
+  abstract_boxed = jax.eval_shape(lambda rng: make_state(init_params(rng), boxed_carry=True), jax.random.key(0))
   state_shardings = partitioning.logical_shardings(abstract_boxed, mesh, axis_rules)
   abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                 nn.meta.unbox(abstract_boxed), state_shardings)
@@ -218,8 +230,18 @@ def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = Non
       batch_warmup.check(config, objective)
       step_fn = batch_warmup.wrap(train_step, config.train)
     return sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh,
-                         step_fn=step_fn)
+                         step_fn=step_fn, carry_init=_carry_init(config, objective))
   return _with_teacher(config, objective, init_params, make_tx, mesh)
+
+
+def _carry_init(config: ml_collections.ConfigDict, objective: Objective) -> Callable[[], Any] | None:
+  """A CarryingObjective's initial carry for the global batch; None for another objective."""
+  if not isinstance(objective, objectives.CarryingObjective):
+    return None
+  if config.train.grad_accum_steps > 1:
+    raise UserError(f"objective={config.objective!r} carries each row's state to the next step (XLNet's memory): "
+                    f"train.grad_accum_steps={config.train.grad_accum_steps} is not supported with it; use 1")
+  return functools.partial(objective.carry_init, config.train.batch_size)
 
 
 def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.TeacherObjective,

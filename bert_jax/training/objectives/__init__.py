@@ -3,6 +3,7 @@
 teacher), and the registry that builds the one a config names (registry.py)."""
 from bert_jax.training.objectives import (bert, distill_mlm, electra, ernie2, ernie_thu, ltr,  # noqa: F401
                                           spanbert, structbert, xlnet)  # each registers itself
-from bert_jax.training.objectives.base import (ScheduledObjective, TeacherObjective, example_batch,  # noqa: F401
-                                               model_inputs, token_nll_and_correct)
+from bert_jax.training.objectives.base import (CARRY, CarryingObjective, ScheduledObjective,  # noqa: F401
+                                               TeacherObjective, example_batch, model_inputs,
+                                               token_nll_and_correct)
 from bert_jax.training.objectives.registry import make_objective  # noqa: F401

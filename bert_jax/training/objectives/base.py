@@ -22,6 +22,7 @@ from bert_jax.models.config import ModelConfig
 Batch = Mapping[str, jax.Array]
 
 HEAD_NAMES = ("mlm_head", "sentence_classifier", "rtd_head")
+CARRY = "carry"  # a CarryingObjective's state: the batch feature its sums read and the sums entry it writes
 
 
 class Objective(Protocol):
@@ -75,6 +76,17 @@ class ScheduledObjective(PretrainingObjective, Protocol):
   def feed(self, inputs: Any, first_step: int, split: str, config: ml_collections.ConfigDict,
            process_index: int = 0, process_count: int = 1) -> Any:
     """`inputs` ("train": its first batch is step first_step + 1's; or "eval") with the schedule's features."""
+
+
+@runtime_checkable
+class CarryingObjective(PretrainingObjective, Protocol):
+  """A pretraining objective with a state carried from each train step to the next, row by row (XLNet's
+  memory of the previous segment, objectives/xlnet.py). The train state holds it, so checkpoints save it and
+  a resumed run continues exactly; the train step hands it to `sums` as batch[CARRY] and keeps sums[CARRY]
+  (not a sum: the next carry, row i of the batch continuing row i). Evaluation passes none."""
+
+  def carry_init(self, batch_size: int) -> Any:
+    """The boxed initial carry of a global batch of `batch_size` rows (rows first on every leaf)."""
 
 
 class BatchFeed(abc.ABC):
