@@ -2,17 +2,24 @@
 data_pipelines/xlnet_stream.py): bi_data's relative positions against transformers' XLNetModel, the stream
 layout on a hand-made corpus, the memory carried by the train state, and exact resume."""
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 import transformers
+from core_helpers import slow
 
 import bert_jax
+from bert_jax import params_checkpoint
 from bert_jax.config_utils import load_config
 from bert_jax.data_pipelines import pipeline, shards, xlnet_stream
-from bert_jax.training import objectives, partitioning, step
+from bert_jax.data_pipelines.errors import DataError
+from bert_jax.errors import UserError
+from bert_jax.training import objectives, partitioning, step, trainer
+from bert_jax.training.objectives import xlnet as plm
 
 VOCAB = 50
 
@@ -120,10 +127,12 @@ def test_each_row_continues_the_same_rows_stream(tmp_path):
 def _expected_memory(objective, params, batch, step_rng, mems):
   """[B, L, M, H]: the last mem_len of [memory, each layer's input at the first reuse_len tokens], from the
   model's hidden states (not its `mems` output), under the step's factorisation."""
-  order_rng, _ = jax.random.split(step_rng)
-  inputs, _ = objective._inputs(batch, order_rng)
-  out = objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1), output_hidden_states=True)
-  layer_inputs = np.asarray(out.hidden_states)[:-1, :, :REUSE]  # [L, B, reuse, H]
+  @jax.jit
+  def hidden_states(params, batch, step_rng, mems):
+    inputs, _ = objective._inputs(batch, jax.random.split(step_rng)[0])
+    return objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1),
+                                 output_hidden_states=True).hidden_states
+  layer_inputs = np.asarray(hidden_states(params, batch, step_rng, mems))[:-1, :, :REUSE]  # [L, B, reuse, H]
   both = np.concatenate([np.swapaxes(np.asarray(mems), 0, 1), layer_inputs], axis=2)
   return np.swapaxes(both[:, :, -MEM:], 0, 1)
 
@@ -136,6 +145,7 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
   assert state.carry.shape == (B, 2, MEM, 32) and not np.asarray(state.carry).any()  # zeros, as train_gpu.py
   inputs = pipeline.for_config(config, "train", B)
   rng = jax.random.key(1)
+  sums = jax.jit(lambda params, batch, rng: setup.objective.sums(params, batch, rng, True))
   carry = np.zeros((B, 2, MEM, 32), np.float32)
   for s in range(2):
     batch = next(inputs)
@@ -145,10 +155,71 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
     state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), rng)
     np.testing.assert_allclose(np.asarray(state.carry), expected, atol=1e-5)
     # the step's loss is the objective's with the previous step's memory (dropout is 0 here), not without it
-    with_memory = setup.objective.sums(params, {**batch, objectives.CARRY: jnp.asarray(carry)}, step_rng, True)
+    with_memory = sums(params, {**batch, objectives.CARRY: jnp.asarray(carry)}, step_rng)
     np.testing.assert_allclose(float(metrics["loss"]), with_memory["plm_loss"] / setup.objective.counts(batch)["plm"],
                                rtol=1e-5)
     carry = expected
   assert np.abs(carry[:, :, -REUSE - 1]).min() > 0  # step 2's memory: step 1's reuse_len states, then step 2's
-  without = setup.objective.sums(params, batch, step_rng, True)["plm_loss"]
+  without = sums(params, batch, step_rng)["plm_loss"]
   assert abs(float(without) - float(with_memory["plm_loss"])) > 1e-4
+
+
+def test_with_reuse_len_the_reused_tokens_never_see_the_rest():
+  """The released code's two permutation blocks: what becomes the next step's memory (the first reuse_len
+  tokens) sees nothing after them; the rest see all of them; half the targets in each block, none at [SEP] or
+  [CLS]."""
+  t, reuse, k = 24, 10, 4
+  predictable = np.ones((3, t), np.int32)
+  predictable[:, [15, 22, 23]] = 0  # A's [SEP], B's [SEP], [CLS]
+  mask = np.ones((3, t), np.int32)
+  sample = jax.jit(plm.sample_plan, static_argnames=("k", "max_span", "context", "reuse_len"))
+  plan = jax.tree.map(np.asarray, sample(jax.random.key(0), jnp.asarray(mask), k=k, max_span=3, context=1,
+                                         predictable=jnp.asarray(predictable), reuse_len=reuse))
+  for row in range(3):
+    target = plan.target_mapping[row].sum(0) > 0
+    perm = plan.perm_mask[row] > 0
+    assert target[:reuse].sum() == (t // k) // 2 and target[reuse:].sum() == t // k - (t // k) // 2
+    assert not target[[15, 22, 23]].any() and plan.weights[row].sum() == t // k
+    assert perm[:reuse, reuse:].all()  # the reused tokens see nothing after them
+    assert not perm[reuse:, :reuse].any()  # the rest see all of them, targets too
+    for block in (slice(0, reuse), slice(reuse, t)):  # inside each block, XLNet's order
+      p, tg = perm[block, block], target[block]
+      assert not p[:, ~tg].any() and p[~tg][:, tg].all()
+      np.testing.assert_array_equal(np.sort((~p[tg][:, tg]).sum(1)), np.arange(tg.sum()))
+  assert int(plm.goals(jnp.asarray(mask), k, jnp.asarray(predictable), reuse).sum()) == 3 * (t // k)
+
+
+def _run(tmp_path, workdir, steps):
+  config, _ = _config(tmp_path, "--config.xlnet.bi_data=true", f"--config.train.num_steps={steps}",
+                      "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
+                      "--config.checkpoint.every_steps=2", "--config.checkpoint.async_save=false",
+                      "--config.train.tensorboard=false", "--config.optimizer.warmup_steps=0",
+                      "--config.optimizer.decay=constant", "--config.model.hidden_dropout=0.1")
+  result = trainer.pretrain(config, str(workdir))
+  with open(workdir / "metrics.jsonl") as f:
+    losses = {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+  return result, losses
+
+
+@slow  # three short runs (BERT_JAX_SLOW_TESTS=1)
+def test_a_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path):
+  """The memory is checkpointed with the train state and the input position is the step: a run stopped at
+  step 2 and resumed gives the uninterrupted run's losses and parameters, its memory included."""
+  _, whole = _run(tmp_path, tmp_path / "whole", 4)
+  _, first = _run(tmp_path, tmp_path / "parts", 2)
+  saved = json.loads((tmp_path / "parts" / "checkpoints" / "2" / "state" / "_METADATA").read_text())
+  assert "('carry',)" in saved["tree_metadata"]  # the memory is in the checkpoint
+  _, parts = _run(tmp_path, tmp_path / "parts", 4)
+  assert sorted(whole) == [1, 2, 3, 4] and {**first, **parts} == whole
+  a, _ = params_checkpoint.load_params(str(tmp_path / "whole"))
+  b, _ = params_checkpoint.load_params(str(tmp_path / "parts"))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_what_memory_cannot_run_with_is_one_line():
+  with pytest.raises(UserError, match="grad_accum_steps=2 is not supported"):
+    step.build_train_setup(load_config("configs/xlnet.py:tiny", ["--config.train.grad_accum_steps=2"]))
+  with pytest.raises(UserError, match="bi_data reads half the batch backwards"):
+    objectives.make_objective(load_config("configs/xlnet.py:tiny", ["--config.train.batch_size=9"]))
+  with pytest.raises(DataError, match="reuse_len=0"):
+    xlnet_stream.for_config(load_config("configs/xlnet.py:tiny", ["--config.xlnet.reuse_len=0"]), "train", 8)
