@@ -221,5 +221,7 @@ def test_what_memory_cannot_run_with_is_one_line():
     step.build_train_setup(load_config("configs/xlnet.py:tiny", ["--config.train.grad_accum_steps=2"]))
   with pytest.raises(UserError, match="bi_data reads half the batch backwards"):
     objectives.make_objective(load_config("configs/xlnet.py:tiny", ["--config.train.batch_size=9"]))
+  with pytest.raises(UserError, match="only the data.example_builder='xlnet_stream' rows continue"):
+    objectives.make_objective(load_config("configs/xlnet.py:tiny", ["--config.data.example_builder=full_sentences"]))
   with pytest.raises(DataError, match="reuse_len=0"):
     xlnet_stream.for_config(load_config("configs/xlnet.py:tiny", ["--config.xlnet.reuse_len=0"]), "train", 8)

@@ -247,5 +247,9 @@ def from_config(config: ml_collections.ConfigDict, model_config: XLNetConfig) ->
   if bi_data and any(config.train.get(key, 0) % 2 for key in ("batch_size", "eval_batch_size")):
     raise UserError(f"xlnet.bi_data reads half the batch backwards: train.batch_size={config.train.batch_size} "
                     f"and train.eval_batch_size={config.train.get('eval_batch_size', 0)} must be even")
+  builder = (config.get("data") or {}).get("example_builder", "")
+  if mem_len and builder != "xlnet_stream":
+    raise UserError(f"xlnet.mem_len={mem_len} carries each row's memory to the next step, which only the "
+                    f"data.example_builder='xlnet_stream' rows continue (not {builder!r}); use it, or xlnet.mem_len=0")
   cls = RecurrentPermutationLM if mem_len else PermutationLM
   return cls(model_config, k, max_span, context, mem_len, reuse_len, bool(bi_data))
