@@ -18,7 +18,7 @@ row i the next chunk of stream i (xlnet.reuse_len = 256 tokens, then A [SEP] B [
 to the memory of xlnet.mem_len = 384 states per layer of the previous steps' same row, carried (and
 checkpointed) in the train state; xlnet.bi_data: half the streams read the text backwards. `tiny`: 64 and
 96 of 128. xlnet.mem_len=0 trains without memory; data.example_builder=full_sentences (with
-xlnet.reuse_len=0, xlnet.bi_data=False) on shuffled rows. train.grad_accum_steps must stay 1 with memory.
+xlnet.reuse_len=0, xlnet.bi_data=False) on shuffled rows.
 """
 from bert_jax.configs import common
 from bert_jax.models.xlnet import XLNetConfig

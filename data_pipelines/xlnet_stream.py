@@ -16,7 +16,8 @@ s + 1 starts reuse_len tokens after row i of step s: the memory of step s's firs
 (training/objectives/xlnet.py) is the text just before it. The draws come from a generator seeded by
 (data.seed, split, step, row): a batch depends on the config and the step only, so the saved position
 is the step. Features: input_ids, input_mask (all 1), segment_ids, `predictable` (0 at [SEP] and
-[CLS], the tokens never predicted), next_sentence_labels (the label above).
+[CLS], the tokens never predicted), next_sentence_labels (the label above), `backward_rows` (the model reads
+those rows' distances negated, wherever the rows land: a device's share, a micro-batch).
 
 The whole split is tokenized into memory at the start (as the released code held each input file);
 knowledge masking's tags and data.format=bert_tfrecord are not read here.
@@ -34,6 +35,7 @@ FEATURES = {
     "segment_ids": ("int32", ("B", "T"), "0 on the reused tokens, A and its [SEP]; 1 on B and its [SEP]; 2 on [CLS]"),
     "predictable": ("int32", ("B", "T"), "1 where a token may be a target; 0 at [SEP] and [CLS]"),
     "next_sentence_labels": ("int32", ("B",), "1: B follows A; 0: B is a random piece of the stream"),
+    "backward_rows": ("int32", ("B",), "1 on a reversed stream's row (xlnet.bi_data: the second half), else 0"),
 }
 
 
@@ -153,7 +155,7 @@ class StreamInput:
     self._seeds = shards.seeds(data_cfg, split)
     per_host = batch_size // process_count
     self._rows = range(process_index * per_host, (process_index + 1) * per_host)
-    self._process_index, self._batch_size = process_index, batch_size
+    self._process_index, self._batch_size, self._bi_data = process_index, batch_size, bi_data
     self.step = 0
     self.stats = {}
     self.spec = FEATURES
@@ -166,7 +168,9 @@ class StreamInput:
       rng = np.random.default_rng([*self._seeds, step, r])
       rows.append(build_row(self._data[r], self._sent[r], offset, self._seq, self._reuse, self._sep, self._cls,
                             rng))
-    return {k: np.stack([row[k] for row in rows]) for k in FEATURES}
+    out = {k: np.stack([row[k] for row in rows]) for k in FEATURES if k != "backward_rows"}
+    out["backward_rows"] = np.array([int(self._bi_data and r >= self._batch_size // 2) for r in self._rows], np.int32)
+    return out
 
   def __iter__(self):
     return self

@@ -18,7 +18,7 @@ from bert_jax.config_utils import load_config
 from bert_jax.data_pipelines import pipeline, shards, xlnet_stream
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.training import objectives, partitioning, step, trainer
+from bert_jax.training import accumulate, objectives, partitioning, step, trainer
 from bert_jax.training.objectives import xlnet as plm
 
 VOCAB = 50
@@ -49,6 +49,11 @@ def test_bi_data_positions_match_transformers(tmp_path):
   out = model.apply({"params": params}, jnp.asarray(ids), None, jnp.asarray(types), mems=jnp.asarray(mems))
   np.testing.assert_allclose(np.asarray(out.last_hidden_state), ref.hidden_states[-1].numpy(), atol=1e-5)
   np.testing.assert_allclose(np.asarray(out.mlm_logits), ref.logits.numpy(), atol=1e-5)
+  # the rows may say which of them read backwards (a device's or a micro-batch's share of the batch)
+  order = np.array([2, 0, 3, 1])
+  shuffled = model.apply({"params": params}, jnp.asarray(ids[order]), None, jnp.asarray(types[order]),
+                         mems=jnp.asarray(mems[:, order]), backward_rows=jnp.asarray(order >= 2))
+  np.testing.assert_allclose(shuffled.last_hidden_state, out.last_hidden_state[order], atol=1e-5)
   forward = model.clone(config=dataclasses.replace(model.config, bi_data=False))
   plain = forward.apply({"params": params}, jnp.asarray(ids), None, jnp.asarray(types), mems=jnp.asarray(mems))
   np.testing.assert_allclose(plain.last_hidden_state[:2], out.last_hidden_state[:2], atol=1e-6)
@@ -147,6 +152,7 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
   rng = jax.random.key(1)
   sums = jax.jit(lambda params, batch, rng: setup.objective.sums(params, batch, rng, True))
   carry = np.zeros((B, 2, MEM, 32), np.float32)
+  history = []
   for s in range(2):
     batch = next(inputs)
     params = jax.device_get(state.params)
@@ -158,10 +164,27 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
     with_memory = sums(params, {**batch, objectives.CARRY: jnp.asarray(carry)}, step_rng)
     np.testing.assert_allclose(float(metrics["loss"]), with_memory["plm_loss"] / setup.objective.counts(batch)["plm"],
                                rtol=1e-5)
+    history.append((batch, params, expected, float(metrics["loss"])))
     carry = expected
   assert np.abs(carry[:, :, -REUSE - 1]).min() > 0  # step 2's memory: step 1's reuse_len states, then step 2's
   without = sums(params, batch, step_rng)["plm_loss"]
   assert abs(float(without) - float(with_memory["plm_loss"])) > 1e-4
+  # through the step's shard_map (a bfloat16 gradient reduction): each device's rows, one here, read their own
+  # way (the rows' backward_rows) and the memory comes back in row order
+  first_batch, first_params, first_carry, first_loss = history[0]
+  setup2 = step.build_train_setup(_config(tmp_path, "--config.xlnet.bi_data=true",
+                                          "--config.train.grad_reduce_dtype=bfloat16")[0])
+  state2, metrics2 = setup2.train_step(setup2.make_state(first_params),
+                                       partitioning.global_batch(first_batch, setup2.mesh), rng)
+  np.testing.assert_allclose(np.asarray(state2.carry), first_carry, atol=1e-5)
+  np.testing.assert_allclose(float(metrics2["loss"]), first_loss, rtol=1e-5)
+
+
+def test_micro_batches_rows_go_back_in_order():
+  rows = jnp.arange(24).reshape(12, 2)
+  micro = accumulate._split({"x": rows}, 3)["x"]
+  assert micro[1, 0, 0] == 2 and micro[1, 1, 0] == 8  # micro-batch 1: rows 1, 4, 7, 10
+  np.testing.assert_array_equal(accumulate._unsplit(micro), rows)
 
 
 def test_with_reuse_len_the_reused_tokens_never_see_the_rest():
@@ -217,8 +240,6 @@ def test_a_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path):
 
 
 def test_what_memory_cannot_run_with_is_one_line():
-  with pytest.raises(UserError, match="grad_accum_steps=2 is not supported"):
-    step.build_train_setup(load_config("configs/xlnet.py:tiny", ["--config.train.grad_accum_steps=2"]))
   with pytest.raises(UserError, match="bi_data reads half the batch backwards"):
     objectives.make_objective(load_config("configs/xlnet.py:tiny", ["--config.train.batch_size=9"]))
   with pytest.raises(UserError, match="only the data.example_builder='xlnet_stream' rows continue"):

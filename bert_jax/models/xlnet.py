@@ -63,7 +63,8 @@ class XLNetConfig(FamilyConfig):
   clamp_len: distances beyond +-clamp_len share one encoding (-1: no clamp).
   bi_data: the second half of the batch reads its rows backwards (pretraining's reversed streams,
     training/objectives/xlnet.py): its distances are negated, as XLNet's and Hugging Face's
-    relative_positional_encoding with bi_data (the batch must be even; one row, as at init, reads forward).
+    relative_positional_encoding with bi_data (the batch must be even; one row, as at init, reads forward);
+    or the rows the call's `backward_rows` names.
   max_position_embeddings: XLNet has no position table; the longest input fine-tuning builds.
   mlm_head: the LM head (the word embeddings, tied, plus a bias: Hugging Face's lm_loss).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
@@ -205,16 +206,18 @@ class RelativeAttention(nn.Module):
   def _w(self, w: Array) -> Array:
     return w.astype(self.config.compute_dtype)
 
-  def core(self, q: Array, k: Array, v: Array, kr: Array, other_segment: Optional[Array], mask: Optional[Array],
-           head_mask: Optional[Array], deterministic: bool) -> Array:
-    """q [B, T, N, D], k/v [B, K, N, D], kr [G, R, N, D] (group g: rows g B/G ... (g + 1) B/G - 1),
-    other_segment bool [B, T, K], mask [B, T, K] (1: blocked) -> [B, T, N, D]."""
+  def core(self, q: Array, k: Array, v: Array, kr: Array, backward: Optional[Array], other_segment: Optional[Array],
+           mask: Optional[Array], head_mask: Optional[Array], deterministic: bool) -> Array:
+    """q [B, T, N, D], k/v [B, K, N, D], kr [G, R, N, D] (G = 2: forward, backward), backward int32 [B] (the
+    group of each row; None when G = 1), other_segment bool [B, T, K], mask [B, T, K] (1: blocked) ->
+    [B, T, N, D]."""
     cfg = self.config
     content = jnp.einsum("bind,bjnd->bnij", q + self._w(self.content_bias), k)
     qr = q + self._w(self.position_bias)
-    groups = kr.shape[0]
-    qr = qr.reshape(groups, qr.shape[0] // groups, *qr.shape[1:])
-    position = jnp.einsum("gbind,grnd->gbnir", qr, kr).reshape(q.shape[0], *content.shape[1:3], kr.shape[1])
+    if backward is None:
+      position = jnp.einsum("bind,rnd->bnir", qr, kr[0])
+    else:
+      position = jnp.einsum("bind,brnd->bnir", qr, kr[backward])
     position = rel_shift(position, k.shape[1])
     score = content + position
     if other_segment is not None:
@@ -235,12 +238,14 @@ class RelativeAttention(nn.Module):
 
   def __call__(self, h: Array, g: Optional[Array], mem: Optional[Array], pos: Array, other_segment, mask_h, mask_g,
                target_mapping: Optional[Array], head_mask: Optional[Array], deterministic: bool):
-    """h [B, T, H]; g [B, P, H] or None; mem [B, M, H] or None; pos [G, R, H] -> (h, g)."""
+    """h [B, T, H]; g [B, P, H] or None; mem [B, M, H] or None; pos: (encodings [G, R, H], each row's group
+    int32 [B] or None) -> (h, g)."""
+    pos, backward = pos
     keys = h if mem is None else jnp.concatenate([mem.astype(h.dtype), h], axis=1)
     k = jnp.einsum("bjh,hnd->bjnd", keys, self._w(self.key))
     v = jnp.einsum("bjh,hnd->bjnd", keys, self._w(self.value))
     kr = jnp.einsum("grh,hnd->grnd", pos.astype(h.dtype), self._w(self.position_key))
-    args = (k, v, kr, other_segment)
+    args = (k, v, kr, backward, other_segment)
     q_h = jnp.einsum("bih,hnd->bind", h, self._w(self.query))
     h_out = self.post(h, self.core(q_h, *args, mask_h, head_mask, deterministic), deterministic)
     if g is None:
@@ -387,15 +392,18 @@ class XLNetModel(nn.Module):
   def __call__(self, input_ids: Array, attention_mask: Optional[Array] = None,
                token_type_ids: Optional[Array] = None, *, perm_mask: Optional[Array] = None,
                target_mapping: Optional[Array] = None, mems: Optional[Array] = None, deterministic: bool = True,
-               output_hidden_states: bool = False, head_mask: Optional[Array] = None) -> XLNetOutput:
+               output_hidden_states: bool = False, head_mask: Optional[Array] = None,
+               backward_rows: Optional[Array] = None) -> XLNetOutput:
     """input_ids, attention_mask, token_type_ids: int32[B, T]; perm_mask: [B, T, T] (1: i may not see j);
     target_mapping: [B, P, T] (a query stream of P vectors; none without it, as Hugging Face); mems:
-    [L, B, M, H]; head_mask: [L, N] or [N]."""
+    [L, B, M, H]; head_mask: [L, N] or [N]; backward_rows: int[B], with config.bi_data the rows that read
+    backwards (default: the second half, as Hugging Face; the pretraining rows say it, so a device's or a
+    micro-batch's share of the rows reads each row the right way)."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
     b, t = input_ids.shape
-    if cfg.bi_data and b % 2 and b > 1:
+    if cfg.bi_data and b % 2 and b > 1 and backward_rows is None:
       raise ValueError(f"model.bi_data reads half the batch backwards: the batch ({b} rows) must be even")
     m = 0 if mems is None else mems.shape[2]
     embeddings = Embeddings(cfg, name="embeddings")
@@ -404,8 +412,14 @@ class XLNetModel(nn.Module):
     g = None
     if target_mapping is not None:
       g = dropout(embeddings.queries(b, target_mapping.shape[1]), deterministic=deterministic)
-    pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len, cfg.bi_data and b > 1)),
+    two_ways = cfg.bi_data and (b > 1 or backward_rows is not None)
+    pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len, two_ways)),
                   deterministic=deterministic)
+    if two_ways:
+      backward = (jnp.arange(b) >= b // 2) if backward_rows is None else backward_rows
+      pos = (pos, jnp.asarray(backward).astype(jnp.int32))
+    else:
+      pos = (pos, None)
     mask_h, mask_g = _masks(attention_mask, perm_mask, t, m)
     keep = output_hidden_states or cfg.mem_len > 0
     encoder = Encoder(cfg, keep, name="encoder")

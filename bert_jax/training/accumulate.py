@@ -13,7 +13,9 @@ outside the differentiated function, so their transpose (a reduce-scatter) is no
 Nothing else changes: micro-batch `a` is rows a, a + A, a + 2A, ... of the global batch on every mesh
 (taken from each device's rows, which the batch sharding splits in order), each with the key
 fold_in(rng, a), and dropout's counters number the rows globally (models/batch_rows.py), so the step
-is the one GSPMD computed before, up to the order of float additions.
+is the one GSPMD computed before, up to the order of float additions. A carrying objective's per-row
+output (sums[CARRY], XLNet's next memory) is not summed: its micro-batches' rows are put back in order,
+left split over the data axes like the batch.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from bert_jax.models import batch_rows
+from bert_jax.training.objectives.base import CARRY
 
 DATA_AXES = ("data", "fsdp")
 REDUCE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -69,24 +72,34 @@ def _split(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
   return {k: split(v) for k, v in batch.items()}
 
 
+def _unsplit(x: jax.Array) -> jax.Array:
+  """[A, R/A, ...] -> [R, ...]: `_split` undone (row j A + a from micro-batch a's row j)."""
+  return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
 def _accumulate(grad_fn: GradFn, params: Any, batch: dict, rng: jax.Array, num_micro: int,
-                gather: Callable[[Any], Any]) -> tuple[Any, dict]:
-  """This device's summed gradients and sums over its rows' micro-batches (nothing reduced)."""
+                gather: Callable[[Any], Any]) -> tuple[Any, dict, Any]:
+  """This device's summed gradients and sums over its rows' micro-batches (nothing reduced), and the rows'
+  carry (sums[CARRY], not a sum: objectives.CarryingObjective) in row order, or None."""
   if num_micro == 1:
     (_, sums), grads = grad_fn(gather(params), batch, rng)
-    return grads, sums
+    sums = dict(sums)
+    return grads, sums, sums.pop(CARRY, None)
   micro = _split(batch, num_micro)
 
   def body(carry, xs):
     micro_batch, index = xs
     (_, sums), grads = grad_fn(gather(params), micro_batch, jax.random.fold_in(rng, index))
-    return jax.tree.map(jnp.add, carry, (grads, sums)), None
+    sums = dict(sums)
+    rows = sums.pop(CARRY, None)
+    return jax.tree.map(jnp.add, carry, (grads, sums)), rows
 
   first = jax.tree.map(lambda x: x[0], micro)
   shapes = jax.eval_shape(lambda: grad_fn(gather(params), first, rng))
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[0][1]))
-  (grads, sums), _ = jax.lax.scan(body, zeros, (micro, jnp.arange(num_micro)))
-  return grads, sums
+  summed = {k: v for k, v in shapes[0][1].items() if k != CARRY}
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], summed))
+  (grads, sums), rows = jax.lax.scan(body, zeros, (micro, jnp.arange(num_micro)))
+  return grads, sums, jax.tree.map(_unsplit, rows)
 
 
 def gradients(grad_fn: GradFn, params: Any, batch: dict[str, jax.Array], rng: jax.Array, *,
@@ -124,13 +137,17 @@ def gradients(grad_fn: GradFn, params: Any, batch: dict[str, jax.Array], rng: ja
 
   def local(params, batch, rng):
     with batch_rows.shard(axes), nn.logical_axis_rules(inner_rules):
-      grads, sums = _accumulate(grad_fn, params, batch, rng, num_micro, gather)
+      grads, sums, rows = _accumulate(grad_fn, params, batch, rng, num_micro, gather)
     reduced = [_reduce(g, s, axes, dtype) if k else jnp.zeros_like(p)
                for g, p, s, k in zip(jax.tree.leaves(grads), jax.tree.leaves(params), leaf_specs, keep)]
-    return jax.tree.unflatten(jax.tree.structure(grads), reduced), (jax.lax.psum(sums, axes) if axes else sums)
+    return (jax.tree.unflatten(jax.tree.structure(grads), reduced), (jax.lax.psum(sums, axes) if axes else sums),
+            rows)
 
   if not axes:
-    return local(params, batch, rng)
-  batch_spec = PartitionSpec(axes)
-  return jax.shard_map(local, mesh=mesh, in_specs=(specs, {k: batch_spec for k in batch}, PartitionSpec()),
-                       out_specs=(specs, PartitionSpec()), axis_names=manual, check_vma=False)(params, batch, rng)
+    grads, sums, rows = local(params, batch, rng)
+  else:
+    batch_spec = PartitionSpec(axes)
+    grads, sums, rows = jax.shard_map(
+        local, mesh=mesh, in_specs=(specs, {k: batch_spec for k in batch}, PartitionSpec()),
+        out_specs=(specs, PartitionSpec(), batch_spec), axis_names=manual, check_vma=False)(params, batch, rng)
+  return grads, (sums if rows is None else {**sums, CARRY: rows})

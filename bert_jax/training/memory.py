@@ -24,7 +24,7 @@ from jax.extend import core as jax_core
 
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
-from bert_jax.training import info, partitioning
+from bert_jax.training import info, objectives, partitioning
 
 GIB = 2 ** 30
 _WORKSPACE = 1.1  # a margin for XLA's workspace beyond the residuals (module docstring)
@@ -71,6 +71,9 @@ def residual_bytes(setup, rows: int) -> int:
   config, objective = setup.config, setup.objective
   batch = {k: jax.ShapeDtypeStruct(shape, dtype)
            for k, (dtype, shape) in features.feature_shapes(config.data, rows).items()}
+  if setup.abstract_state.carry is not None:  # a CarryingObjective reads it as its rows' feature (XLNet's memory)
+    batch[objectives.CARRY] = jax.tree.map(lambda a: jax.ShapeDtypeStruct((rows, *a.shape[1:]), a.dtype),
+                                           setup.abstract_state.carry)
   params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), setup.abstract_state.params)
   frozen = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), setup.frozen)
 

@@ -238,9 +238,6 @@ def _carry_init(config: ml_collections.ConfigDict, objective: Objective) -> Call
   """A CarryingObjective's initial carry for the global batch; None for another objective."""
   if not isinstance(objective, objectives.CarryingObjective):
     return None
-  if config.train.grad_accum_steps > 1:
-    raise UserError(f"objective={config.objective!r} carries each row's state to the next step (XLNet's memory): "
-                    f"train.grad_accum_steps={config.train.grad_accum_steps} is not supported with it; use 1")
   return functools.partial(objective.carry_init, config.train.batch_size)
 
 

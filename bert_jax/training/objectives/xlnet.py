@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import batch_rows, families
 from bert_jax.models.xlnet import XLNetConfig
 from bert_jax.training.objectives.base import CARRY, Batch, token_nll_and_correct
 from bert_jax.training.objectives.registry import register
@@ -139,7 +139,7 @@ def sample_plan(key: jax.Array, input_mask: jax.Array, k: int = 6, max_span: int
   """A factorisation of every row of a batch (input_mask [B, T]; right-padded, or the xlnet_stream rows with
   their `predictable` feature) from `key`."""
   batch, length = input_mask.shape
-  keys = jax.random.split(key, batch)
+  keys = batch_rows.row_keys(key, batch)  # by global row: the same draws on any mesh (training/accumulate.py)
   allowed = allowed_targets(input_mask, predictable)
   return jax.vmap(_row_plan, in_axes=(0, 0, 0, None, None, None, None))(
       keys, allowed, block_goals(input_mask, allowed, k, reuse_len), num_predictions(length, k), max_span, context,
@@ -200,6 +200,7 @@ class PermutationLM:
     mems = batch.get(CARRY)
     out = self.model.apply({"params": params}, **inputs, deterministic=deterministic,
                            mems=None if mems is None else jnp.swapaxes(mems, 0, 1),
+                           backward_rows=batch.get("backward_rows"),
                            rngs=None if deterministic else {"dropout": dropout_rng})
     labels = jnp.take_along_axis(inputs["input_ids"], plan.targets, axis=1)
     nll, correct = token_nll_and_correct(out.mlm_logits, labels)
