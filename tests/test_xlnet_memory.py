@@ -78,7 +78,7 @@ def _corpus(tmp_path):
   words = [w for w in tokenizer.vocab[1000:1400] if w.isalpha() and tokenizer.encode(w) == [ids[w]]]
   rs = np.random.RandomState(0)
   lines, expected = [], []
-  for _ in range(6):  # documents
+  for _ in range(12):  # documents
     for _ in range(rs.randint(3, 7)):  # sentences
       sentence = list(rs.choice(words, rs.randint(2, 8)))
       lines.append(" ".join(sentence))
@@ -178,6 +178,23 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
                                        partitioning.global_batch(first_batch, setup2.mesh), rng)
   np.testing.assert_allclose(np.asarray(state2.carry), first_carry, atol=1e-5)
   np.testing.assert_allclose(float(metrics2["loss"]), first_loss, rtol=1e-5)
+
+
+@slow  # one more compile (BERT_JAX_SLOW_TESTS=1)
+def test_micro_batches_carry_each_rows_memory(tmp_path):
+  """With grad_accum_steps (micro-batch a: rows a, a + A, ...) each row's memory comes back to its row: layer 0's
+  is the row's first reuse_len embeddings (dropout is 0), after mem_len - reuse_len zeros."""
+  config, _ = _config(tmp_path, "--config.xlnet.bi_data=true", "--config.train.batch_size=16",
+                      "--config.train.grad_accum_steps=2")
+  setup = step.build_train_setup(config)
+  state = setup.init_state(jax.random.key(0))
+  batch = next(pipeline.for_config(config, "train", 16))
+  table = np.asarray(jax.device_get(state.params)["embeddings"]["word_embeddings"]["embedding"])
+  state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), jax.random.key(1))
+  carry = np.asarray(state.carry)
+  assert carry.shape == (16, 2, MEM, 32) and np.isfinite(float(metrics["loss"]))
+  np.testing.assert_allclose(carry[:, 0, MEM - REUSE:], table[batch["input_ids"][:, :REUSE]], atol=1e-6)
+  assert not carry[:, :, :MEM - REUSE].any() and np.abs(carry[:, 1]).max() > 0.1
 
 
 def test_micro_batches_rows_go_back_in_order():
