@@ -359,6 +359,7 @@ def test_the_fix_for_a_step_that_does_not_fit(overrides, state_gib, used_gib, fi
   assert fix in aot.suggest_fix(config, state_gib * 2 ** 30, 32 * 2 ** 30, used_gib * 2 ** 30)
 
 
+@slow  # two TPU compiles (~35 s); pruning's shapes and FLOPs on CPU: test_bertology_*
 @needs_libtpu
 def test_pruned_heads_shrink_the_compiled_step_and_its_flop_count(capsys):
   """The TPU estimate of a head-pruned model (issue 13): `compile` with model.pruned_heads."""
@@ -412,7 +413,15 @@ LONG = ["--config.model.num_layers=2", "--config.data.max_seq_length=1024", "--c
 
 
 @needs_libtpu
-def test_splash_compiles_for_tpu_and_holds_less_than_dot(capsys):
+def test_splash_compiles_for_tpu(capsys):
+  status, report, _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology", "v4-8", *LONG,
+                                    "--config.model.attention=splash")
+  assert status == 0 and report["fits"] and report["attention"] == "splash"
+
+
+@slow  # a second TPU compile of the same model (dot, ~25 s); the splash compile stays in the default suite
+@needs_libtpu
+def test_splash_holds_less_than_dot_on_tpu(capsys):
   reports = {}
   for backend in ("splash", "dot"):
     status, reports[backend], _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology",
