@@ -202,11 +202,11 @@ def test_bad_ranking_settings_are_named(tmp_path, capsys):
 
 
 def test_mtdnn_trains_a_ranking_task_beside_a_classification_task(tmp_path):
-  data = write_qnli(tmp_path / "qnli", 64, 16)
-  config = load_config("configs/mtdnn.py:tiny", SIZES + ["--config.train.num_steps=24", "--config.train.batch_size=8"])
+  data = write_qnli(tmp_path / "qnli", 32, 8)
+  config = load_config("configs/mtdnn.py:tiny", SIZES + ["--config.train.num_steps=8", "--config.train.batch_size=8"])
   with config.unlocked():
     config.mtdnn.tasks = ml_collections.ConfigDict({
-        "first_word": {"family": "embedded", "name": "first_word", "data_dir": "", "num_train": 128, "num_dev": 32},
+        "first_word": {"family": "embedded", "name": "first_word", "data_dir": "", "num_train": 64, "num_dev": 16},
         "qnli": {"family": "glue", "name": "qnli", "data_dir": data, "head": "ranking",
                  "ranking": {"group_size": 3, "scale": 1.0, "positive": "entailment"}}})
     config.mtdnn.loss_weights = ml_collections.ConfigDict({"first_word": 1.0, "qnli": 1.0})
