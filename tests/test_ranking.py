@@ -17,7 +17,7 @@ import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
-from bert_jax.finetune import heads, multitask, ranking
+from bert_jax.finetune import batching, heads, multitask, ranking
 from bert_jax.finetune.objective import FinetuneObjective
 from bert_jax.models import head_kinds
 from bert_jax.models.config import ModelConfig
@@ -109,6 +109,22 @@ def test_groups_training_groups_and_the_conversion_to_labels():
     ranking.group_rows(_rows([a, b], [0, 0]), SETTINGS)
 
 
+def test_length_buckets_cut_whole_groups():
+  """A group goes to the bucket of its longest row; its inputs are cut on their last axis, the rest kept."""
+  lengths = np.array([[3, 2], [1, 3], [7, 2], [3, 6]])  # groups' longest rows: 3, 3, 7, 6
+  mask = (np.arange(8) < lengths[..., None]).astype(np.int32)
+  features = {"input_ids": mask * 7, "attention_mask": mask, "token_type_ids": mask * 0,
+              "label": np.zeros(4, np.int32), "candidate_mask": np.ones((4, 2), np.float32)}
+  np.testing.assert_array_equal(batching.row_lengths(features), [3, 3, 7, 6])
+  shapes = {}
+  for batch in batching.train_batches(features, 2, 0, 0, 4, (4, 8)):
+    short = batch["input_ids"].shape[-1] == 4
+    assert batch["candidate_mask"].shape == (2, 2) and batch["label"].shape == (2,)
+    shapes[short] = batch["input_ids"].shape
+    assert batch["attention_mask"].sum() == (9 if short else 18)  # whole groups: (3+2)+(1+3), (7+2)+(3+6)
+  assert shapes == {True: (2, 2, 4), False: (2, 2, 8)}
+
+
 def write_qnli(directory, n_train_questions=96, n_dev_questions=24):
   """QNLI-format train.tsv/dev.tsv: each question (a real sentence's first words) with one candidate starting
   "true" (entailment) and one to three starting "false" (not_entailment), in shuffled order."""
@@ -143,7 +159,7 @@ def single(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("rank")
   args = ["finetune", "--config", "configs/glue.py:qnli", *SIZES, f"--config.data.data_dir={data}",
           "--config.task.head=ranking", "--config.train.batch_size=8", "--config.train.num_steps=20",
-          "--workdir", str(workdir)]
+          "--config.data.length_buckets=(16,)", "--workdir", str(workdir)]  # groups of <= 16 tokens: 16 wide
   assert cli.main(args) == 0
   return data, workdir
 

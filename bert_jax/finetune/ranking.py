@@ -11,7 +11,8 @@ the positives.
     positive or without a negative teach ranking nothing and are left out (a count is logged). Features:
     input_ids, attention_mask, token_type_ids [G, K, T], label [G] (the positive's index: 0), candidate_mask
     float32[G, K], scale float32[G] (task.ranking.scale, gamma). train.batch_size counts groups, as MT-DNN's
-    batches count samples (with group_size 2, MT-DNN's pairs: one positive, one negative).
+    batches count samples (with group_size 2, MT-DNN's pairs: one positive, one negative); with
+    data.length_buckets a group goes to the bucket of its longest row (finetune/batching.py).
   the loss (models/head_kinds.py `ranking`): -log(exp(g Rel(Q, A+)) / sum_{A' in the group} exp(g Rel(Q, A'))).
   evaluation and predict: every (question, candidate) row is scored alone, Rel = w^T x; within each question's
     whole group (all its rows, not cut to group_size) the top-scored row is predicted positive and the others
@@ -155,9 +156,6 @@ def rank(config: ml_collections.ConfigDict, task: Task) -> Task:
   s = settings(config, task)
   if config.get("smart") is not None and config.smart.enabled:
     raise UserError("task.head=ranking: SMART (smart.enabled) perturbs rows, not groups of rows; not available")
-  if tuple(config.data.get("length_buckets", ())):
-    raise UserError("task.head=ranking: data.length_buckets is not available (a group pads to its longest row); "
-                    "set --config.data.length_buckets='()'")
   for eval_set in task.evals:
     if not np.any(np.asarray(eval_set.features["token_type_ids"])):
       raise UserError(f"task.head=ranking ranks (question, candidate) pairs; task {task.name}'s rows are single "
