@@ -2,8 +2,8 @@
 NumPy on a hand-built group batch with a padded candidate, also through the model on [G, K, T] rows; the groups,
 the training groups and the group -> label conversion on hand-built rows; a tiny QNLI-format task (each question's
 positive candidate starts with "true", its negatives with "false") whose short single-task run ranks the positive
-first far above chance, with predict's per-pair scores and labels and a 1-label HF export; and an MT-DNN run of that
-ranking task beside the embedded first_word classification task."""
+first far above chance, with predict's per-pair scores and labels and a 1-label HF export; and (weekly) an MT-DNN run
+of that ranking task beside the embedded first_word classification task, with predict and export --task qnli."""
 import json
 import os
 
@@ -21,6 +21,7 @@ from bert_jax.finetune import batching, heads, multitask, ranking
 from bert_jax.finetune.objective import FinetuneObjective
 from bert_jax.models import head_kinds
 from bert_jax.models.config import ModelConfig
+from core_helpers import slow
 
 SIZES = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.num_heads=2",
          "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32",
@@ -217,6 +218,7 @@ def test_bad_ranking_settings_are_named(tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+@slow  # a multi-task run: two tasks' steps and evaluations compiled, predict and export
 def test_mtdnn_trains_a_ranking_task_beside_a_classification_task(tmp_path):
   data = write_qnli(tmp_path / "qnli", 32, 8)
   config = load_config("configs/mtdnn.py:tiny", SIZES + ["--config.train.num_steps=8", "--config.train.batch_size=8"])
@@ -233,3 +235,11 @@ def test_mtdnn_trains_a_ranking_task_beside_a_classification_task(tmp_path):
   saved = json.loads((tmp_path / "w" / "config.json").read_text())
   assert saved["task"]["heads"]["qnli"]["head"] == "ranking" and saved["task"]["heads"]["qnli"]["num_labels"] == 1
   assert saved["task"]["heads"]["first_word"]["head"] == "classification"
+  out = tmp_path / "dev.jsonl"  # predict --task qnli: the run's dev accuracy, from the pairs' scores
+  assert cli.main(["predict", "--model", str(tmp_path / "w"), "--task", "qnli", "--input",
+                   os.path.join(data, "dev.tsv"), "--output", str(out)]) == 0
+  labels = [json.loads(line)["label"] for line in out.read_text().splitlines()]
+  gold = [row[3] for row in _dev_rows(data)]
+  assert np.mean([p == g for p, g in zip(labels, gold)]) == pytest.approx(results["qnli"]["accuracy"])
+  assert cli.main(["convert", "--to", "hf", "--task", "qnli", str(tmp_path / "w"), str(tmp_path / "hf")]) == 0
+  assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_labels"] == 1
