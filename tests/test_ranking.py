@@ -243,3 +243,10 @@ def test_mtdnn_trains_a_ranking_task_beside_a_classification_task(tmp_path):
   assert np.mean([p == g for p, g in zip(labels, gold)]) == pytest.approx(results["qnli"]["accuracy"])
   assert cli.main(["convert", "--to", "hf", "--task", "qnli", str(tmp_path / "w"), str(tmp_path / "hf")]) == 0
   assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_labels"] == 1
+  # Stage 2: single-task QNLI ranking from the multi-task workdir starts from its encoder and qnli head.
+  assert cli.main(["finetune", "--config", "configs/glue.py:qnli", *SIZES, f"--config.data.data_dir={data}",
+                   "--config.task.head=ranking", f"--config.init_from={tmp_path / 'w'}", "--config.eval_only=true",
+                   "--workdir", str(tmp_path / "stage2")]) == 0
+  single = json.loads((tmp_path / "stage2" / "eval_results.json").read_text())
+  assert single["accuracy"] == results["qnli"]["accuracy"]
+  assert single["loss"] == pytest.approx(results["qnli"]["loss"], rel=1e-5)
