@@ -68,12 +68,13 @@ def test_grouped_rows_run_as_rows_through_the_model():
            "label": np.array([0, 1], np.int32), "candidate_mask": np.array([[1, 1, 0], [1, 1, 1]], np.float32),
            "scale": np.array([1.5, 1.5], np.float32)}
   params = jax.jit(objective.init)(jax.random.key(0), {k: v[0] for k, v in batch.items() if v.ndim == 3})
-  flat = objective.apply(params, {k: v.reshape(6, 16) for k, v in batch.items() if v.ndim == 3})["logits"]
-  grouped = objective.apply(params, batch)["logits"]
+  logits = jax.jit(lambda p, b: objective.apply(p, b)["logits"])  # compiled: eager ops compile one by one
+  flat = logits(params, {k: v.reshape(6, 16) for k, v in batch.items() if v.ndim == 3})
+  grouped = logits(params, batch)
   assert grouped.shape == (2, 3)
   np.testing.assert_allclose(np.asarray(grouped).reshape(-1), flat, rtol=1e-5, atol=1e-6)
-  sums = objective.sums(params, batch, None, True)
-  assert float(objective.loss(sums, objective.counts(batch))) == pytest.approx(
+  loss = jax.jit(lambda p, b: objective.loss(objective.sums(p, b, None, True), objective.counts(b)))
+  assert float(loss(params, batch)) == pytest.approx(
       _numpy_loss(np.asarray(flat).reshape(2, 3), batch["candidate_mask"], batch["label"], batch["scale"]) / 2,
       rel=1e-5)
 
