@@ -1,0 +1,201 @@
+"""MobileBERT's progressive knowledge transfer from IB-BERT (objective mobilebert_pkt, configs/mobilebert.py:
+ib_bert, ib_tiny, pkt_tiny): the teacher's size against the paper and transformers, the feature-map and
+attention losses against NumPy, exact freezing across a stage's steps, each stage's loss, and (slow) the
+per-layer feature-map loss falling stage by stage on the embedded corpus."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bert_jax import presets
+from bert_jax.config_utils import load_config
+from bert_jax.errors import UserError
+from bert_jax.models import families
+from bert_jax.ops import distill_losses as losses
+from bert_jax.training import step as step_lib
+from bert_jax.training.objectives import model_inputs
+from bert_jax.training.objectives.mobilebert_pkt import ProgressiveTransfer, check
+from core_helpers import random_batch
+
+VOCAB = 128
+STUDENT = dict(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=16,
+               embedding_size=8, intra_bottleneck_size=8, num_feedforward_networks=2, max_position_embeddings=32,
+               attention_dropout=0.0, initializer_range=0.3)  # wide weights: attention rows far from uniform
+TEACHER = dict(STUDENT, intermediate_size=64, intra_bottleneck_size=32, num_feedforward_networks=1,
+               key_query_shared_bottleneck=False, normalization_type="layer_norm", hidden_act="gelu")
+
+
+def _model(**fields):
+  return families.model_config({**fields, "family": "mobilebert"})
+
+
+def _pkt_cfg(stage_steps=2, **overrides):
+  """configs/mobilebert.py:pkt_tiny's distill section with `overrides`."""
+  cfg = load_config("configs/mobilebert.py:pkt_tiny").distill.copy_and_resolve_references()
+  cfg.update(dict(stage_steps=stage_steps, **overrides))
+  return cfg
+
+
+def _hand_count(m):
+  """IB-BERT's backbone counted from the paper's figure 1(b): embeddings (E-wide tokens read as trigrams,
+  projected to H, positions, types, LayerNorm), per layer an H -> I bottleneck and its LayerNorm, query, key
+  and value from the H-wide block input, the I -> I attention output and LayerNorm, one FFN (I -> F -> I)
+  and its LayerNorm, the I -> H bottleneck out and its LayerNorm; the pooler."""
+  v, e, h, i, f, p = (m.vocab_size, m.embedding_size, m.hidden_size, m.intra_bottleneck_size,
+                      m.intermediate_size, m.max_position_embeddings)
+  embeddings = v * e + (3 * e * h + h) + p * h + 2 * h + 2 * h
+  layer = ((h * i + i + 2 * i) + 3 * (h * i + i) + (i * i + i + 2 * i) + (i * f + f) + (f * i + i + 2 * i)
+           + (i * h + h + 2 * h))
+  return embeddings + m.num_layers * layer + h * h + h
+
+
+@pytest.mark.parametrize("preset", ["ib_bert", "ib_tiny"])
+def test_ib_bert_presets_have_the_papers_size(preset):
+  """IB-BERT_LARGE: 294,467,840 backbone parameters (embeddings, encoder, pooler), the paper's 293M within
+  0.6%, as counted by hand; its inter-block width, heads and layers are the student's. (transformers'
+  MobileBertModel cannot hold it: with key_query_shared_bottleneck=False its query and key read the
+  block input but are built intra_bottleneck_size wide.)"""
+  config = load_config(f"configs/mobilebert.py:{preset}")
+  counted = presets.backbone_params(config.model)
+  assert counted == _hand_count(config.model)
+  student = load_config(f"configs/mobilebert.py:{'base' if preset == 'ib_bert' else 'tiny'}").model
+  assert (config.model.hidden_size, config.model.num_heads, config.model.num_layers) == (
+      student.hidden_size, student.num_heads, student.num_layers)
+  assert (config.model.normalization_type, config.model.hidden_act, config.model.num_feedforward_networks) == (
+      "layer_norm", "gelu", 1)
+  if preset == "ib_bert":
+    assert counted == 294_467_840 and abs(counted / 293e6 - 1) < 0.006
+    assert (config.model.intra_bottleneck_size, config.model.intermediate_size) == (1024, 4096)
+
+
+def test_feature_map_and_attention_losses_against_numpy():
+  rng = np.random.default_rng(0)
+  layers, batch, heads, length, width = 2, 3, 2, 5, 4
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], np.float32)
+  hs, ht = rng.normal(size=(2, layers, batch, length, width))
+  expected = np.sum(np.mean((hs - ht) ** 2, -1) * mask, axis=(1, 2))
+  np.testing.assert_allclose(losses.feature_map_sums(jnp.asarray(hs), jnp.asarray(ht), jnp.asarray(mask)),
+                             expected, rtol=1e-5)
+
+  def probs(logits):  # softmax over the real keys; padding keys exactly 0, as the model's
+    logits = np.where(mask[None, :, None, None, :] > 0, logits, -np.inf)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+  a_s, a_t = (probs(rng.normal(size=(layers, batch, heads, length, length))) for _ in range(2))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    kl = np.nansum(np.where(a_t > 0, a_t * np.log(a_t / a_s), 0.0), -1)  # [L, B, N, T]
+  expected = np.sum(kl.mean(2) * mask, axis=(1, 2))
+  got = losses.attention_kl_sums(jnp.asarray(a_s, jnp.float32), jnp.asarray(a_t, jnp.float32), jnp.asarray(mask))
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  assert expected.min() > 0
+  grad = jax.grad(lambda s: losses.attention_kl_sums(s, jnp.asarray(a_t, jnp.float32), jnp.asarray(mask)).sum())(
+      jnp.asarray(a_s, jnp.float32))
+  assert np.isfinite(np.asarray(grad)).all()
+
+
+def _objective(stage_steps=2, **distill):
+  return ProgressiveTransfer(_model(**STUDENT), _model(**TEACHER), "unused", _pkt_cfg(stage_steps, **distill))
+
+
+def _init(objective, batch):
+  student = nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0), batch))
+  teacher = nn.meta.unbox(jax.jit(lambda r: objective.teacher.init(r, **model_inputs(batch))["params"])(
+      jax.random.key(1)))
+  return student, teacher
+
+
+@pytest.fixture(scope="module")
+def setting():
+  """A 3-layer student and teacher, a batch, and a jitted staged step with AdamW (weight decay, momentum)."""
+  objective = _objective(stage_steps=2)
+  batch = {k: jnp.asarray(v) for k, v in random_batch(seed=1, batch=4, vocab=VOCAB).items()}
+  student, teacher = _init(objective, batch)
+  tx = optax.adamw(1e-2, weight_decay=0.1)
+  run = jax.jit(functools.partial(step_lib.staged_step, objective=objective, tx=tx,
+                                  schedule=optax.constant_schedule(1e-2), grad_accum_steps=1, param_specs=None,
+                                  axis_rules=()))
+  return objective, batch, student, teacher, tx, run
+
+
+def _layer(params, i):
+  return jax.tree.map(lambda x: np.asarray(x[i]), params["encoder"]["layers"])
+
+
+def _same(a, b):
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_a_stage_moves_its_layer_only_and_frozen_params_stay_bit_identical(setting):
+  """Two steps of stage 0 (layer 0 and the embeddings), then two of stage 1: in stage 1 layer 0 and the
+  embeddings keep their values bit for bit although AdamW's moments and weight decay would move them; layer 1
+  moves; layer 2, the pooler and the heads never move before distillation."""
+  objective, batch, student, teacher, tx, run = setting
+  state = step_lib.TrainState(jnp.zeros((), jnp.int32), student, tx.init(student))
+  history = [state.params]
+  stages = []
+  for _ in range(4):
+    state, metrics = run(state, batch, jax.random.key(0), teacher)
+    history.append(jax.device_get(state.params))
+    stages.append(int(metrics["stage"]))
+  assert stages == [0, 0, 1, 1]
+  start, after0, after1 = history[0], history[2], history[4]
+  assert not _same(_layer(start, 0), _layer(after0, 0))
+  assert not _same(start["embeddings"], after0["embeddings"])
+  assert _same(_layer(after0, 0), _layer(after1, 0)) and _same(after0["embeddings"], after1["embeddings"])
+  assert _same(_layer(start, 1), _layer(after0, 1)) and not _same(_layer(after0, 1), _layer(after1, 1))
+  assert _same(_layer(start, 2), _layer(after1, 2))
+  for head in ("pooler", "mlm_head", "sentence_classifier"):
+    assert _same(start[head], after1[head]), head
+
+
+def test_each_stage_has_its_loss(setting):
+  """Stage l's loss is feature_weight x FMT_l + attention_weight x AT_l (the logged per-layer losses, against
+  a NumPy recomputation from the models' outputs); the last stage's is alpha MLM + (1 - alpha) KD + NSP."""
+  _, batch, student, teacher, _, _ = setting
+  objective = _objective(stage_steps=2, feature_weight=2.0, attention_weight=3.0, alpha=0.25)
+  bound = objective.with_teacher(teacher)
+
+  @jax.jit
+  def scored(stage):
+    staged = bound.at_stage(stage)
+    sums = staged.sums(student, batch, None, deterministic=True)
+    counts = staged.counts(batch)
+    return staged.loss(sums, counts), staged.metrics(sums, counts)
+
+  kwargs = dict(**model_inputs(batch), output_hidden_states=True, output_attentions=True)
+  s, t = jax.jit(lambda s, t: (objective.model.apply({"params": s}, **kwargs),
+                               objective.teacher.apply({"params": t}, **kwargs)))(student, teacher)
+  mask = np.asarray(batch["input_mask"], np.float64)
+  hs, ht = (np.asarray(x.hidden_states, np.float64) for x in (s, t))
+  a_s, a_t = (np.asarray(x.attentions, np.float64) for x in (s, t))
+  for layer in range(3):
+    loss, metrics = scored(layer)
+    fmt = np.sum(np.mean((hs[layer + 1] - ht[layer + 1]) ** 2, -1) * mask) / mask.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+      kl = np.where(a_t[layer] > 0, a_t[layer] * np.log(a_t[layer] / a_s[layer]), 0.0).sum(-1)
+    at = np.sum(kl.mean(1) * mask) / mask.sum()
+    np.testing.assert_allclose(metrics[f"feature_loss_l{layer}"], fmt, rtol=1e-4)
+    np.testing.assert_allclose(metrics[f"attention_loss_l{layer}"], at, rtol=1e-4)
+    np.testing.assert_allclose(loss, 2.0 * fmt + 3.0 * at, rtol=1e-4)
+    assert int(metrics["stage"]) == layer
+  loss, metrics = scored(3)
+  expected = 0.25 * metrics["mlm_loss"] + 0.75 * metrics["soft_loss"] + metrics["nsp_loss"]
+  np.testing.assert_allclose(loss, expected, rtol=1e-5)
+  assert float(metrics["soft_loss"]) > 0
+
+
+def test_stage_of_the_step_and_config_errors():
+  objective = _objective(stage_steps=5)
+  assert [int(objective.stage_of(jnp.asarray(s))) for s in (0, 4, 5, 14, 15, 99)] == [0, 0, 1, 2, 3, 3]
+  student, teacher = _model(**STUDENT), _model(**TEACHER)
+  with pytest.raises(UserError, match="must fit in train.num_steps=10"):
+    check(student, teacher, _pkt_cfg(4, alpha=0.5), 10)
+  with pytest.raises(UserError, match="num_heads 2 differs from the teacher's 4"):
+    check(student, _model(**{**TEACHER, "num_heads": 4}), _pkt_cfg(1, alpha=0.5), 10)
+  with pytest.raises(UserError, match="distill.alpha"):
+    check(student, teacher, _pkt_cfg(1, alpha=1.5), 10)
