@@ -141,8 +141,8 @@ class ProgressiveTransfer(FrozenTeacher, BertPretraining):
     return metrics
 
 
-def check(student: Any, teacher: Any, cfg: ml_collections.ConfigDict, num_steps: int) -> None:
-  """The student and teacher fit layer to layer and head to head; the schedule fits in the run."""
+def check(student: Any, teacher: Any, cfg: ml_collections.ConfigDict) -> None:
+  """The student and teacher fit layer to layer and head to head; the stages and weights are valid."""
   if not isinstance(student, MobileBertConfig) or not isinstance(teacher, MobileBertConfig):
     raise UserError("objective='mobilebert_pkt' distils a MobileBERT student (model.family='mobilebert') from "
                     "a MobileBERT-family teacher (IB-BERT: configs/mobilebert.py:ib_tiny, ib_bert)")
@@ -155,9 +155,9 @@ def check(student: Any, teacher: Any, cfg: ml_collections.ConfigDict, num_steps:
   if cfg.student_layers:
     raise UserError(f"distill.student_layers={cfg.student_layers!r}: the MobileBERT student is config.model; "
                     "leave it empty")
-  if cfg.stage_steps < 1 or cfg.stage_steps * student.num_layers > num_steps:
-    raise UserError(f"distill.stage_steps={cfg.stage_steps} must be >= 1 and its {student.num_layers} stages "
-                    f"must fit in train.num_steps={num_steps}")
+  if cfg.stage_steps < 1:  # stages past train.num_steps are allowed: a later run with more steps resumes them
+    raise UserError(f"distill.stage_steps={cfg.stage_steps} must be >= 1 (steps of each of the "
+                    f"{student.num_layers} layers' stages)")
   if not 0.0 <= cfg.alpha <= 1.0 or cfg.temperature <= 0 or any(cfg[f"{k}_weight"] < 0 for k in TRANSFER):
     raise UserError("distill.alpha must be in [0, 1], distill.temperature > 0 and distill.feature_weight, "
                     "attention_weight >= 0")
@@ -171,5 +171,5 @@ def from_config(config: ml_collections.ConfigDict, model_config: Any) -> Progres
                     "feature_weight, attention_weight, alpha, temperature); start from "
                     "configs/mobilebert.py:pkt_tiny")
   teacher = families.model_config(workdir_lib.read_config(config.distill.teacher)["model"])
-  check(model_config, teacher, config.distill, config.train.num_steps)
+  check(model_config, teacher, config.distill)
   return ProgressiveTransfer(model_config, teacher, config.distill.teacher, config.distill)
