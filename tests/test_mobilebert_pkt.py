@@ -13,14 +13,15 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import params_checkpoint, presets
+from bert_jax import cli, jobs, params_checkpoint, presets
 from bert_jax.compress import general
 from bert_jax.config_utils import load_config
 from bert_jax.data_pipelines import embedded
 from bert_jax.errors import UserError
 from bert_jax.models import families
+from bert_jax.models.config import ModelConfig
 from bert_jax.ops import distill_losses as losses
-from bert_jax.training import step as step_lib
+from bert_jax.training import info, step as step_lib
 from bert_jax.training.objectives import model_inputs
 from bert_jax.training.objectives.mobilebert_pkt import ProgressiveTransfer, check
 from core_helpers import random_batch, slow
@@ -203,6 +204,25 @@ def test_stage_of_the_step_and_config_errors():
     check(student, _model(**{**TEACHER, "num_heads": 4}), _pkt_cfg(1))
   with pytest.raises(UserError, match="distill.alpha"):
     check(student, teacher, _pkt_cfg(1, alpha=1.5))
+  with pytest.raises(UserError, match="from a MobileBERT-family teacher"):
+    check(student, ModelConfig(num_layers=3, hidden_size=16, num_heads=2, vocab_size=VOCAB), _pkt_cfg(1))
+  with pytest.raises(UserError, match="student_layers='every_other'"):
+    check(student, teacher, _pkt_cfg(1, student_layers="every_other"))
+
+
+def test_ib_bert_export_to_hf_is_refused_in_one_line():
+  config = families.model_config(load_config("configs/mobilebert.py:ib_tiny").model.to_dict())
+  with pytest.raises(UserError, match="has no Hugging Face layout"):
+    families.get("mobilebert").hf.write_config(config)
+  assert families.get("mobilebert").hf.write_config(families.model_config(
+      load_config("configs/mobilebert.py:tiny").model.to_dict()))["intra_bottleneck_size"] == 32
+
+
+def test_the_teacher_preset_builds_through_the_pretraining_job():
+  """ib_tiny is a pretraining preset like any: `bert-jax info`'s count of its step is the presets table's."""
+  config = load_config("configs/mobilebert.py:ib_tiny")
+  built = jobs.with_step(config, "configs/mobilebert.py:ib_tiny", "info").step(config, None)
+  assert presets.backbone_params(config.model) == info.model_info(*built)["num_params"]
 
 
 # On the embedded corpus: a 2-layer student (pkt_tiny's network, narrower) and a random 2-layer IB-BERT teacher.
@@ -233,6 +253,15 @@ def ib_teacher(tmp_path_factory):
                                                     "data": {"vocab": "vocab.txt", "tokenizer": "wordpiece",
                                                              "lower_case": True}})
   return directory
+
+
+def test_info_builds_the_staged_student_from_an_ib_bert_workdir(ib_teacher, capsys):
+  """`bert-jax info` of pkt_tiny reads the MobileBERT teacher's config, builds the staged step without data
+  and counts the student."""
+  assert cli.main(["info", "--json", "--config", "configs/mobilebert.py:pkt_tiny", *NARROW,
+                   f"--config.distill.teacher={ib_teacher}", "--config.data.max_seq_length=32"]) == 0
+  counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_params"]
+  assert counted == presets.backbone_params(load_config("configs/mobilebert.py:pkt_tiny", NARROW).model)
 
 
 def _distil(teacher, workdir, *extra):
