@@ -158,6 +158,27 @@ def test_a_stage_moves_its_layer_only_and_frozen_params_stay_bit_identical(setti
     assert _same(start[head], after1[head]), head
 
 
+@pytest.mark.parametrize("scan", [True, False])
+def test_what_each_stage_trains(scan):
+  """Stage 0: layer 0 and the embeddings; stage 1: layer 1; stage L: everything (scanned, stacked layers get a
+  column; unrolled ones a scalar each)."""
+  objective = ProgressiveTransfer(_model(**STUDENT, scan_layers=scan), _model(**TEACHER), "unused", _pkt_cfg())
+  batch = {k: jnp.asarray(v) for k, v in random_batch(batch=1, vocab=VOCAB).items()}
+  params = nn.meta.unbox(jax.eval_shape(objective.init, jax.random.key(0), batch))
+
+  def trained(stage):
+    flags = objective.trains(jnp.asarray(stage), params)
+    layers = ([bool(np.all(jax.tree.leaves(flags["encoder"])[0][i])) for i in range(3)] if scan else
+              [bool(jax.tree.leaves(flags["encoder"][f"layer_{i}"])[0]) for i in range(3)])
+    heads = {bool(x) for k in ("pooler", "mlm_head", "sentence_classifier") for x in jax.tree.leaves(flags[k])}
+    return layers, {bool(x) for x in jax.tree.leaves(flags["embeddings"])}, heads
+
+  assert trained(0) == ([True, False, False], {True}, {False})
+  assert trained(1) == ([False, True, False], {False}, {False})
+  assert trained(2) == ([False, False, True], {False}, {False})
+  assert trained(3) == ([True, True, True], {True}, {True})
+
+
 def test_each_stage_has_its_loss(setting):
   """Stage l's loss is feature_weight x FMT_l + attention_weight x AT_l (the logged per-layer losses, against
   a NumPy recomputation from the models' outputs); the last stage's is alpha MLM + (1 - alpha) KD + NSP."""

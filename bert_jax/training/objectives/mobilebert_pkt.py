@@ -19,6 +19,8 @@ bit for bit (weight decay and the Adam moments of an earlier stage would otherwi
 learning-rate schedule is the run's one schedule over all stages. Evaluation has no teacher: it reports the
 student's own MLM and NSP. Train metrics add `stage`, every layer's feature_loss_l<i> and
 attention_loss_l<i> (whatever the stage, so each layer's loss can be followed), transfer_loss and soft_loss.
+Memory: student and teacher keep every layer's hidden states and attention probabilities (float32
+[L, B, N, T, T] each) in every stage; train.grad_accum_steps bounds B.
 """
 from __future__ import annotations
 
