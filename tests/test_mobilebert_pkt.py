@@ -258,12 +258,12 @@ RUN = NARROW + [
 
 @pytest.fixture(scope="module")
 def ib_teacher(tmp_path_factory):
-  """An IB-BERT teacher's workdir (ib_tiny's kind of network at the student's width, random init) with the
-  embedded corpus's vocabulary."""
+  """An IB-BERT teacher's workdir (ib_tiny's kind of network at the student's width, random init, wide enough
+  weights that its attention rows are far from uniform) with the embedded corpus's vocabulary."""
   student = load_config("configs/mobilebert.py:pkt_tiny", NARROW)
   model = load_config("configs/mobilebert.py:ib_tiny", NARROW[:2] + [
       "--config.model.embedding_size=16", "--config.model.intermediate_size=128",
-      "--config.model.intra_bottleneck_size=64"]).model.to_dict()
+      "--config.model.intra_bottleneck_size=64", "--config.model.initializer_range=0.2"]).model.to_dict()
   network = families.build(families.model_config(model))
   batch = random_batch(batch=1, vocab=VOCAB)
   params = nn.meta.unbox(jax.jit(lambda r: network.init(r, **model_inputs(batch))["params"])(jax.random.key(7)))
@@ -295,20 +295,22 @@ def _rows(workdir):
 
 
 @slow  # ~1 min of CPU, mostly compiling (BERT_JAX_SLOW_TESTS=1)
-def test_each_layers_feature_map_loss_falls_in_its_stage(ib_teacher, tmp_path):
-  """Two stages of 30 steps, then 10 of pre-training distillation, from a random teacher (seen: layer 0's
-  loss 0.93 -> 0.18 over stage 0, layer 1's 0.17 -> 0.07 over stage 1, layer 0's flat at 0.16 there, frozen;
-  with stage 0's random batches it moves by at most 0.005)."""
+def test_each_layers_transfer_losses_fall_in_its_stage(ib_teacher, tmp_path):
+  """Two stages of 30 steps, then 10 of pre-training distillation, from a random teacher whose attention is far
+  from uniform. Seen (means of 5 steps, stage start -> end): layer 0's feature-map loss 0.87 -> 0.36 and
+  attention KL 0.38 -> 0.34 in stage 0; layer 1's 0.95 -> 0.44 and 0.26 -> 0.23 in stage 1, where layer 0's
+  stays at 0.34-0.35 (frozen; it moves only with the batches)."""
   result = _distil(ib_teacher, tmp_path / "pkt", "--config.distill.stage_steps=30", "--config.train.num_steps=70",
                    "--config.optimizer.name=adamw", "--config.optimizer.learning_rate=1e-2")
   rows = _rows(tmp_path / "pkt")
   assert [r["stage"] for r in rows] == [0] * 30 + [1] * 30 + [2] * 10
   mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
   for layer in range(2):
-    stage = [r[f"feature_loss_l{layer}"] for r in rows if r["stage"] == layer]
-    assert mean(stage[-3:]) < 0.6 * mean(stage[:3]), (layer, stage)
+    for loss, factor in (("feature", 0.6), ("attention", 0.95)):
+      stage = [r[f"{loss}_loss_l{layer}"] for r in rows if r["stage"] == layer]
+      assert mean(stage[-5:]) < factor * mean(stage[:5]), (layer, loss, stage)
   frozen = [r["feature_loss_l0"] for r in rows if r["stage"] == 1]
-  assert max(frozen) < 1.1 * frozen[0] and min(frozen) > 0.9 * frozen[0], frozen
+  assert abs(mean(frozen[-5:]) / mean(frozen[:5]) - 1) < 0.05, frozen
   mlm = [r["mlm_loss"] for r in rows if r["stage"] == 2]
   assert mean(mlm[-3:]) < mean(mlm[:3]) - 0.5, mlm
   saved = json.load(open(tmp_path / "pkt" / "config.json"))
