@@ -146,6 +146,23 @@ def model_type(proto: bytes) -> int:
   return next((v for n, _, v in _fields(spec) if n == 3), 1)
 
 
+def with_scores(proto: bytes, rescore) -> bytes:
+  """`proto` (a ModelProto) with each piece's score replaced by rescore(piece, score); every other field kept."""
+  out = bytearray()
+  for number, wire, value in _fields(proto):
+    if number != 1:
+      out += _put_varint(number << 3 | wire) + (_put_varint(value) if wire == 0 else
+                                                 _put_varint(len(value)) + value if wire == 2 else value)
+      continue
+    fields = list(_fields(value))
+    piece = next((v.decode("utf-8") for n, _, v in fields if n == 1), "")
+    score = next((struct.unpack("<f", v)[0] for n, _, v in fields if n == 2), 0.0)
+    body = _put(1, piece) + _put(2, float(rescore(piece, score)))
+    body += b"".join(_put(n, v) for n, _, v in fields if n not in (1, 2))
+    out += _put(1, body)
+  return bytes(out)
+
+
 def with_pieces(proto: bytes, pieces: list[tuple[str, float]]) -> bytes:
   """`proto` (a ModelProto) with normal pieces (piece, score) appended after its own: repeated fields
   concatenate in wire order, so every other field, and every old piece's id, stays as it was."""

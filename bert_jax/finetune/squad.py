@@ -23,6 +23,7 @@ from etils import epath
 
 from bert_jax import workdir
 from bert_jax.data_pipelines.tftools import open_text
+from bert_jax.data_pipelines.tokenizers import BERT_LAYOUT
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as feats
 from bert_jax.finetune import metrics
@@ -176,6 +177,9 @@ class Featurized:
 
 
 def featurize(examples: list[Example], tokenizer, task_cfg, max_len: int, training: bool) -> Featurized:
+  if feats.layout_of(tokenizer) != BERT_LAYOUT:
+    raise UserError(f"SQuAD windows are laid out as BERT's ([CLS] question [SEP] context [SEP], padded on the "
+                    f"right); the {tokenizer.kind} tokenizer's inputs are not (XLNet's span head is not built yet)")
   cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
   rows, starts, ends, all_windows, all_spans = [], [], [], [], []
   for e, example in enumerate(examples):

@@ -112,7 +112,7 @@ FAMILY = families.register(families.Family(
     heads_of=heads_of,
     with_heads=with_heads,
     pretrained_heads=lambda present: ("mlm",),
-    tokenizer="sentencepiece",
+    tokenizer="xlnet_spm",
     layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
                            layer_slots=layer_slots, relayout=relayout),
