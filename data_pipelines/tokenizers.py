@@ -56,7 +56,8 @@ class Layout:
 
   cls_first: [CLS] a [SEP] (b [SEP]) (BERT); otherwise a [SEP] (b [SEP]) [CLS] (XLNet's a <sep> b <sep> <cls>).
   Token types 0 for a and its [SEP] (and the padding), 1 for b and its [SEP], cls_type for [CLS]; the
-  padding is on the left with pad_left.
+  padding is on the left with pad_left. SQuAD's rows put the question first with cls_first, the context
+  first otherwise (transformers' SQuAD features for a tokenizer that pads on the left).
   """
   cls_first: bool = True
   pad_left: bool = False

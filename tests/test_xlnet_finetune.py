@@ -1,7 +1,8 @@
 """XLNet through the fine-tuning tasks: its tokenizer (kind xlnet_spm) against transformers' XLNetTokenizer
 built from a SentencePiece model trained here (ids, XLNet's a <sep> b <sep> <cls> with token types 0/1/2,
-left padding, NER's word pieces), and `bert-jax finetune` of a tiny random XLNet whose exported
-XLNetFor{Sequence,Token}Classification gives our logits on transformers' tokenization of the same text."""
+left padding, NER's word pieces), SQuAD's windows in XLNet's layout, and `bert-jax finetune` of a tiny
+random XLNet whose exported XLNetFor{Sequence,Token}Classification gives our logits on transformers'
+tokenization of the same text (and XLNetForQuestionAnsweringSimple our span logits)."""
 import collections
 import io
 import json
@@ -140,12 +141,47 @@ def test_ner_rows_put_labels_on_each_word_first_piece(spiece):
   assert sum(len(p) == len(w) for p, (w, _) in zip(first_positions, sentences)) >= 4
 
 
-def test_squad_refuses_xlnet_layout(spiece):
-  from bert_jax.errors import UserError
+def test_squad_rows_follow_xlnet_layout(spiece):
+  """SQuAD windows for XLNet: context <sep> question <sep> <cls>, types 0/1/2, padded on the left (as
+  transformers' SQuAD features for a left-padding tokenizer); "no answer" is the <cls> position, the last;
+  an answer's positions cover its text; the decoding reads the null score there."""
+  import ml_collections
   from bert_jax.finetune import squad
   tok = T.load_tokenizer(str(spiece), False, kind="xlnet_spm")
-  with pytest.raises(UserError, match="xlnet_spm"):
-    squad.featurize([], tok, None, MAX_LEN, training=False)
+  context = "The naïve café opened in 1990, said Ångström, and closed later that year."
+  examples = [squad.Example("a", "When did it open?", context, [("1990", context.index("1990"))]),
+              squad.Example("b", "Who?", "Nobody knows.", [], impossible=True)]
+  task = ml_collections.ConfigDict({"max_query_length": 6, "doc_stride": 4, "n_best_size": 5,
+                                    "max_answer_length": 8, "version": "v2.0", "null_score_diff_threshold": 0.0})
+  out = squad.featurize(examples, tok, task, MAX_LEN, training=True)
+  rows, windows = out.features, out.windows
+  assert len(windows) >= 3 and windows[-1].example == 1  # the long context needs several windows
+  cls, sep, pad = 3, 4, 5
+  for r, w in enumerate(windows):
+    query = tok.encode(examples[w.example].question)[:6]
+    ids, _ = squad.tokenize_context(examples[w.example].context, tok)
+    real = [*ids[w.start:w.start + w.length], sep, *query, sep, cls]
+    first = MAX_LEN - len(real)
+    assert list(rows["input_ids"][r]) == [pad] * first + real
+    assert list(rows["attention_mask"][r]) == [0] * first + [1] * len(real)
+    assert list(rows["token_type_ids"][r]) == [0] * (first + w.length + 1) + [1] * (len(query) + 1) + [2]
+    assert w.offset == first and w.null == MAX_LEN - 1
+    start, end = rows["start_positions"][r], rows["end_positions"][r]
+    if start != MAX_LEN - 1:  # the window holds the answer
+      spans = out.spans[w.example]
+      assert context[spans[w.start + start - w.offset][0]:spans[w.start + end - w.offset][1]] == "1990"
+    else:
+      assert end == MAX_LEN - 1
+  assert sum(rows["start_positions"] != MAX_LEN - 1) >= 1 and sum(rows["start_positions"] == MAX_LEN - 1) >= 2
+  # decoding: a window scoring the answer's tokens answers; <cls> scoring highest says "no answer"
+  starts = np.zeros((len(windows), MAX_LEN), np.float32)
+  ends = np.zeros_like(starts)
+  answering = next(r for r, w in enumerate(windows) if rows["start_positions"][r] != MAX_LEN - 1
+                   and w.max_context[rows["start_positions"][r] - w.offset])
+  starts[answering, rows["start_positions"][answering]] = ends[answering, rows["end_positions"][answering]] = 5.0
+  starts[:, -1] = ends[:, -1] = 1.0
+  answers, _ = squad.best_answers(starts, ends, examples, out, task)
+  assert answers == {"a": "1990", "b": ""}
 
 
 def _hf_folder(tmp_path, spiece):
@@ -218,3 +254,44 @@ def test_finetune_predict_and_export_classification_and_ner(tmp_path, spiece):
   real = batch["attention_mask"].numpy() > 0
   np.testing.assert_allclose(ours[real], theirs[real], atol=1e-5, rtol=0)
   assert not real[1, 0] and np.abs(theirs).max() > 0.01
+
+
+def _squad_files(directory, n=16):
+  """SQuAD v2.0 JSON: the answer is the context's first word; every fourth question is unanswerable."""
+  directory.mkdir()
+  paragraphs = []
+  for i, sentence in enumerate(data_fixtures.real_sentences(n)):
+    qa = {"id": f"q{i}", "question": "which word comes first?", "is_impossible": i % 4 == 3,
+          "answers": [] if i % 4 == 3 else [{"text": sentence.split()[0], "answer_start": 0}]}
+    paragraphs.append({"context": sentence, "qas": [qa]})
+  for split in ("train", "dev"):
+    (directory / f"{split}-v2.0.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": paragraphs}]}))
+  return directory
+
+
+@slow  # ~1 min on a loaded 2-core machine: a fine-tuning run, its export and transformers' model
+def test_squad_v2_finetune_predict_and_export(tmp_path, spiece):
+  """`bert-jax finetune` of SQuAD v2.0 from the HF XLNet folder: predict answers every question, and the
+  exported XLNetForQuestionAnsweringSimple gives our start and end logits on the XLNet-laid-out windows."""
+  folder = _hf_folder(tmp_path, spiece)
+  run = tmp_path / "squad"
+  assert cli.main(["finetune", "--config", "configs/squad.py:v2", "--workdir", str(run), f"--config.init_from={folder}",
+                   f"--config.data.data_dir={_squad_files(tmp_path / 'data')}", "--config.task.doc_stride=8",
+                   "--config.task.max_query_length=8", *FINETUNE]) == 0
+  with open(run / "predictions" / "predictions.dev.json") as f:
+    assert set(json.load(f)) == {f"q{i}" for i in range(16)}
+  predictor = bert_jax.Predictor.load(str(run))
+  questions = [{"id": "x", "question": "which word comes first?", "context": "The cat paid in 1990, they say."},
+               {"id": "y", "question": "who?", "context": "Ångström paid."}]
+  features, decode = predictor.featurize(predictor.normalize(questions))
+  ours = predictor.run(features)
+  assert features["attention_mask"][-1, 0] == 0 and (features["input_ids"][:, -1] == 3).all()  # left padding
+  assert [record["id"] for record in decode(ours)] == ["x", "y"]
+  assert cli.main(["convert", "--to", "hf", str(run), str(tmp_path / "squad_hf")]) == 0
+  model = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(tmp_path / "squad_hf").eval()
+  with torch.no_grad():
+    theirs = model(**{k: torch.tensor(features[k]) for k in ("input_ids", "attention_mask", "token_type_ids")})
+  real = features["attention_mask"] > 0
+  for name in ("start_logits", "end_logits"):
+    np.testing.assert_allclose(ours[name][real], getattr(theirs, name).numpy()[real], atol=1e-5, rtol=0)
+  assert np.abs(theirs.start_logits.numpy()[real]).max() > 0.01

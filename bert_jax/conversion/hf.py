@@ -112,7 +112,8 @@ def _task_head_names(hf_config: dict, family: Family) -> set[str]:
   which may share names with a pretraining head (ModernBERT's head.* in ForMaskedLM and the task classes)."""
   found = set()
   for kind in map(head_kinds.get, head_kinds.names()):
-    if family.hf.class_prefix + kind.hf_class in (hf_config.get("architectures") or ()):
+    if family.hf.class_prefix + family.hf.task_classes.get(kind.name, kind.hf_class) in (
+        hf_config.get("architectures") or ()):
       found |= {r.hf.format(b=family.hf.base_prefix) for r in family.hf.task_rows.get(kind.name, kind.hf_rows)}
   return found
 
@@ -198,7 +199,8 @@ def _task_export(converted: common.Converted) -> _Export:
   """A fine-tuned model as <Family>For{SequenceClassification, TokenClassification, QuestionAnswering}."""
   config, family, head = converted.config, converted.record, converted.task_head
   kind = head_kinds.get(head.kind)
-  architecture = family.hf.class_prefix + kind.hf_class
+  hf_class = family.hf.task_classes.get(kind.name, kind.hf_class)
+  architecture = family.hf.class_prefix + hf_class
   if head.pooling != "pooled":
     raise UserError(f"head.pooling={head.pooling!r} (a mix of every layer's [CLS]) has no Hugging Face "
                     "equivalent: only pooled classification heads export; use bert-jax predict")
@@ -215,10 +217,10 @@ def _task_export(converted: common.Converted) -> _Export:
   extra = kind.hf_config(head.labels)
   notes = []
   if "adapters" in family.layout.parts(config):
-    architecture = family.hf.class_prefix + "Adapters" + kind.hf_class
+    architecture = family.hf.class_prefix + "Adapters" + hf_class
     extra.update(model_type=f"{family.hf.model_type}_houlsby_adapters", adapter_size=config.adapter_size, auto_map={
         "AutoConfig": f"{_ADAPTER_MODULE}.{family.hf.class_prefix}AdaptersConfig",
-        "AutoModel" + kind.hf_class: f"{_ADAPTER_MODULE}.{architecture}"})
+        "AutoModel" + hf_class: f"{_ADAPTER_MODULE}.{architecture}"})
     notes.append(f"Houlsby adapters: load with trust_remote_code=True ({_ADAPTER_MODULE}.py builds them)")
   return _Export(architecture, base, True, rows, extra, notes)
 
