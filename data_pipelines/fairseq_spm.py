@@ -489,6 +489,24 @@ def _from_tokenizer_json(spec: dict) -> tuple[list[tuple[str, float]], int, byte
   return vocab, int(model.get("unk_id") or 0), charsmap, added, prepend
 
 
+def unigram_model(spec: dict) -> tuple[bytes, bytes, list[str]]:
+  """(a SentencePiece ModelProto of its Unigram pieces, scores and ids, with its added tokens as control
+  symbols and no normalizer of its own; the precompiled character map; the normalizer's step types) of a
+  tokenizer.json (XLNet's: tokenizers.py:XLNetTokenizer). ValueError when it holds no Unigram model."""
+  vocab, unk_id, charsmap, added, _ = _from_tokenizer_json(spec)
+  special = {a["id"] for a in added}
+  pieces = [(p, s, _UNKNOWN if i == unk_id else _CONTROL if i in special else _NORMAL)
+            for i, (p, s) in enumerate(vocab)]
+  normalizer = spec.get("normalizer") or {}
+  steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+  return write_model(pieces, b"", False, unk_id), charsmap, [step.get("type") for step in steps]
+
+
+def normalizer(charsmap: bytes) -> _Charsmap:
+  """tokenizers' Precompiled normalizer over a precompiled character map (`.normalize(text)`)."""
+  return _Charsmap(charsmap)
+
+
 def hf_tokenizer_json(tokenizer: FairseqSentencePieceTokenizer) -> dict:
   """The tokenizer.json transformers' CamembertTokenizer / XLMRobertaTokenizer saves for this vocabulary."""
   def added(a):

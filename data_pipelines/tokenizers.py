@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import os
 import re
 import unicodedata
@@ -345,12 +346,15 @@ class SentencePieceTokenizer(_Tokenizer):
   kind = "sentencepiece"
   names = {role: role for role in SPECIAL_TOKENS}  # each special role's piece in the model
 
-  def __init__(self, path: str, lower_case: bool = True, quotes_to_double: bool = False):
+  def __init__(self, path: str, lower_case: bool = True, quotes_to_double: bool = False, proto: bytes | None = None):
+    """proto: the model itself, where `path` is not one (XLNet's tokenizer.json)."""
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     self.path, self.lower_case, self.quotes_to_double = path, lower_case, quotes_to_double
     try:
-      with open_binary(path) as f:
-        self._proto = f.read()
+      if proto is None:
+        with open_binary(path) as f:
+          proto = f.read()
+      self._proto = proto
       self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
     except (OSError, RuntimeError) as e:
       raise DataError(f"cannot load SentencePiece model {path}: {e}; pass a *.model written by "
@@ -427,10 +431,13 @@ def _digit_comma(piece: str) -> bool:
 
 
 class XLNetTokenizer(SentencePieceTokenizer):
-  """transformers' XLNetTokenizer over XLNet's `spiece.model` (cased unless lower_case; module docstring).
+  """transformers' XLNetTokenizer over XLNet's `spiece.model` or its `tokenizer.json` (what transformers 5
+  saves; its Lowercase step says whether it lower-cases); cased unless lower_case; module docstring.
 
   Special roles by XLNet's names (bert_jax's [CLS]-style names where a model has no <cls>); the model's
-  pieces that end in a digit and a comma are scored 100 lower, as transformers' XLNetConverter does.
+  pieces that end in a digit and a comma are scored 100 lower, as transformers' XLNetConverter does (a
+  tokenizer.json holds them so scored). A tokenizer.json's text goes through its character map, is split
+  on white space and each word, marked with ▁, segmented alone (tokenizers' Metaspace and Unigram).
   """
   kind = "xlnet_spm"
   layout = XLNET_LAYOUT
@@ -438,13 +445,34 @@ class XLNetTokenizer(SentencePieceTokenizer):
 
   def __init__(self, path: str, lower_case: bool = False):
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
-    super().__init__(path, lower_case, quotes_to_double=True)
-    self._resplit = {}
-    self._sp = spm.SentencePieceProcessor(model_proto=fairseq_spm.with_scores(
-        self._proto, lambda piece, score: score - 100 if _digit_comma(piece) else score))
+    self._words = None
+    if path.endswith(".json"):
+      try:
+        with open_binary(path) as f:
+          proto, charsmap, steps = fairseq_spm.unigram_model(json.loads(f.read()))
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"cannot load XLNet tokenizer {path}: {e}; pass its spiece.model or tokenizer.json") from None
+      super().__init__(path, "Lowercase" in steps, quotes_to_double=True, proto=proto)
+      self._words = fairseq_spm.normalizer(charsmap) if charsmap else False
+    else:
+      super().__init__(path, lower_case, quotes_to_double=True)
+      charsmap = fairseq_spm.read_model(self._proto)[1]
+      self._sp = spm.SentencePieceProcessor(model_proto=fairseq_spm.with_scores(
+          self._proto, lambda piece, score: score - 100 if _digit_comma(piece) else score))
+    self._resplit, self._charsmap = {}, charsmap
 
   def encode(self, text: str) -> list[int]:
-    return self._sp.encode(xlnet_preprocess(text, self.lower_case))
+    text = xlnet_preprocess(text, self.lower_case)
+    if self._words is None:  # the model's own normalizer, white space as ▁
+      return self._sp.encode(text)
+    if self._words:
+      text = self._words.normalize(text)
+    ids = []
+    for word in text.split():
+      for part in re.split("(?=\u2581)", word if word.startswith("\u2581") else "\u2581" + word):
+        if part:
+          ids.extend(self._sp.encode(part))
+    return ids
 
   def special_mask(self) -> np.ndarray:
     """bool[vocab]: the special roles and the model's other control symbols (<s> </s> <eop> <eod>)."""
@@ -462,7 +490,7 @@ class XLNetTokenizer(SentencePieceTokenizer):
       return {"SpecialToken": {"id": self.vocab[self.special_ids[role]], "type_id": type_id}}
     def sequence(name, type_id):
       return {"Sequence": {"id": name, "type_id": type_id}}
-    charsmap = fairseq_spm.read_model(self._proto)[1]
+    charsmap = self._charsmap
     normalizers = [{"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
                    {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
                    {"type": "NFKD"}, {"type": "StripAccents"}, *([{"type": "Lowercase"}] if self.lower_case else []),

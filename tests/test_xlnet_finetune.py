@@ -64,9 +64,23 @@ def _lines():
              "e\u0301te\u0301 déjà-vu, 3,14"])
 
 
-def test_ids_equal_transformers_xlnet_tokenizer(spiece):
+def _ours(spiece, reference, source, lower_case=False):
+  """Our tokenizer from the spiece.model, or from the tokenizer.json transformers saves (all it saves)."""
+  if source == "spiece.model":
+    return T.load_tokenizer(str(spiece), lower_case, kind="xlnet_spm")
+  folder = spiece.parent / f"saved_{lower_case}"
+  reference.save_pretrained(folder)
+  assert not (folder / "spiece.model").exists()
+  (folder / "config.json").write_text(json.dumps({"model_type": "xlnet", "architectures": ["XLNetModel"]}))
+  found = bert_jax.load_tokenizer(str(folder))  # an HF XLNet folder with tokenizer.json alone
+  assert found.kind == "xlnet_spm" and found.lower_case == lower_case
+  return T.load_tokenizer(str(folder / "tokenizer.json"), not lower_case, kind="xlnet_spm")  # its own casing wins
+
+
+@pytest.mark.parametrize("source", ["spiece.model", "tokenizer.json"])
+def test_ids_equal_transformers_xlnet_tokenizer(spiece, source):
   reference, sp = _reference(spiece)
-  tok = T.load_tokenizer(str(spiece), False, kind="xlnet_spm")
+  tok = _ours(spiece, reference, source)
   assert tok.kind == "xlnet_spm" and not tok.lower_case
   roles = {"[PAD]": "pad", "[UNK]": "unk", "[CLS]": "cls", "[SEP]": "sep", "[MASK]": "mask"}
   assert tok.special_ids == {r: getattr(reference, f"{n}_token_id") for r, n in roles.items()}
@@ -85,7 +99,8 @@ def test_ids_equal_transformers_xlnet_tokenizer(spiece):
   assert tok.decode_tokens(tok.encode("Naïve")) == tok.decode_tokens(tok.encode("Naive"))  # keep_accents=False
   assert tok.encode("``a''") == tok.encode('"a"')
   lower, _ = _reference(spiece, lower_case=True)
-  lowered = T.load_tokenizer(str(spiece), True, kind="xlnet_spm")
+  lowered = _ours(spiece, lower, source, lower_case=True)
+  assert lowered.lower_case
   assert [lowered.encode(l) for l in lines[:40]] == [lower(l, add_special_tokens=False)["input_ids"] for l in lines[:40]]
 
 

@@ -73,6 +73,9 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
     names = TOKENIZER_FILES[kind]
     if all((directory / n).exists() for n in names):
       return Tokenizer(kind, lower_case and kind != "bpe", {n: os.fspath(directory / n) for n in names})
+  fast = directory / fairseq_spm.HF_TOKENIZER_FILE
+  if preferred == "xlnet_spm" and fast.exists():  # transformers 5 saves XLNet's tokenizer.json alone
+    return Tokenizer(preferred, lower_case, {fast.name: os.fspath(fast)})
   models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
   if models:
     return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})
