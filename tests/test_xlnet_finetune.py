@@ -101,7 +101,8 @@ def test_ids_equal_transformers_xlnet_tokenizer(spiece, source):
   lower, _ = _reference(spiece, lower_case=True)
   lowered = _ours(spiece, lower, source, lower_case=True)
   assert lowered.lower_case
-  assert [lowered.encode(l) for l in lines[:40]] == [lower(l, add_special_tokens=False)["input_ids"] for l in lines[:40]]
+  assert [lowered.encode(l) for l in lines[:40]] == [lower(l, add_special_tokens=False)["input_ids"]
+                                                     for l in lines[:40]]
 
 
 def test_pairs_and_singles_left_padded_as_transformers(spiece):
@@ -137,7 +138,8 @@ def test_ner_rows_put_labels_on_each_word_first_piece(spiece):
   reference, _ = _reference(spiece)
   tok = T.load_tokenizer(str(spiece), False, kind="xlnet_spm")
   sentences = [(s.split(), [("B-PER" if w[0].isupper() else "O") for w in s.split()])
-               for s in data_fixtures.real_sentences(6)] + [(["Ångström", "paid", "1990,", "déjà"], ["B-PER", "O", "O", "O"])]
+               for s in data_fixtures.real_sentences(6)]
+  sentences.append((["Ångström", "paid", "1990,", "déjà"], ["B-PER", "O", "O", "O"]))
   labels = ("O", "B-PER")
   rows, first_positions = ner.featurize(sentences, labels, tok, MAX_LEN)
   for i, (words, tags) in enumerate(sentences):

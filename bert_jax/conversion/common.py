@@ -21,7 +21,8 @@ FAIRSEQ_KINDS = fairseq_spm.KINDS
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """kind: wordpiece | sentencepiece | bpe | xlnet_spm | camembert_spm | xlmr_spm; files: {name in a converted dir: source path};
+  """kind: wordpiece | sentencepiece | bpe | xlnet_spm | camembert_spm | xlmr_spm;
+  files: {name in a converted dir: source path};
   max_chars_per_word: WordPiece's longest word ([UNK] beyond): None is Google's 200, a Hugging Face
   tokenizer's is its own (100 unless its tokenizer.json says otherwise)."""
   kind: str

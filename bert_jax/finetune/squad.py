@@ -3,8 +3,9 @@
 Pre-processing (as the original run_squad.py): the question is cut to max_query_length tokens; the
 context is covered by windows of the remaining length that start doc_stride tokens apart. Training
 rows whose window does not contain the whole answer (and v2.0's unanswerable questions) point at
-[CLS] (position 0; XLNet's rows, context <sep> question <sep> <cls> padded on the left, at the last). Each context token keeps its character span in the context, so an answer span
-maps to tokens, and a predicted token span back to the exact context text.
+[CLS] (position 0; in XLNet's rows, context <sep> question <sep> <cls> padded on the left, the last).
+Each context token keeps its character span in the context, so an answer span maps to tokens, and a
+predicted token span back to the exact context text.
 
 Post-processing: in every window, the n_best_size best starts and ends form candidate spans (inside
 the context, end >= start, at most max_answer_length tokens, start in the window where it has the most
