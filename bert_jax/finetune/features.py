@@ -8,6 +8,9 @@ The feature contract the model and train step read (all int32 unless noted, N ro
   classification: label [N];  regression: label float32[N]
   token: token_labels [N, T], label_weights float32[N, T] (1 on each word's first sub-token)
   span: start_positions, end_positions [N] (0, the [CLS] position, for "no answer in this window")
+  ranking, training (finetune/ranking.py): G groups of K rows, input_ids, attention_mask, token_type_ids
+    [G, K, T], label [G] (the positive's index), candidate_mask float32[G, K] (0: padding), scale float32[G];
+    its eval rows are classification's
 Eval sets add example_weight float32[N] (0 on rows that only pad the last batch).
 """
 from __future__ import annotations
