@@ -262,8 +262,8 @@ def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
     start, end = outputs["start_logits"], outputs["end_logits"]
     answers, null_diff = squad.best_answers(start, end, questions, featurized, task)
     null = {}  # the [CLS] score as best_answers takes it: lowest over the question's windows
-    for row, window in enumerate(featurized.windows):
-      null[window.example] = min(null.get(window.example, np.inf), float(start[row, 0] + end[row, 0]))
+    for row, w in enumerate(featurized.windows):
+      null[w.example] = min(null.get(w.example, np.inf), float(start[row, w.null] + end[row, w.null]))
     return [{"id": q.qid, "answer": answers[q.qid], "score": _finite(null[e] - null_diff[q.qid]),
              "null_score_diff": _finite(null_diff[q.qid])} for e, q in enumerate(questions)]
 
