@@ -37,6 +37,11 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.job = "finetune"  # the job kind (bert_jax/jobs.py); `bert-jax finetune` runs it
   c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte"})
+  c.task.head = ""  # "": the task's own (classification, regression); ranking: MT-DNN's pairwise ranking
+  # (a two-label pair task, e.g. qnli; bert_jax/finetune/ranking.py): each question's rows grouped, group_size
+  # candidates per training group (one positive), the loss's scale (gamma); positive: the label of a
+  # positive row ("": the task's first, QNLI's entailment)
+  c.task.ranking = ml_collections.ConfigDict({"group_size": 2, "scale": 1.0, "positive": ""})
   c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
   c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
   c.predict_split = "dev"  # "" | dev | test: which split gets a prediction file

@@ -11,8 +11,9 @@ The job is bert_jax/finetune/multitask.py (its docstring: sampling, the step, ev
 `data_dir` (""; a GLUE task then reads data.data_dir/<its GLUE folder>, e.g. glue_data/RTE, or tfds when
 data.data_dir is "" too). Every other block (model, data, optimizer, train, head) is fine-tuning's
 (configs/glue.py), shared by the tasks. The recipe is MT-DNN's: lr 5e-5, batch 32, 5 epochs over all the
-tasks' batches, 10% warmup, tasks drawn in proportion to their size. QNLI is a classification task here
-(MT-DNN ranks each question's candidate sentences; GLUE's QNLI files hold single pairs).
+tasks' batches, 10% warmup, tasks drawn in proportion to their size. QNLI trains as MT-DNN's pairwise ranking
+(`head: ranking`: each question's rows grouped, a positive and a negative per group, scale 1; its dev accuracy
+from the top-scored row of each question: bert_jax/finetune/ranking.py).
 """
 import ml_collections
 
@@ -38,6 +39,8 @@ def get_config(arg: str = "glue") -> ml_collections.ConfigDict:
   c.mtdnn = ml_collections.ConfigDict()
   if arg == "glue":
     c.mtdnn.tasks = ml_collections.ConfigDict({name: _task("glue", name) for name in GLUE_TASKS})
+    # MT-DNN's QNLI: pairwise ranking of each question's candidates (finetune/ranking.py), pairs as theirs
+    c.mtdnn.tasks.qnli.update(head="ranking", ranking={"group_size": 2, "scale": 1.0, "positive": "entailment"})
   else:
     c.mtdnn.tasks = ml_collections.ConfigDict({
         name: _task("embedded", name, num_train=1024, num_dev=128) for name in ("embedded", "first_word")})

@@ -146,6 +146,23 @@ def model_type(proto: bytes) -> int:
   return next((v for n, _, v in _fields(spec) if n == 3), 1)
 
 
+def with_scores(proto: bytes, rescore) -> bytes:
+  """`proto` (a ModelProto) with each piece's score replaced by rescore(piece, score); every other field kept."""
+  out = bytearray()
+  for number, wire, value in _fields(proto):
+    if number != 1:
+      out += _put_varint(number << 3 | wire) + (_put_varint(value) if wire == 0 else
+                                                 _put_varint(len(value)) + value if wire == 2 else value)
+      continue
+    fields = list(_fields(value))
+    piece = next((v.decode("utf-8") for n, _, v in fields if n == 1), "")
+    score = next((struct.unpack("<f", v)[0] for n, _, v in fields if n == 2), 0.0)
+    body = _put(1, piece) + _put(2, float(rescore(piece, score)))
+    body += b"".join(_put(n, v) for n, _, v in fields if n not in (1, 2))
+    out += _put(1, body)
+  return bytes(out)
+
+
 def with_pieces(proto: bytes, pieces: list[tuple[str, float]]) -> bytes:
   """`proto` (a ModelProto) with normal pieces (piece, score) appended after its own: repeated fields
   concatenate in wire order, so every other field, and every old piece's id, stays as it was."""
@@ -470,6 +487,24 @@ def _from_tokenizer_json(spec: dict) -> tuple[list[tuple[str, float]], int, byte
   added = [{"id": a["id"], "content": a["content"], "lstrip": a.get("lstrip", False), "rstrip": a.get("rstrip", False)}
            for a in spec.get("added_tokens") or []]
   return vocab, int(model.get("unk_id") or 0), charsmap, added, prepend
+
+
+def unigram_model(spec: dict) -> tuple[bytes, bytes, list[str]]:
+  """(a SentencePiece ModelProto of its Unigram pieces, scores and ids, with its added tokens as control
+  symbols and no normalizer of its own; the precompiled character map; the normalizer's step types) of a
+  tokenizer.json (XLNet's: tokenizers.py:XLNetTokenizer). ValueError when it holds no Unigram model."""
+  vocab, unk_id, charsmap, added, _ = _from_tokenizer_json(spec)
+  special = {a["id"] for a in added}
+  pieces = [(p, s, _UNKNOWN if i == unk_id else _CONTROL if i in special else _NORMAL)
+            for i, (p, s) in enumerate(vocab)]
+  normalizer = spec.get("normalizer") or {}
+  steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
+  return write_model(pieces, b"", False, unk_id), charsmap, [step.get("type") for step in steps]
+
+
+def normalizer(charsmap: bytes) -> _Charsmap:
+  """tokenizers' Precompiled normalizer over a precompiled character map (`.normalize(text)`)."""
+  return _Charsmap(charsmap)
 
 
 def hf_tokenizer_json(tokenizer: FairseqSentencePieceTokenizer) -> dict:

@@ -14,11 +14,20 @@ and XLNet's preprocess_text do; google-research/albert leaves them. The special 
 (the model's pad and unk ids, [CLS] [SEP] [MASK] by name), so ALBERT's `<pad>`/`<unk>` layout loads
 as well as bert_jax's `[PAD]`/`[UNK]`.
 
+XLNet's SentencePiece (kind xlnet_spm) is transformers' XLNetTokenizer: remove_space, `` and '' to ",
+keep_accents=False (NFKD with marks dropped, whether or not it lower-cases), cased by default, its special
+tokens by XLNet's names (<cls> <sep> <mask> <pad> <unk>), and the pieces that end in a digit and a comma
+scored down by 100 (transformers' XLNetConverter; its slow tokenizer re-split them instead, as ALBERT's
+does). Its inputs are laid out as a <sep> b <sep> <cls>, padded on the left (`Layout`, XLNET_LAYOUT).
+
 CamemBERT's and XLM-R's SentencePiece, in fairseq's id layout and with transformers' pre-tokenization,
 are fairseq_spm.py's (kinds camembert_spm, xlmr_spm; `load_tokenizer(path, kind=...)`).
 """
 from __future__ import annotations
 
+import base64
+import dataclasses
+import json
 import os
 import re
 import unicodedata
@@ -31,7 +40,7 @@ from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 
 # The tokenizer kinds (data.tokenizer; a family record's `tokenizer`), each with its class below or in
 # fairseq_spm.py; "bpe" (RoBERTa's byte-level BPE, conversion/bpe.py) is read from checkpoints only.
-KINDS = ("wordpiece", "sentencepiece", *fairseq_spm.KINDS)
+KINDS = ("wordpiece", "sentencepiece", "xlnet_spm", *fairseq_spm.KINDS)
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _REQUIRED = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
@@ -40,6 +49,44 @@ _ASCII_CONTROL = {c: None for c in [*range(0, 9), 11, 12, *range(14, 32), 127]}
 _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^\s{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]")
 _WORD_CACHE_LIMIT = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a model's inputs put the special tokens and the padding (finetune/features.py builds rows by it).
+
+  cls_first: [CLS] a [SEP] (b [SEP]) (BERT); otherwise a [SEP] (b [SEP]) [CLS] (XLNet's a <sep> b <sep> <cls>).
+  Token types 0 for a and its [SEP] (and the padding), 1 for b and its [SEP], cls_type for [CLS]; the
+  padding is on the left with pad_left. SQuAD's rows put the question first with cls_first, the context
+  first otherwise (transformers' SQuAD features for a tokenizer that pads on the left).
+  """
+  cls_first: bool = True
+  pad_left: bool = False
+  cls_type: int = 0
+
+  def wrap(self, cls: int, sep: int, a: list[int], b: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """(ids, token types) of a (and b) with the special tokens."""
+    ids, types = [*a, sep], [0] * (len(a) + 1)
+    if b is not None:
+      ids, types = ids + [*b, sep], types + [1] * (len(b) + 1)
+    if self.cls_first:
+      return [cls, *ids], [0, *types]
+    return [*ids, cls], [*types, self.cls_type]
+
+  @property
+  def before_a(self) -> int:
+    """How many special tokens precede a's first."""
+    return int(self.cls_first)
+
+
+BERT_LAYOUT = Layout()
+# transformers' XLNetTokenizer (5.x pads with token type 0; its slow tokenizer's 3 reaches nothing: pads are masked)
+XLNET_LAYOUT = Layout(cls_first=False, pad_left=True, cls_type=2)
+
+
+def layout_of(tokenizer) -> Layout:
+  """The tokenizer kind's input layout (BERT's unless the kind says otherwise)."""
+  return getattr(tokenizer, "layout", BERT_LAYOUT)
 
 
 def _is_whitespace(char):
@@ -265,6 +312,18 @@ def albert_preprocess(text: str, lower_case: bool, quotes_to_double: bool = Fals
   return text
 
 
+def _is_mark(char: str) -> bool:
+  return unicodedata.category(char).startswith("M")
+
+
+def xlnet_preprocess(text: str, lower_case: bool) -> str:
+  """transformers' XLNetTokenizer's normalizer before the model's own: `` and '' to ", NFKD and the marks
+  (Unicode category M, as tokenizers' StripAccents) dropped, lower case when asked; whitespace collapsed."""
+  text = " ".join(text.split()).replace("``", '"').replace("''", '"')
+  text = "".join(c for c in unicodedata.normalize("NFKD", text) if not _is_mark(c))
+  return text.lower() if lower_case else text
+
+
 def _regex_class(predicate) -> str:
   """An RE2 character class of the code points where `predicate(char)` holds (as ranges)."""
   ranges, start = [], None
@@ -285,20 +344,24 @@ class SentencePieceTokenizer(_Tokenizer):
   leaves them.
   """
   kind = "sentencepiece"
+  names = {role: role for role in SPECIAL_TOKENS}  # each special role's piece in the model
 
-  def __init__(self, path: str, lower_case: bool = True, quotes_to_double: bool = False):
+  def __init__(self, path: str, lower_case: bool = True, quotes_to_double: bool = False, proto: bytes | None = None):
+    """proto: the model itself, where `path` is not one (XLNet's tokenizer.json)."""
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     self.path, self.lower_case, self.quotes_to_double = path, lower_case, quotes_to_double
     try:
-      with open_binary(path) as f:
-        self._proto = f.read()
+      if proto is None:
+        with open_binary(path) as f:
+          proto = f.read()
+      self._proto = proto
       self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
     except (OSError, RuntimeError) as e:
       raise DataError(f"cannot load SentencePiece model {path}: {e}; pass a *.model written by "
                       "spm_train or `bert-jax vocab --type sentencepiece`") from None
     self.vocab = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
     ids = {t: i for i, t in enumerate(self.vocab)}
-    self.special_ids = {t: ids.get(t) for t in SPECIAL_TOKENS}
+    self.special_ids = {t: ids.get(self.names[t], ids.get(t)) for t in SPECIAL_TOKENS}
     # By role: ALBERT's models name them <pad> and <unk>, bert_jax's [PAD] and [UNK].
     if self._sp.pad_id() >= 0:
       self.special_ids["[PAD]"] = self._sp.pad_id()
@@ -363,6 +426,97 @@ class SentencePieceTokenizer(_Tokenizer):
     return t.gather(resplit, ids).merge_dims(1, 2)
 
 
+def _digit_comma(piece: str) -> bool:
+  return len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit()
+
+
+class XLNetTokenizer(SentencePieceTokenizer):
+  """transformers' XLNetTokenizer over XLNet's `spiece.model` or its `tokenizer.json` (what transformers 5
+  saves; its Lowercase step says whether it lower-cases); cased unless lower_case; module docstring.
+
+  Special roles by XLNet's names (bert_jax's [CLS]-style names where a model has no <cls>); the model's
+  pieces that end in a digit and a comma are scored 100 lower, as transformers' XLNetConverter does (a
+  tokenizer.json holds them so scored). A tokenizer.json's text goes through its character map, is split
+  on white space and each word, marked with ▁, segmented alone (tokenizers' Metaspace and Unigram).
+  """
+  kind = "xlnet_spm"
+  layout = XLNET_LAYOUT
+  names = {"[PAD]": "<pad>", "[UNK]": "<unk>", "[CLS]": "<cls>", "[SEP]": "<sep>", "[MASK]": "<mask>"}
+
+  def __init__(self, path: str, lower_case: bool = False):
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    self._words = None
+    if path.endswith(".json"):
+      try:
+        with open_binary(path) as f:
+          proto, charsmap, steps = fairseq_spm.unigram_model(json.loads(f.read()))
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"cannot load XLNet tokenizer {path}: {e}; pass its spiece.model or tokenizer.json") from None
+      super().__init__(path, "Lowercase" in steps, quotes_to_double=True, proto=proto)
+      self._words = fairseq_spm.normalizer(charsmap) if charsmap else False
+    else:
+      super().__init__(path, lower_case, quotes_to_double=True)
+      charsmap = fairseq_spm.read_model(self._proto)[1]
+      self._sp = spm.SentencePieceProcessor(model_proto=fairseq_spm.with_scores(
+          self._proto, lambda piece, score: score - 100 if _digit_comma(piece) else score))
+    self._resplit, self._charsmap = {}, charsmap
+
+  def encode(self, text: str) -> list[int]:
+    text = xlnet_preprocess(text, self.lower_case)
+    if self._words is None:  # the model's own normalizer, white space as ▁
+      return self._sp.encode(text)
+    if self._words:
+      text = self._words.normalize(text)
+    ids = []
+    for word in text.split():
+      for part in re.split("(?=\u2581)", word if word.startswith("\u2581") else "\u2581" + word):
+        if part:
+          ids.extend(self._sp.encode(part))
+    return ids
+
+  def special_mask(self) -> np.ndarray:
+    """bool[vocab]: the special roles and the model's other control symbols (<s> </s> <eop> <eod>)."""
+    mask = super().special_mask()
+    mask[[i for i in range(self.vocab_size) if self._sp.is_control(i)]] = True
+    return mask
+
+  def hf_tokenizer_json(self) -> dict:
+    """The tokenizer.json transformers' XLNetTokenizer saves for this model (transformers reads it without
+    the sentencepiece library and protobuf, which a spiece.model alone needs)."""
+    def added(i):
+      return {"id": i, "content": self.vocab[i], "single_word": False, "lstrip": i == self.special_ids["[MASK]"],
+              "rstrip": False, "normalized": False, "special": True}
+    def token(role, type_id):
+      return {"SpecialToken": {"id": self.vocab[self.special_ids[role]], "type_id": type_id}}
+    def sequence(name, type_id):
+      return {"Sequence": {"id": name, "type_id": type_id}}
+    charsmap = self._charsmap
+    normalizers = [{"type": "Replace", "pattern": {"String": "``"}, "content": '"'},
+                   {"type": "Replace", "pattern": {"String": "''"}, "content": '"'},
+                   {"type": "NFKD"}, {"type": "StripAccents"}, *([{"type": "Lowercase"}] if self.lower_case else []),
+                   *([{"type": "Precompiled", "precompiled_charsmap": base64.b64encode(charsmap).decode()}]
+                     if charsmap else [])]
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}
+    special = [i for i in range(self.vocab_size) if self._sp.is_control(i) or self._sp.is_unknown(i)]
+    cls, sep = (self.vocab[self.special_ids[r]] for r in ("[CLS]", "[SEP]"))
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [added(i) for i in special],
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, metaspace]},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [sequence("A", 0), token("[SEP]", 0), token("[CLS]", 2)],
+            "pair": [sequence("A", 0), token("[SEP]", 0), sequence("B", 1), token("[SEP]", 1), token("[CLS]", 2)],
+            "special_tokens": {t: {"id": t, "ids": [self.vocab.index(t)], "tokens": [t]} for t in (cls, sep)}},
+        "decoder": metaspace,
+        "model": {"type": "Unigram", "unk_id": self._sp.unk_id(), "byte_fallback": False,
+                  "vocab": [[p, self._sp.get_score(i)] for i, p in enumerate(self.vocab)]}}
+
+  def tokenize_tf(self, strings):
+    raise DataError("the xlnet_spm tokenizer has no TF path; tokenize in Python (finetune) or pretrain with "
+                    "data.tokenizer=sentencepiece")
+
+
 def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD,
                    quotes_to_double: bool = False, kind: str | None = None):
   """The tokenizer of `kind` (KINDS) over `path`; without a kind, WordPiece for a `vocab.txt` (any name not
@@ -377,6 +531,8 @@ def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: in
     return fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
   if kind == "sentencepiece":
     return SentencePieceTokenizer(path, lower_case, quotes_to_double)
+  if kind == "xlnet_spm":
+    return XLNetTokenizer(path, lower_case)
   if kind == "wordpiece":
     return WordPieceTokenizer(path, lower_case, max_chars_per_word)
   raise DataError(f"tokenizer kind {kind!r} is not one of {KINDS}")

@@ -261,7 +261,7 @@ def _train(steps, use_entities=True, seed=0):
   return losses, {k: float(v) for k, v in metrics.items()}
 
 
-@slow  # 30 steps of a fused model; the tiny preset's run through the pretrain job stays in the default suite
+@slow  # 30 steps of a fused model (BERT_JAX_SLOW_TESTS=1)
 def test_on_a_synthetic_knowledge_graph_the_loss_falls():
   losses, _ = _train(30)
   assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
@@ -290,6 +290,7 @@ def _run(workdir, steps):
   return trainer.pretrain(config, str(workdir))
 
 
+@slow  # a pretrain job (~20 s); the fusion, dEA and objective numerics stay in the default suite
 def test_the_tiny_preset_runs_through_the_pretrain_job(tmp_path):
   result = _run(tmp_path / "run", 2)
   assert {"mlm_loss", "nsp_loss", "dea_loss", "dea_accuracy"} <= set(result["train"])

@@ -47,6 +47,7 @@ def test_family_loss_falls(spec, overrides, tmp_path):
   assert rows[-1]["loss"] < rows[0]["loss"] - CLEAR_DROP, (rows[0]["loss"], rows[-1]["loss"])
 
 
+@slow  # ~20 s; RoBERTa's BPE fine-tuning path: test_conversion_bpe
 def test_roberta_trains_on_its_own_bpe_vocabulary(bpe_vocab, tmp_path):
   rows = train_losses("configs/roberta.py:tiny", tmp_path, f"--config.data.vocab={bpe_vocab}",
                       "--config.model.vocab_size=2048")

@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import data_fixtures
@@ -70,7 +71,7 @@ def test_one_step_assigns_the_estimates_and_trains_the_rest_as_without_them():
   batch = {"input_ids": jnp.asarray(rng.integers(1, 64, size=(8, 12)), jnp.int32),
            "attention_mask": jnp.ones((8, 12), jnp.int32), "token_type_ids": jnp.zeros((8, 12), jnp.int32),
            "label": jnp.asarray(rng.integers(0, 2, size=8), jnp.int32)}
-  params = nn.meta.unbox(objective.init(jax.random.key(0), batch))
+  params = nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0), batch))
   params["head"]["cls_norm"] = {"running_cov": jnp.eye(16) * 0.3, "running_std": jnp.full((16,), 0.5)}
   counts = objective.counts(batch)
   loss = lambda p: objective.loss(objective.sums(p, batch, jax.random.key(1), False), counts)  # noqa: E731
@@ -78,8 +79,7 @@ def test_one_step_assigns_the_estimates_and_trains_the_rest_as_without_them():
   (value, grads), (plain_value, plain_grads) = jax.jit(  # one compile for both
       lambda p: (jax.value_and_grad(loss)(p), jax.value_and_grad(plain)(p)))(params)
   tx, _ = optim.make_optimizer(config.optimizer, 10, params, model_config)
-  updates, _ = tx.update(grads, tx.init(params), params)
-  after = jax.tree.map(lambda p, u: p + u, params, updates)
+  after = jax.jit(lambda g, p: optax.apply_updates(p, tx.update(g, tx.init(p), p)[0]))(grads, params)  # one compile
   pooled = jax.jit(lambda p: model.apply({"params": p}, *(batch[k] for k in ("input_ids", "attention_mask",
                                                                             "token_type_ids")),
                                          method=lambda m, *a: m.encoder_model(*a).pooled_output))(params)

@@ -78,7 +78,7 @@ def test_scanned_and_unrolled_layers_compute_the_same_function():
   np.testing.assert_allclose(a.last_hidden_state, b.last_hidden_state, atol=1e-5)
 
 
-@pytest.mark.parametrize("unroll", [2, pytest.param(3, marks=slow), 8])
+@pytest.mark.parametrize("unroll", [pytest.param(2, marks=slow), pytest.param(3, marks=slow), 8])  # 8: full unroll
 def test_unrolling_the_scan_changes_nothing_but_speed(unroll):
   """Same parameters, same dropout masks, same values and gradients for any scan_unroll."""
   ids, types = _inputs()

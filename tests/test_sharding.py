@@ -9,7 +9,7 @@ import pytest
 from bert_jax.tpu import hlo
 from bert_jax.training import partitioning
 from bert_jax.training.step import build_train_setup
-from core_helpers import random_batch, tiny_config
+from core_helpers import random_batch, slow, tiny_config
 
 
 def _run(config, devices, steps=3):
@@ -104,7 +104,8 @@ def _gradient_collectives(mesh, accum, *overrides):
   return found, ring, text
 
 
-@pytest.mark.parametrize("mesh,kind", [(("--config.mesh.data=8",), "all-reduce"),
+# data: weekly (its one all-reduce per step is also asserted by test_bfloat16_gradient_reduction's float32 bytes)
+@pytest.mark.parametrize("mesh,kind", [pytest.param(("--config.mesh.data=8",), "all-reduce", marks=slow),
                                        (("--config.mesh.data=1", "--config.mesh.fsdp=8"), "reduce-scatter")],
                          ids=["data", "fsdp"])
 def test_gradients_are_reduced_once_per_step(mesh, kind):

@@ -276,7 +276,8 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 @pytest.mark.parametrize("family,feature", [("spanbert", "masked_lm_span_offset"),
-                                            ("structbert", "shuffled_positions"), ("ernie", "task_ids")])
+                                            ("structbert", "shuffled_positions"), ("ernie", "task_ids"),
+                                            ("ernie_thu", "entity_candidates")])
 def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature):
   """`compile`'s abstract batch is the input pipeline's contract for the config (span and trigram
   features included; before, the spanbert step raised a KeyError): lowered here on the CPU mesh."""
@@ -288,20 +289,23 @@ def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature
   from bert_jax.training.step import build_train_setup
   config = load_config(f"configs/{family}.py:tiny", TINY)
   mesh = partitioning.make_mesh(config.mesh)
-  batch = aot._abstract_batch(config, 8, mesh)  # pylint: disable=protected-access
-  assert feature in batch
-  assert {k: (str(v.dtype), v.shape) for k, v in batch.items()} == features.feature_shapes(config.data, 8)
   setup = build_train_setup(config, mesh)
+  batch = aot._abstract_batch(config, 8, mesh, setup.objective)  # pylint: disable=protected-access
+  assert feature in batch
+  added = setup.objective.feature_shapes(8, config.data.max_seq_length) if family == "ernie_thu" else {}
+  assert {k: (str(v.dtype), v.shape) for k, v in batch.items()} == {**features.feature_shapes(config.data, 8), **added}
   setup.train_step.lower(setup.abstract_state, batch, jax.random.key(0))
   setup.eval_step.lower(setup.abstract_state.params, batch)
 
 
 @slow  # ~30 s of TPU compilation each
 @needs_libtpu
-@pytest.mark.parametrize("config", ["configs/ernie.py:tiny", "configs/ltr.py:tiny", "configs/structbert.py:tiny"])
+@pytest.mark.parametrize("config", ["configs/ernie.py:tiny", "configs/ernie_thu.py:tiny", "configs/ltr.py:tiny",
+                                    "configs/structbert.py:tiny"])
 def test_the_lectures_objectives_compile_for_a_v4_8_slice(capsys, config):
-  """ERNIE 2.0 (five task heads, task embeddings), the LTR ablation (causal mask) and StructBERT compile for
-  TPU through `bert-jax compile`, at TINY's sizes, and fit."""
+  """ERNIE 2.0 (five task heads, task embeddings), ERNIE-THU (fusion layers; the entity features its feed
+  adds), the LTR ablation (causal mask) and StructBERT compile for TPU through `bert-jax compile`, at TINY's
+  sizes, and fit."""
   status, report, err = _compile_json(capsys, "--config", config, "--topology", "v4-8", *TINY)
   assert status == 0 and report["fits"], err
   assert report["train_step"]["device_bytes"] > 0 and report["eval_step"]["device_bytes"] > 0
@@ -359,6 +363,7 @@ def test_the_fix_for_a_step_that_does_not_fit(overrides, state_gib, used_gib, fi
   assert fix in aot.suggest_fix(config, state_gib * 2 ** 30, 32 * 2 ** 30, used_gib * 2 ** 30)
 
 
+@slow  # two TPU compiles (~35 s); pruning's shapes and FLOPs on CPU: test_bertology_*
 @needs_libtpu
 def test_pruned_heads_shrink_the_compiled_step_and_its_flop_count(capsys):
   """The TPU estimate of a head-pruned model (issue 13): `compile` with model.pruned_heads."""
@@ -412,7 +417,15 @@ LONG = ["--config.model.num_layers=2", "--config.data.max_seq_length=1024", "--c
 
 
 @needs_libtpu
-def test_splash_compiles_for_tpu_and_holds_less_than_dot(capsys):
+def test_splash_compiles_for_tpu(capsys):
+  status, report, _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology", "v4-8", *LONG,
+                                    "--config.model.attention=splash")
+  assert status == 0 and report["fits"] and report["attention"] == "splash"
+
+
+@slow  # a second TPU compile of the same model (dot, ~25 s); the splash compile stays in the default suite
+@needs_libtpu
+def test_splash_holds_less_than_dot_on_tpu(capsys):
   reports = {}
   for backend in ("splash", "dot"):
     status, reports[backend], _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology",

@@ -18,17 +18,18 @@ from etils import epath
 
 from bert_jax import params_checkpoint, workdir as workdir_lib
 from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
 # Saved objectives whose params hold a BertModel with its MLM head (extra heads are not read).
-MLM_OBJECTIVES = ("bert", "spanbert", "structbert", "distill_mlm")
+MLM_OBJECTIVES = ("bert", "spanbert", "structbert", "distill_mlm", "mobilebert_pkt")
 
 
 @dataclasses.dataclass(frozen=True)
 class Teacher:
   location: str
   saved: dict  # its config.json
-  model: ModelConfig
+  model: families.Config  # ModelConfig, or a family's own (MobileBertConfig)
 
   @classmethod
   def _read(cls, location: str, wanted: str) -> "Teacher":
@@ -39,7 +40,7 @@ class Teacher:
     if quantized:
       raise UserError(f"distill.teacher={location} holds {quantized.get('weights')} weights (bert-jax quantize); "
                       f"distil from the float model it came from ({quantized.get('source')})")
-    return cls(location, saved, ModelConfig.from_dict(saved["model"]))
+    return cls(location, saved, families.model_config(saved["model"]))
 
   @classmethod
   def fine_tuned(cls, location: str, task_name: str) -> "Teacher":

@@ -11,7 +11,7 @@ from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
 TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
-                   "bpe": ("vocab.json", "merges.txt")}
+                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",)}
 # CamemBERT's and XLM-R's SentencePiece in fairseq's layout (data_pipelines/fairseq_spm.py): one file, the
 # first of these a folder holds (tokenizer.json is what transformers reads when both are there). Only a
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
@@ -21,7 +21,8 @@ FAIRSEQ_KINDS = fairseq_spm.KINDS
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """kind: wordpiece | sentencepiece | bpe | camembert_spm | xlmr_spm; files: {name in a converted dir: source path};
+  """kind: wordpiece | sentencepiece | bpe | xlnet_spm | camembert_spm | xlmr_spm;
+  files: {name in a converted dir: source path};
   max_chars_per_word: WordPiece's longest word ([UNK] beyond): None is Google's 200, a Hugging Face
   tokenizer's is its own (100 unless its tokenizer.json says otherwise)."""
   kind: str
@@ -73,6 +74,9 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
     names = TOKENIZER_FILES[kind]
     if all((directory / n).exists() for n in names):
       return Tokenizer(kind, lower_case and kind != "bpe", {n: os.fspath(directory / n) for n in names})
+  fast = directory / fairseq_spm.HF_TOKENIZER_FILE
+  if preferred == "xlnet_spm" and fast.exists():  # transformers 5 saves XLNet's tokenizer.json alone
+    return Tokenizer(preferred, lower_case, {fast.name: os.fspath(fast)})
   models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
   if models:
     return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})

@@ -13,7 +13,7 @@ from etils import epath
 
 from bert_jax import workdir
 from bert_jax.data_pipelines import fairseq_spm
-from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
+from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS, XLNetTokenizer
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
 from bert_jax.conversion import params as params_lib
@@ -24,7 +24,13 @@ from bert_jax.models.families import Family
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
+                    "xlnet_spm": "XLNetTokenizer",
                     "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer"}
+# The tokenizer.json written beside a SentencePiece model, by kind.
+_TOKENIZER_JSON = {
+    **{kind: lambda t: fairseq_spm.hf_tokenizer_json(
+        fairseq_spm.FairseqSentencePieceTokenizer(next(iter(t.files.values())), t.kind)) for kind in fairseq_spm.KINDS},
+    "xlnet_spm": lambda t: XLNetTokenizer(next(iter(t.files.values())), t.lower_case).hf_tokenizer_json()}
 # An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 
@@ -106,7 +112,8 @@ def _task_head_names(hf_config: dict, family: Family) -> set[str]:
   which may share names with a pretraining head (ModernBERT's head.* in ForMaskedLM and the task classes)."""
   found = set()
   for kind in map(head_kinds.get, head_kinds.names()):
-    if family.hf.class_prefix + kind.hf_class in (hf_config.get("architectures") or ()):
+    if family.hf.class_prefix + family.hf.task_classes.get(kind.name, kind.hf_class) in (
+        hf_config.get("architectures") or ()):
       found |= {r.hf.format(b=family.hf.base_prefix) for r in family.hf.task_rows.get(kind.name, kind.hf_rows)}
   return found
 
@@ -192,7 +199,8 @@ def _task_export(converted: common.Converted) -> _Export:
   """A fine-tuned model as <Family>For{SequenceClassification, TokenClassification, QuestionAnswering}."""
   config, family, head = converted.config, converted.record, converted.task_head
   kind = head_kinds.get(head.kind)
-  architecture = family.hf.class_prefix + kind.hf_class
+  hf_class = family.hf.task_classes.get(kind.name, kind.hf_class)
+  architecture = family.hf.class_prefix + hf_class
   if head.pooling != "pooled":
     raise UserError(f"head.pooling={head.pooling!r} (a mix of every layer's [CLS]) has no Hugging Face "
                     "equivalent: only pooled classification heads export; use bert-jax predict")
@@ -209,10 +217,10 @@ def _task_export(converted: common.Converted) -> _Export:
   extra = kind.hf_config(head.labels)
   notes = []
   if "adapters" in family.layout.parts(config):
-    architecture = family.hf.class_prefix + "Adapters" + kind.hf_class
+    architecture = family.hf.class_prefix + "Adapters" + hf_class
     extra.update(model_type=f"{family.hf.model_type}_houlsby_adapters", adapter_size=config.adapter_size, auto_map={
         "AutoConfig": f"{_ADAPTER_MODULE}.{family.hf.class_prefix}AdaptersConfig",
-        "AutoModel" + kind.hf_class: f"{_ADAPTER_MODULE}.{architecture}"})
+        "AutoModel" + hf_class: f"{_ADAPTER_MODULE}.{architecture}"})
     notes.append(f"Houlsby adapters: load with trust_remote_code=True ({_ADAPTER_MODULE}.py builds them)")
   return _Export(architecture, base, True, rows, extra, notes)
 
@@ -261,11 +269,10 @@ def write(directory: str, converted: common.Converted) -> list[str]:
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
   workdir.write_tokenizer(directory, tokenizer.files)
-  if tokenizer.kind in fairseq_spm.KINDS and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
-    # transformers reads tokenizer.json without the sentencepiece library (a sentencepiece.bpe.model alone
+  if tokenizer.kind in _TOKENIZER_JSON and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
+    # transformers reads tokenizer.json without the sentencepiece library (a SentencePiece model alone
     # needs it and protobuf): write the one its tokenizer class would save.
-    built = fairseq_spm.FairseqSentencePieceTokenizer(next(iter(tokenizer.files.values())), tokenizer.kind)
-    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.hf_tokenizer_json(built))
+    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE, _TOKENIZER_JSON[tokenizer.kind](tokenizer))
   own = tokenizer.kind == family.tokenizer  # a family trained with another kind of tokenizer gets its generic class
   settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
               "do_lower_case": tokenizer.lower_case}

@@ -2,6 +2,7 @@
 
   tasks/data:  glue.py, squad.py, ner.py, embedded.py   text -> features, outputs -> metrics/predictions
   model:       heads.py                                  the encoder plus one task head
+  ranking:     ranking.py                                a pair task trained as MT-DNN's pairwise ranking
   training:    optim.py, init.py, trainer.py             optimizer tricks, init_from, the loop
   evaluation:  metrics.py                                official metric definitions
   sweeps:      sweep.py                                  grids with successive halving, seed statistics

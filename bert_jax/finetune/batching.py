@@ -39,8 +39,9 @@ def buckets(length_buckets: Sequence[int], max_seq_length: int) -> tuple[int, ..
 
 
 def row_lengths(features: Features) -> np.ndarray:
-  """int[N]: each row's tokens up to its last unmasked position."""
+  """int[N]: each row's tokens up to its last unmasked position (rows in groups, [N, K, T]: the group's longest)."""
   mask = np.asarray(features["attention_mask"]) != 0
+  mask = mask.reshape(len(mask), -1, mask.shape[-1]).any(1)
   return np.where(mask.any(1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
 
 
@@ -50,9 +51,12 @@ def bucket_of(features: Features, lengths: tuple[int, ...]) -> np.ndarray:
 
 
 def cut(features: Features, rows: np.ndarray, length: int) -> Features:
-  """The rows' features, their length axis (axis 1 of size max_seq_length) cut to `length`."""
-  full = features["input_ids"].shape[1]
-  return {k: (v[rows][:, :length] if v.ndim > 1 and v.shape[1] == full else v[rows]) for k, v in features.items()}
+  """The rows' features, their length axis (input_ids' last: axis 1 of size max_seq_length, or 2 for rows in
+  groups [N, K, T]) cut to `length`."""
+  axis = features["input_ids"].ndim - 1
+  full = features["input_ids"].shape[axis]
+  return {k: (v[rows][(slice(None),) * axis + (slice(length),)] if v.ndim > axis and v.shape[axis] == full
+              else v[rows]) for k, v in features.items()}
 
 
 def _epoch_batches(bucket: np.ndarray, order: np.ndarray, batch_size: int, seed: int, epoch: int

@@ -1,10 +1,16 @@
 """Helpers every task shares: reading tfds splits, [CLS] a [SEP] b [SEP] encoding, padding rows.
 
+The tokenizer's layout (data_pipelines/tokenizers.py:Layout) places the special tokens and the padding:
+XLNet's rows are a <sep> b <sep> <cls>, padded on the left, token types 0, 1 and 2 (<cls>).
+
 The feature contract the model and train step read (all int32 unless noted, N rows, T max_seq_length):
   input_ids, attention_mask, token_type_ids: [N, T]
   classification: label [N];  regression: label float32[N]
   token: token_labels [N, T], label_weights float32[N, T] (1 on each word's first sub-token)
   span: start_positions, end_positions [N] (0, the [CLS] position, for "no answer in this window")
+  ranking, training (finetune/ranking.py): G groups of K rows, input_ids, attention_mask, token_type_ids
+    [G, K, T], label [G] (the positive's index), candidate_mask float32[G, K] (0: padding), scale float32[G];
+    its eval rows are classification's
 Eval sets add example_weight float32[N] (0 on rows that only pad the last batch).
 """
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from bert_jax.data_pipelines.tokenizers import layout_of
 from bert_jax.errors import UserError
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -99,24 +106,31 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int
 
 
 def encode_pair(tokenizer, a: list[int], b: list[int] | None, max_len: int) -> dict[str, np.ndarray]:
-  """[CLS] a [SEP] (b [SEP]) from token ids, truncated longest-first and padded to max_len."""
+  """a (and b) with the special tokens where the tokenizer's layout puts them (BERT's [CLS] a [SEP] b [SEP],
+  XLNet's a <sep> b <sep> <cls>), truncated longest-first and padded to max_len."""
   cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
   if b is None:
-    ids, types = [cls, *a[:max_len - 2], sep], None
+    a = a[:max_len - 2]
   else:
     a, b = truncate_pair(a, b, max_len - 3)
-    ids = [cls, *a, sep, *b, sep]
-    types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-  return pad_row(tokenizer, ids, types, max_len)
+  return pad_row(tokenizer, *layout_of(tokenizer).wrap(cls, sep, a, b), max_len)
+
+
+def pad_start(tokenizer, length: int, max_len: int) -> int:
+  """Where a row of `length` tokens starts once padded to max_len (after the padding, for a left-padding layout)."""
+  return max_len - length if layout_of(tokenizer).pad_left else 0
 
 
 def pad_row(tokenizer, ids: list[int], types: list[int] | None, max_len: int) -> dict[str, np.ndarray]:
+  """The row padded to max_len on the layout's side (token types 0 when `types` is None)."""
+  start = pad_start(tokenizer, len(ids), max_len)
+  real = slice(start, start + len(ids))
   row = {name: np.zeros(max_len, np.int32) for name in MODEL_INPUTS}
   row["input_ids"][:] = tokenizer.special_ids["[PAD]"]
-  row["input_ids"][:len(ids)] = ids
-  row["attention_mask"][:len(ids)] = 1
+  row["input_ids"][real] = ids
+  row["attention_mask"][real] = 1
   if types is not None:
-    row["token_type_ids"][:len(types)] = types
+    row["token_type_ids"][real] = types
   return row
 
 

@@ -25,8 +25,9 @@ state/ (a paused or interrupted run: the same command resumes it exactly), metri
 single-task fine-tuning (MT-DNN's second stage): finetune/init.py takes the encoder, and the task's head
 from task_heads when its shapes fit; `predict --task` and `convert --to hf --task` read one task of it
 (params_checkpoint.one_task).
-Not (yet) here: SMART, train.mode adapters/feature, int8 training, eval_only, test-split predictions and
-QNLI as pairwise ranking (it trains as classification).
+A task block may train its task with another head: `head: ranking` (configs/mtdnn.py:glue's QNLI) is MT-DNN's
+pairwise ranking (finetune/ranking.py): its batches are train.batch_size groups of one question's candidates.
+Not (yet) here: SMART, train.mode adapters/feature, int8 training, eval_only and test-split predictions.
 """
 from __future__ import annotations
 

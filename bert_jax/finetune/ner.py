@@ -86,21 +86,26 @@ def _unknown_id(tokenizer) -> int:
 
 def featurize(sentences: list[Sentence], labels: tuple[str, ...], tokenizer, max_len: int
               ) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-  """Rows plus, per sentence, the position of each kept word's first sub-token."""
+  """Rows plus, per sentence, the position of each kept word's first sub-token (the tokenizer's layout
+  places the special tokens and the padding: XLNet's words sit before <sep> <cls>, after the padding)."""
   index = {label: i for i, label in enumerate(labels)}
+  layout = feats.layout_of(tokenizer)
   rows, token_labels, weights, first_positions = [], [], [], []
   for words, tags in sentences:
     unknown = set(tags) - set(index)
     if unknown:
       raise UserError(f"NER tags {sorted(unknown)} are not in task.labels {labels}")
-    ids, positions = [tokenizer.special_ids["[CLS]"]], []
+    ids, positions = [], []
     for word in words:
       pieces = tokenizer.encode(word) or [_unknown_id(tokenizer)]
-      if len(ids) + len(pieces) > max_len - 1:
+      if len(ids) + len(pieces) > max_len - 2:
         break
       positions.append(len(ids))
       ids.extend(pieces)
-    row = feats.pad_row(tokenizer, ids + [tokenizer.special_ids["[SEP]"]], None, max_len)
+    ids, types = layout.wrap(tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"], ids)
+    row = feats.pad_row(tokenizer, ids, types, max_len)
+    shift = layout.before_a + feats.pad_start(tokenizer, len(ids), max_len)
+    positions = [p + shift for p in positions]
     target, weight = np.zeros(max_len, np.int32), np.zeros(max_len, np.float32)
     target[positions] = [index[t] for t in tags[:len(positions)]]
     weight[positions] = 1.0

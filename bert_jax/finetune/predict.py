@@ -9,6 +9,9 @@ padded with copies of a row); and decodes with the task module's own decoder. Ex
   classification (GLUE, embedded)  "sentence", or a pair ("a", "b") / "a<TAB>b"
                                    -> {"label", "score", "scores": {label: probability}}
   regression (STS-B)               the same inputs -> {"value"}
+  ranking (QNLI, task.head=ranking) pairs ("question", "candidate"), all at once
+                                   -> {"label", "score": Rel(Q, A), "group"}: within each question's
+                                      group the top-scored row gets the positive label (finetune/ranking.py)
   token (NER)                      words: ["EU", "rejects", ...] or "EU rejects ..." -> {"words", "tags"}
   span (SQuAD)                     {"id", "question", "context"}
                                    -> {"id", "answer", "score", "null_score_diff"} (v2.0: "" when
@@ -38,7 +41,7 @@ from etils import epath
 from bert_jax import params_checkpoint, pretrained, workdir
 from bert_jax.configs import common
 from bert_jax.errors import UserError
-from bert_jax.finetune import batching, embedded, glue, heads, ner, squad
+from bert_jax.finetune import batching, embedded, glue, heads, ner, ranking, squad
 from bert_jax.finetune import features as feats
 from bert_jax.models import families, head_kinds
 from bert_jax.ops import int8
@@ -121,7 +124,8 @@ class Predictor:
     with tqdm.tqdm(total=len(examples), disable=not progress, delay=2.0, file=sys.stderr,
                    unit="example", desc="predict") as bar:
       # With buckets, a bucket's last batch is padded: featurize enough examples at once to fill most.
-      chunk = self.batch_size * (32 if self.lengths else 1)
+      # A ranking model's rows are labelled per question: one chunk, so that no question is cut in two.
+      chunk = max(len(examples), 1) if _EXAMPLES[self.kind].whole else self.batch_size * (32 if self.lengths else 1)
       for start in range(0, len(examples), chunk):
         part = examples[start:start + chunk]
         features, decode = self.featurize(part)
@@ -184,6 +188,21 @@ def _sentence_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
   return features, lambda outputs: records(outputs, predictor.labels)
 
 
+def _ranked_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
+  spec, labels = _glue_spec(predictor.config), predictor.labels
+  features = glue.featurize([(a, b, None) for a, b in examples], spec, predictor.tokenizer,
+                            predictor.config["data"]["max_seq_length"])
+  groups = ranking.group_ids(features)
+  positive = labels.index((predictor.config["task"].get("ranking") or {}).get("positive") or labels[0])
+
+  def decode(outputs):
+    predicted = ranking.to_labels(outputs["logits"], groups, positive, 1 - positive)
+    return [{"label": labels[p], "score": float(s), "group": int(g)}
+            for p, s, g in zip(predicted, outputs["logits"], groups)]
+
+  return features, decode
+
+
 def _words(example, index: int) -> list[str]:
   words = example.split() if isinstance(example, str) else list(example)
   if not all(isinstance(w, str) for w in words):
@@ -243,8 +262,8 @@ def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
     start, end = outputs["start_logits"], outputs["end_logits"]
     answers, null_diff = squad.best_answers(start, end, questions, featurized, task)
     null = {}  # the [CLS] score as best_answers takes it: lowest over the question's windows
-    for row, window in enumerate(featurized.windows):
-      null[window.example] = min(null.get(window.example, np.inf), float(start[row, 0] + end[row, 0]))
+    for row, w in enumerate(featurized.windows):
+      null[w.example] = min(null.get(w.example, np.inf), float(start[row, w.null] + end[row, w.null]))
     return [{"id": q.qid, "answer": answers[q.qid], "score": _finite(null[e] - null_diff[q.qid]),
              "null_score_diff": _finite(null_diff[q.qid])} for e, q in enumerate(questions)]
 
@@ -255,10 +274,11 @@ def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
 class _Examples:
   """What predict takes for a head kind: normalize(predictor, examples) -> the one form featurize
   takes; featurize(predictor, normalized) -> (rows, decode); read(text, path, config) -> the examples
-  in a user's --input file."""
+  in a user's --input file; whole: featurize every example at once (the records depend on each other)."""
   normalize: Callable[[Predictor, list], list]
   featurize: Callable[[Predictor, Sequence], tuple[dict[str, np.ndarray], Decode]]
   read: Callable[[str, Any, dict], list]
+  whole: bool = False
 
 
 def read_examples(path: str, kind: str, config: dict) -> list:
@@ -302,6 +322,7 @@ def _squad_questions(text: str, path, config: dict) -> list[dict]:
 
 _SENTENCES = _Examples(_sentence_pairs, _sentence_features, _sentence_lines)
 _EXAMPLES = {"classification": _SENTENCES, "regression": _SENTENCES,
+             "ranking": _Examples(_sentence_pairs, _ranked_features, _sentence_lines, whole=True),
              "token": _Examples(_word_lists, _word_features, _lines),
              "span": _Examples(_questions, _question_features, _squad_questions)}
 

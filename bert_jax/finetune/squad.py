@@ -3,8 +3,9 @@
 Pre-processing (as the original run_squad.py): the question is cut to max_query_length tokens; the
 context is covered by windows of the remaining length that start doc_stride tokens apart. Training
 rows whose window does not contain the whole answer (and v2.0's unanswerable questions) point at
-[CLS] (position 0). Each context token keeps its character span in the context, so an answer span
-maps to tokens, and a predicted token span back to the exact context text.
+[CLS] (position 0; in XLNet's rows, context <sep> question <sep> <cls> padded on the left, the last).
+Each context token keeps its character span in the context, so an answer span maps to tokens, and a
+predicted token span back to the exact context text.
 
 Post-processing: in every window, the n_best_size best starts and ends form candidate spans (inside
 the context, end >= start, at most max_answer_length tokens, start in the window where it has the most
@@ -46,6 +47,7 @@ class Window:
   length: int
   offset: int
   max_context: np.ndarray  # bool[length]: this window gives token start + i its most context
+  null: int = 0  # the [CLS] position, whose start and end scores say "no answer"
 
 
 def _field(node, key: str, kinds: tuple[type, ...], where: str, path: str):
@@ -176,6 +178,9 @@ class Featurized:
 
 
 def featurize(examples: list[Example], tokenizer, task_cfg, max_len: int, training: bool) -> Featurized:
+  """Windows as the tokenizer's layout places them: BERT's [CLS] question [SEP] context [SEP], XLNet's
+  context <sep> question <sep> <cls> padded on the left; "no answer" points at the [CLS] position."""
+  layout = feats.layout_of(tokenizer)
   cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
   rows, starts, ends, all_windows, all_spans = [], [], [], [], []
   for e, example in enumerate(examples):
@@ -187,15 +192,19 @@ def featurize(examples: list[Example], tokenizer, task_cfg, max_len: int, traini
       target = next((t for t in (answer_tokens(spans, *a) for a in example.answers[:1]) if t), None)
       if target is None:  # an answer that is not in its context: nothing to learn from
         continue
-    offset = len(query) + 2
-    placed = windows(len(ids), max_len - offset - 1, task_cfg.doc_stride)
+    placed = windows(len(ids), max_len - len(query) - 3, task_cfg.doc_stride)
     for (start, length), best in zip(placed, max_context(placed)):
-      rows.append(feats.pad_row(tokenizer, [cls, *query, sep, *ids[start:start + length], sep],
-                                [0] * offset + [1] * (length + 1), max_len))
+      context = ids[start:start + length]
+      row_ids, types = (layout.wrap(cls, sep, query, context) if layout.cls_first
+                        else layout.wrap(cls, sep, context, query))
+      rows.append(feats.pad_row(tokenizer, row_ids, types, max_len))
+      first = feats.pad_start(tokenizer, len(row_ids), max_len)
+      offset = first + (len(query) + 2 if layout.cls_first else 0)
+      null = first if layout.cls_first else first + len(row_ids) - 1
       inside = target is not None and start <= target[0] and target[1] < start + length
-      starts.append(target[0] - start + offset if inside else 0)
-      ends.append(target[1] - start + offset if inside else 0)
-      all_windows.append(Window(e, start, length, offset, best))
+      starts.append(target[0] - start + offset if inside else null)
+      ends.append(target[1] - start + offset if inside else null)
+      all_windows.append(Window(e, start, length, offset, best, null))
   features = feats.stack(rows, start_positions=np.asarray(starts, np.int32),
                          end_positions=np.asarray(ends, np.int32))
   return Featurized(features, all_windows, all_spans)
@@ -208,7 +217,7 @@ def best_answers(start_logits: np.ndarray, end_logits: np.ndarray, examples: lis
   null: dict[int, float] = {}
   for row, window in enumerate(featurized.windows):
     e, s, t = window.example, start_logits[row], end_logits[row]
-    null[e] = min(null.get(e, np.inf), float(s[0] + t[0]))
+    null[e] = min(null.get(e, np.inf), float(s[window.null] + t[window.null]))
     lo, hi = window.offset, window.offset + window.length
     top_starts = np.argsort(-s)[:task_cfg.n_best_size]
     top_ends = np.argsort(-t)[:task_cfg.n_best_size]

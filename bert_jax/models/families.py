@@ -155,6 +155,8 @@ class HFNames:
   word embeddings); buffers: suffixes of non-parameter tensors to ignore. task_rows: per head kind,
   the rows of a fine-tuned head that replace the kind's default ones (bert_jax/models/head_kinds.py);
   no_task_export: per head kind, why the family's HF class for it differs from bert_jax's head.
+  task_classes: per head kind, the class suffix that replaces the kind's (XLNet's span head exports as
+  XLNetForQuestionAnsweringSimple, not the beam-search XLNetForQuestionAnswering).
   absent: {HF name template: value} of parameters bert_jax has and HF's classes leave out because the
   module never reads them (ModernBERT's layer-0 attention norm, an identity in HF): filled with the
   value on read, not written. tokenizer_class, tokenizer_settings: tokenizer_config.json's for a
@@ -172,6 +174,7 @@ class HFNames:
   buffers: tuple[str, ...] = ()
   task_rows: Mapping[str, tuple[Row, ...]] = dataclasses.field(default_factory=dict)
   no_task_export: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  task_classes: Mapping[str, str] = dataclasses.field(default_factory=dict)
   absent: Mapping[str, float] = dataclasses.field(default_factory=dict)
   tokenizer_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   lower_case: bool = True

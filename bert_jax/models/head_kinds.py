@@ -11,13 +11,17 @@ SMART, predict) and conversion/ (export) read the record; a new kind is one `reg
   token: every position's vector (through `Family.token_transform` where the family has one),
     dropout, dense -> logits [B, T, C]
   span: every position's vector (the same), dense -> start and end logits [B, T], padding masked out
+  ranking: the sequence summary as classification reads it, dropout, dense -> one relevance score per
+    (question, candidate) row, Rel = w^T x [B]; in training the rows come in groups [G, K] (MT-DNN's
+    pairwise ranking, finetune/ranking.py)
 Token and span heads with pooling=layer_mix read the same mix of every layer's vector at each position
 instead of the last layer's (the BERT paper's feature-based NER mixes layers this way).
 
 Losses are sums over rows (or labelled tokens) divided by a count that depends on the data only, so
 micro-batches give exactly the full batch's gradient (training/step.py):
   classification: cross-entropy / rows; regression: squared error / rows;
-  token: cross-entropy / labelled tokens; span: (start + end cross-entropy) / 2 / rows.
+  token: cross-entropy / labelled tokens; span: (start + end cross-entropy) / 2 / rows;
+  ranking: -log softmax_k(scale * Rel_k)[positive] over each group's unmasked candidates / groups.
 """
 from __future__ import annotations
 
@@ -139,6 +143,19 @@ def _xent(logits: Array, labels: Array) -> Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
+def ranking_logits(outputs: dict[str, Array], batch: Batch) -> Array:
+  """[G, K]: scale * Rel per candidate, the padded candidates (candidate_mask 0) at -1e30 (weight 0)."""
+  scaled = batch["scale"][:, None] * outputs["logits"]
+  return jnp.where(batch["candidate_mask"] > 0, scaled, -1e30)
+
+
+def ranking_loss(outputs: dict[str, Array], batch: Batch) -> Array:
+  """The sum over groups of -log(exp(g Rel(Q, A+)) / sum_{A' in the group} exp(g Rel(Q, A'))); label [G]: the
+  positive's index in its group."""
+  log_p = jax.nn.log_softmax(ranking_logits(outputs, batch), axis=-1)
+  return -jnp.sum(jnp.take_along_axis(log_p, batch["label"][:, None], axis=-1))
+
+
 def _class_records(outputs: dict[str, np.ndarray], labels: tuple[str, ...]) -> list[dict]:
   logits = outputs["logits"].astype(np.float64)
   probabilities = np.exp(logits - logits.max(axis=-1, keepdims=True))
@@ -254,3 +271,12 @@ register(HeadKind(
     # HF's QA classes read num_labels=2 (start, end), its default.
     hf_class="ForQuestionAnswering", hf_rows=hf_only(dense_rows("head/span", "qa_outputs", None), part="task"),
     hf_config=lambda labels: {}))
+
+register(HeadKind(
+    name="ranking", module=lambda **fields: SequenceHead(**fields, regression=True), reads_summary=True,
+    loss=ranking_loss, count=_per_row,  # rows: groups
+    divergence=lambda a, b, batch: jnp.sum(symmetric_kl(ranking_logits(a, batch), ranking_logits(b, batch))),
+    # The scores alone say nothing of a label: finetune/ranking.py converts each group's (predict too).
+    # HF: a 1-label BertForSequenceClassification whose one logit is Rel(Q, A) (scale not applied).
+    hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER,
+    hf_config=lambda labels: dict(num_labels=1, id2label={0: "relevance"}, label2id={"relevance": 0})))

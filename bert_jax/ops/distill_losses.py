@@ -8,6 +8,9 @@
   attention  mean over heads, valid queries and keys of (a_s - a_t)^2, per mapped layer (TinyBERT,
              on the attention probabilities that the model returns)
   pkd        || W c_s / ||W c_s|| - c_t / ||c_t|| ||^2 of each mapped layer's [CLS] vector (BERT-PKD)
+  feature    mean over width of (h_s - h_t)^2, per valid token and layer (MobileBERT's feature-map transfer)
+  attention_kl  mean over heads of KL(a_t || a_s) over the keys, per valid query and layer (MobileBERT's
+             attention transfer)
 Shapes: logits [B, C] (or [B, P, V] with weights [B, P]); hidden [L, B, T, H]; attentions
 [L, B, N, T, T]; mask [B, T] (1 = token).
 """
@@ -63,3 +66,21 @@ def pkd_sum(student_cls: Array, teacher_cls: Array) -> Array:
     x = x.astype(jnp.float32)
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
   return jnp.sum(jnp.square(unit(student_cls) - unit(teacher_cls)))
+
+
+def feature_map_sums(student: Array, teacher: Array, mask: Array) -> Array:
+  """[L, B, T, H] each: per layer, the sum over valid tokens of the mean over H of (h_s - h_t)^2 -> [L]
+  (MobileBERT's feature-map transfer, divided by the valid token count in the objective)."""
+  per_token = jnp.mean(jnp.square(student.astype(jnp.float32) - teacher.astype(jnp.float32)), axis=-1)
+  return jnp.sum(per_token * mask.astype(jnp.float32), axis=(1, 2))
+
+
+def attention_kl_sums(student: Array, teacher: Array, mask: Array) -> Array:
+  """[L, B, N, T, T] attention probabilities each: per layer, the sum over valid queries of the mean over
+  heads of KL(teacher row || student row) -> [L] (MobileBERT's attention transfer). Keys the teacher gives
+  no weight (padding) add nothing, and no NaN reaches the gradient through them."""
+  t, s = teacher.astype(jnp.float32), student.astype(jnp.float32)
+  some = t > 0
+  t_safe, s_safe = jnp.where(some, t, 1.0), jnp.where(some, s, 1.0)
+  kl = jnp.sum(jnp.where(some, t * (jnp.log(t_safe) - jnp.log(jnp.maximum(s_safe, 1e-30))), 0.0), axis=-1)
+  return jnp.sum(jnp.mean(kl, axis=2) * mask.astype(jnp.float32), axis=(1, 2))

@@ -74,12 +74,15 @@ def _check_hosts(config: ml_collections.ConfigDict, tpu: slices.Slice) -> None:
                       f"and divide train.{name}={batch}; set --config.data.num_shards={fix}")
 
 
-def _abstract_batch(config: ml_collections.ConfigDict, batch_size: int, mesh) -> dict:
+def _abstract_batch(config: ml_collections.ConfigDict, batch_size: int, mesh, objective: Any = None) -> dict:
   """The batch the input pipeline gives this config (its feature contract: span, trigram, packing
-  features included), as abstract arrays split over the batch axes."""
+  features included) plus what the objective's feed adds on the host (`objective.feature_shapes`, e.g.
+  ERNIE-THU's entities), as abstract arrays split over the batch axes."""
   sharding = partitioning.batch_sharding(mesh)
-  return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-          for name, (dtype, shape) in features.feature_shapes(config.data, batch_size).items()}
+  shapes = dict(features.feature_shapes(config.data, batch_size))
+  if hasattr(objective, "feature_shapes"):
+    shapes.update(objective.feature_shapes(batch_size, config.data.max_seq_length))
+  return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for name, (dtype, shape) in shapes.items()}
 
 
 def _out_of_memory(message: str, argument_bytes: float) -> dict[str, Any] | None:
@@ -252,12 +255,12 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   say(f"compiling the train step for {tpu.name} ({mesh.size} devices, mesh "
       f"{' '.join(f'{k}={v}' for k, v in mesh.shape.items())}): "
       f"{_batch_words(config.train.batch_size, dp, config, config.train.grad_accum_steps)}")
-  train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh), rng,
+  train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh, setup.objective), rng,
                    *setup.frozen, say=say, what="train step", chip=tpu.chip)
   eval_batch = config.train.eval_batch_size or config.train.batch_size
   say(f"compiled the train step in {train['compile_seconds']:.1f} s; compiling the eval step: "
       f"{_batch_words(eval_batch, dp, config)}")
-  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh),
+  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh, setup.objective),
                         say=say, what="eval step")
   say(f"compiled the eval step in {evaluation['compile_seconds']:.1f} s")
   per_chip = tpu.chip.devices_per_chip

@@ -6,7 +6,8 @@ eval step, traced inside the mesh and its rules. Pretraining (`build_train_setup
 fine-tuning (finetune/trainer.py) call it with their objective; a job with another step (a frozen
 teacher's params passed alongside: `teacher_step`) passes its own `step_fn` and the shardings of its
 extra arguments; a pretraining objective with a teacher (objectives.TeacherObjective: general
-distillation) gets that from `build_train_setup`.
+distillation) gets that from `build_train_setup`, and one whose training goes by stages of the step
+(objectives.StagedObjective: MobileBERT's progressive knowledge transfer) gets `staged_step`.
 Two options of the shared step serve fine-tuning's tricks: `trainable`, a mask of the parameters that
 get gradients (adapters, feature-based training: the others are stop_gradient'ed, so the backward
 pass skips them), and `teacher_momentum`, a moving average of the parameters kept in the state and
@@ -119,6 +120,19 @@ def teacher_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array,
   """train_step, its loss reading a frozen teacher's params (an extra, non-trained jit input):
   distillation's step. `objective.with_teacher(params)` is the objective that sees them."""
   return train_step(state, batch, rng, objective=objective.with_teacher(teacher_params), **step_args)
+
+
+def staged_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, teacher_params: Any, *,
+                objective, **step_args) -> tuple[TrainState, dict[str, jax.Array]]:
+  """teacher_step for an objective that trains by stages of the step (objectives.StagedObjective: MobileBERT's
+  progressive knowledge transfer): the loss of the state's stage, and the parameters that stage does not train
+  put back as they were, so neither weight decay nor an earlier stage's Adam moments move them."""
+  stage = objective.stage_of(state.step)
+  new, metrics = train_step(state, batch, rng, objective=objective.with_teacher(teacher_params).at_stage(stage),
+                            **step_args)
+  params = jax.tree.map(lambda trains, p, old: jnp.where(trains, p, old), objective.trains(stage, state.params),
+                        new.params, state.params)
+  return new.replace(params=params), metrics
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[str, jax.Array]:
@@ -248,8 +262,9 @@ def _with_teacher(config: ml_collections.ConfigDict, objective: objectives.Teach
   mesh = mesh or partitioning.make_mesh(config.mesh)
   boxed = objective.teacher_init(config.data.max_seq_length, config.data.max_predictions_per_seq)
   shardings = partitioning.logical_shardings(boxed, mesh, partitioning.rules(config.mesh))
+  step_fn = staged_step if isinstance(objective, objectives.StagedObjective) else teacher_step
   setup = sharded_setup(config, objective, init_params, make_tx, config.train.num_steps, mesh=mesh,
-                        step_fn=teacher_step, extra_shardings=(shardings,))
+                        step_fn=step_fn, extra_shardings=(shardings,))
   abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           nn.meta.unbox(boxed), shardings)
   return dataclasses.replace(setup, frozen=(abstract,), load_frozen=lambda: (objective.load_teacher(abstract),))

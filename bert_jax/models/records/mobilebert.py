@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
 from bert_jax.models import mobilebert
@@ -106,6 +107,14 @@ def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, s
 
 
 def write_hf_config(config: MobileBertConfig) -> dict:
+  if (config.use_bottleneck and not (config.key_query_shared_bottleneck or config.use_bottleneck_attention)
+      and config.intra_bottleneck_size != config.hidden_size):
+    # transformers builds query and key intra_bottleneck_size wide on the input, but feeds them the
+    # hidden_size-wide block input there (IB-BERT's attention, configs/mobilebert.py:ib_bert).
+    raise UserError("a MobileBERT whose query and key read the block input through an inverted bottleneck "
+                    f"(intra_bottleneck_size {config.intra_bottleneck_size} != hidden_size {config.hidden_size}, "
+                    "key_query_shared_bottleneck=False: IB-BERT) has no Hugging Face layout; keep it in "
+                    "bert_jax's format")
   d = {key: getattr(config, key) for key in _SAME}
   d.update({key: getattr(config, ours) for key, ours in _RENAMED.items()})
   return {**d, "hidden_act": _ACTS_TO_HF[config.hidden_act], "pad_token_id": config.pad_token_id,

@@ -4,7 +4,9 @@ TokenClassification} (bert_jax/models/xlnet.py).
 Its own module and config (Transformer-XL relative attention, two streams, memory); the LM head is the
 word embeddings tied, plus a bias (lm_loss); a SentencePiece vocabulary, padded on the left. Hugging
 Face keeps q, k, v, o and r as [H, N, D] tensors, as bert_jax does, so they copy as they are. Sequence
-heads read the last real token's summary (models/xlnet.py:LastTokenSummary).
+heads read the last real token's summary (models/xlnet.py:LastTokenSummary); the span head is
+XLNetForQuestionAnsweringSimple's (XLNetForQuestionAnswering's beam search over start and end is not built).
+Its tokenizer kind, xlnet_spm, lays the fine-tuning inputs out as XLNet does (a <sep> b <sep> <cls>, left padding).
 """
 from __future__ import annotations
 
@@ -112,7 +114,7 @@ FAMILY = families.register(families.Family(
     heads_of=heads_of,
     with_heads=with_heads,
     pretrained_heads=lambda present: ("mlm",),
-    tokenizer="sentencepiece",
+    tokenizer="xlnet_spm",
     layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
                            layer_slots=layer_slots, relayout=relayout),
@@ -123,8 +125,7 @@ FAMILY = families.register(families.Family(
         read_config=read_hf_config, write_config=write_hf_config,
         tied={"lm_loss.weight": "{b}word_embedding.weight"},
         task_rows={"classification": _SUMMARY, "regression": _SUMMARY},
-        no_task_export={"span": "is XLNet's beam-search span head (start and end top-n with their own layers); "
-                                "bert_jax's span head is XLNetForQuestionAnsweringSimple's, which it does not export"},
+        task_classes={"span": "ForQuestionAnsweringSimple"},  # qa_outputs; not the beam-search head
         tokenizer_class="XLNetTokenizer", tokenizer_settings={"padding_side": "left"}, lower_case=False),
     summary_heads=(),
     summary=LastTokenSummary,

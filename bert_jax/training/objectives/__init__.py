@@ -1,9 +1,10 @@
 """Pretraining objectives: the Objective protocol and loss helpers (base.py), one module per objective
 (bert.py, electra.py, ernie2.py, ernie_thu.py, ltr.py, spanbert.py, structbert.py, xlnet.py; distill_mlm.py: general distillation from a frozen
-teacher), and the registry that builds the one a config names (registry.py)."""
+teacher; mobilebert_pkt.py: MobileBERT's progressive knowledge transfer from IB-BERT), and the registry that
+builds the one a config names (registry.py)."""
 from bert_jax.training.objectives import (bert, distill_mlm, electra, ernie2, ernie_thu, ltr,  # noqa: F401
-                                          spanbert, structbert, xlnet)  # each registers itself
+                                          mobilebert_pkt, spanbert, structbert, xlnet)  # each registers itself
 from bert_jax.training.objectives.base import (CARRY, CarryingObjective, ScheduledObjective,  # noqa: F401
-                                               TeacherObjective, example_batch, model_inputs,
+                                               StagedObjective, TeacherObjective, example_batch, model_inputs,
                                                token_nll_and_correct)
 from bert_jax.training.objectives.registry import make_objective  # noqa: F401

@@ -69,6 +69,21 @@ class TeacherObjective(PretrainingObjective, Protocol):
 
 
 @runtime_checkable
+class StagedObjective(TeacherObjective, Protocol):
+  """A teacher objective whose loss and trained parameters go by stages of the step (MobileBERT's progressive
+  knowledge transfer, objectives/mobilebert_pkt.py): its train step is training/step.py:staged_step."""
+
+  def stage_of(self, step: jax.Array) -> jax.Array:
+    """The stage (int32) of the train step numbered `step` (the state's step before the update)."""
+
+  def at_stage(self, stage: jax.Array) -> PretrainingObjective:
+    """This objective (teacher bound), its loss that of `stage`, its gradient only to what `stage` trains."""
+
+  def trains(self, stage: jax.Array, params: Any) -> Any:
+    """A tree like `params` of bool arrays, each broadcastable to its leaf: what `stage` trains."""
+
+
+@runtime_checkable
 class ScheduledObjective(PretrainingObjective, Protocol):
   """A pretraining objective whose batches carry what a schedule decides per step (ERNIE 2.0's task of each
   batch, objectives/ernie2.py): the pretraining job puts `feed` in front of its input."""

@@ -30,15 +30,11 @@ from bert_jax.training.objectives.registry import register
 WEIGHTS = ("hard", "soft", "cosine")
 
 
-class DistillMlmPretraining(BertPretraining):
-  """BERT's objective for the student plus the teacher's soft targets (see the module docstring)."""
-
-  def __init__(self, model_config: ModelConfig, teacher_config: ModelConfig, teacher_location: str,
-               cfg: ml_collections.ConfigDict):
-    super().__init__(model_config)
-    self.teacher = BertModel(teacher_config)
-    self.teacher_location, self.temperature = teacher_location, float(cfg.temperature)
-    self.weights = {name: float(cfg[f"{name}_weight"]) for name in WEIGHTS}
+class FrozenTeacher:
+  """A frozen teacher model (`teacher`, its params in `teacher_location`) beside a pretraining objective:
+  what objectives.TeacherObjective asks of it besides `with_teacher`."""
+  teacher: Any  # the teacher's Flax module
+  teacher_location: str
 
   def teacher_init(self, seq_len: int, max_predictions: int) -> Any:
     """The teacher's boxed abstract params (logical axis names on every leaf; nothing allocated)."""
@@ -48,6 +44,17 @@ class DistillMlmPretraining(BertPretraining):
   def load_teacher(self, abstract: Any) -> Any:
     """The teacher's params, restored into `abstract`'s shapes and shardings."""
     return params_checkpoint.load_params_into(self.teacher_location, abstract)
+
+
+class DistillMlmPretraining(FrozenTeacher, BertPretraining):
+  """BERT's objective for the student plus the teacher's soft targets (see the module docstring)."""
+
+  def __init__(self, model_config: ModelConfig, teacher_config: ModelConfig, teacher_location: str,
+               cfg: ml_collections.ConfigDict):
+    super().__init__(model_config)
+    self.teacher = BertModel(teacher_config)
+    self.teacher_location, self.temperature = teacher_location, float(cfg.temperature)
+    self.weights = {name: float(cfg[f"{name}_weight"]) for name in WEIGHTS}
 
   def with_teacher(self, teacher_params: Any) -> "DistillMlmPretraining":
     bound = object.__new__(DistillMlmPretraining)
