@@ -1,6 +1,7 @@
 """XLNet pretraining with memory across steps (models/xlnet.py bi_data, training/objectives/xlnet.py,
 data_pipelines/xlnet_stream.py): bi_data's relative positions against transformers' XLNetModel, the stream
-layout on a hand-made corpus, the memory carried by the train state, and exact resume."""
+layout on a hand-made corpus, the two permutation blocks of reuse_len, the memory carried by the train state
+(plain, through the step's shard_map and, slow, micro-batches), and (slow) exact resume."""
 import dataclasses
 import json
 
