@@ -88,16 +88,16 @@ def test_entity_fusion_off_is_the_model_as_before():
   plain = families.build(ModelConfig(**SMALL))
   # the other entity keys changed, entity_layers 0: no parameter, the same function
   off = families.build(ModelConfig(**SMALL, entity_dim=12, entity_heads=3, entity_fusion="residual"))
-  p0 = plain.init(jax.random.key(0), ids)["params"]
-  p1 = off.init(jax.random.key(0), ids)["params"]
+  p0 = jax.jit(plain.init)(jax.random.key(0), ids)["params"]  # compiled: eagerly each op compiles on its own
+  p1 = jax.jit(off.init)(jax.random.key(0), ids)["params"]
   assert jax.tree.structure(p0) == jax.tree.structure(p1)
   jax.tree.map(np.testing.assert_array_equal, p0, p1)
-  a, b = plain.apply({"params": p0}, ids), off.apply({"params": p0}, ids)
+  a, b = jax.jit(plain.apply)({"params": p0}, ids), jax.jit(off.apply)({"params": p0}, ids)
   np.testing.assert_array_equal(a.last_hidden_state, b.last_hidden_state)
   np.testing.assert_array_equal(a.mlm_logits, b.mlm_logits)
   # on: the text layers keep BERT's names (the bottom L - K layers), the fusion layers are added beside them
   on = families.build(ModelConfig(**SMALL, entity_layers=1, entity_dim=8, entity_heads=2))
-  p2 = nn.meta.unbox(on.init(jax.random.key(0), ids)["params"])
+  p2 = nn.meta.unbox(jax.eval_shape(on.init, jax.random.key(0), ids)["params"])
   assert set(p2) == set(p0) | {"knowledge_encoder"}
   assert p2["encoder"]["layers"]["attention"]["query"]["kernel"].shape[0] == 1
   with pytest.raises(UserError, match="entity_layers"):
@@ -108,13 +108,14 @@ def test_the_entity_stream_changes_the_tokens_only_through_aligned_entities():
   cfg = ModelConfig(**SMALL, entity_layers=1, entity_dim=8, entity_heads=2)
   model = families.build(cfg)
   ids = jnp.ones((1, 6), jnp.int32)
-  params = model.init(jax.random.key(0), ids)["params"]
+  params = jax.jit(model.init)(jax.random.key(0), ids)["params"]
   vec = np.random.default_rng(0).normal(size=(1, 6, 8)).astype(np.float32)
-  none = model.apply({"params": params}, ids).last_hidden_state
-  unaligned = model.apply({"params": params}, ids, entity_vectors=vec, entity_mask=np.zeros((1, 6), np.int32))
-  aligned = model.apply({"params": params}, ids, entity_vectors=vec, entity_mask=np.eye(6, dtype=np.int32)[1:2])
-  np.testing.assert_allclose(unaligned.last_hidden_state, none, atol=1e-6)
-  assert np.abs(np.asarray(aligned.last_hidden_state - none)).max() > 1e-3
+  apply = jax.jit(lambda p, **entities: model.apply({"params": p}, ids, **entities).last_hidden_state)
+  none = apply(params)
+  unaligned = apply(params, entity_vectors=vec, entity_mask=np.zeros((1, 6), np.int32))
+  aligned = apply(params, entity_vectors=vec, entity_mask=np.eye(6, dtype=np.int32)[1:2])
+  np.testing.assert_allclose(unaligned, none, atol=1e-6)
+  assert np.abs(np.asarray(aligned - none)).max() > 1e-3
 
 
 def test_candidates_and_labels_by_hand():
@@ -182,9 +183,9 @@ def test_the_dea_loss_against_numpy():
            "entity_ids": np.array([[0, 3, 0, 5, 3, 0, 1, 0], [0, 0, 2, 0, 0, 0, 0, 0]], np.int32)}
   batch = objective.add_features(batch, np.random.default_rng(1))
   params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(2), a.shape),
-                        nn.meta.unbox(objective.init(jax.random.key(0), batch)))
-  sums, counts = objective.sums(params, batch, None, True), objective.counts(batch)
-  hidden = np.asarray(objective.apply(params, batch, None, True).last_hidden_state)
+                        nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0), batch)))
+  sums, counts = jax.jit(lambda p, b: objective.sums(p, b, None, True))(params, batch), objective.counts(batch)
+  hidden = np.asarray(jax.jit(lambda p, b: objective.apply(p, b, None, True).last_hidden_state)(params, batch))
   head = params["dea_head"]
   projected = hidden @ np.asarray(head["kernel"]) + np.asarray(head["bias"])
   cands = [[3, 5, 1], [2]]  # the rows' entities, in order of first mention

@@ -13,7 +13,12 @@ CFG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, inte
 
 
 def _init(cfg, ids):
-  return nn.meta.unbox(BertModel(cfg).init(jax.random.key(0), ids)["params"])
+  return nn.meta.unbox(jax.jit(BertModel(cfg).init)(jax.random.key(0), ids)["params"])
+
+
+def _apply(cfg):
+  """BertModel(cfg).apply compiled (run eagerly, each op of the encoder compiles on its own)."""
+  return jax.jit(BertModel(cfg).apply, static_argnames=("deterministic",))
 
 
 def _inputs(seed=0, batch=3, seq=10):
@@ -28,13 +33,13 @@ def _inputs(seed=0, batch=3, seq=10):
 def test_real_token_outputs_unchanged_by_extra_padding(cfg):
   ids, types = _inputs()
   params = _init(cfg, ids)
-  model = BertModel(cfg)
-  short = model.apply({"params": params}, ids, jnp.ones_like(ids), types)
+  apply = _apply(cfg)
+  short = apply({"params": params}, ids, jnp.ones_like(ids), types)
   pad = cfg.pad_token_id
   padded_ids = np.concatenate([ids, np.full((3, 7), pad, np.int32)], 1)
   padded_mask = np.concatenate([np.ones_like(ids), np.zeros((3, 7), np.int32)], 1)
   padded_types = np.concatenate([types, np.zeros((3, 7), np.int32)], 1)
-  long = model.apply({"params": params}, padded_ids, padded_mask, padded_types)
+  long = apply({"params": params}, padded_ids, padded_mask, padded_types)
   np.testing.assert_allclose(long.last_hidden_state[:, :10], short.last_hidden_state, atol=1e-5)
   np.testing.assert_allclose(long.pooled_output, short.pooled_output, atol=1e-5)
   np.testing.assert_allclose(long.nsp_logits, short.nsp_logits, atol=1e-5)
@@ -90,8 +95,9 @@ def test_unrolling_the_scan_changes_nothing_but_speed(unroll):
                                rngs={"dropout": jax.random.key(7)})
     return jnp.sum(out.mlm_logits ** 2) * 1e-3
 
-  a, grad_a = jax.value_and_grad(loss)(params, cfg)
-  b, grad_b = jax.value_and_grad(loss)(params, cfg.replace(scan_unroll=unroll))
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  a, grad_a = value_and_grad(params, cfg)
+  b, grad_b = value_and_grad(params, cfg.replace(scan_unroll=unroll))
   np.testing.assert_allclose(a, b, rtol=1e-6)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), grad_a, grad_b)
 
@@ -127,11 +133,11 @@ def test_attention_dropout_path_is_the_deterministic_path_when_rate_is_zero():
 def test_packed_documents_do_not_attend_to_each_other():
   ids, types = _inputs(batch=1, seq=12)
   params = _init(CFG, ids)
-  model = BertModel(CFG)
+  apply = _apply(CFG)
   docs = np.array([[1] * 5 + [2] * 4 + [0] * 3], np.int32)
   positions = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 0]], np.int32)
-  packed = model.apply({"params": params}, ids, None, types, position_ids=positions, document_ids=docs)
-  alone = model.apply({"params": params}, ids[:, 5:9], None, types[:, 5:9])
+  packed = apply({"params": params}, ids, None, types, position_ids=positions, document_ids=docs)
+  alone = apply({"params": params}, ids[:, 5:9], None, types[:, 5:9])
   np.testing.assert_allclose(packed.last_hidden_state[:, 5:9], alone.last_hidden_state, atol=1e-5)
 
 
