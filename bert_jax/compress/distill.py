@@ -172,7 +172,8 @@ def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: Mode
                     "distill.hidden_weight, attention_weight and pkd_weight must be 0 (its losses: hard, soft)")
   if not any(cfg[f"{k}_weight"] for k in LOSSES):
     raise UserError("every distill.*_weight is 0: switch on at least one loss")
-  if student.hidden_size > teacher.hidden_size and not cfg.projection:
+  # a BiLSTM's hidden_size is its ReLU layer's width, never matched to the teacher's hidden states
+  if hasattr(student, "num_heads") and student.hidden_size > teacher.hidden_size and not cfg.projection:
     raise UserError(f"the student (hidden_size {student.hidden_size}) is wider than the teacher "
                     f"({teacher.hidden_size}): set distill.projection=True or a narrower student")
   if student.hidden_size != teacher.hidden_size and not cfg.projection and (cfg.hidden_weight or cfg.pkd_weight):
