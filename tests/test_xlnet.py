@@ -22,11 +22,12 @@ from core_helpers import slow
 VOCAB, T = 50, 7
 
 
-def _hf_model(tmp_path, mem_len=None, ff_activation="gelu"):
-  """A tiny random XLNetLMHeadModel (3 layers, d_model 32) saved to tmp_path/hf; its biases, segment
-  embeddings and mask_emb drawn large enough to matter (transformers starts the biases at zero)."""
-  config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=32, n_layer=3, n_head=4, d_inner=37, mem_len=mem_len,
-                                    ff_activation=ff_activation)
+def _hf_model(tmp_path, mem_len=None, ff_activation="gelu", **overrides):
+  """A tiny random XLNetLMHeadModel (3 layers, d_model 32; `overrides`: other XLNetConfig fields) saved to
+  tmp_path/hf; its biases, segment embeddings and mask_emb drawn large enough to matter (transformers starts
+  the biases at zero)."""
+  config = transformers.XLNetConfig(**{**dict(vocab_size=VOCAB, d_model=32, n_layer=3, n_head=4, d_inner=37,
+                                              mem_len=mem_len, ff_activation=ff_activation), **overrides})
   torch.manual_seed(0)
   model = transformers.XLNetLMHeadModel(config).eval()
   with torch.no_grad():

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 from core_helpers import slow
+import test_xlnet
 
 import bert_jax
 from bert_jax import params_checkpoint
@@ -29,15 +29,7 @@ VOCAB = 50
 def test_bi_data_positions_match_transformers(tmp_path):
   """bi_data (and clamp_len) on a memory: the batch's second half reads its distances negated, as transformers'
   relative_positional_encoding."""
-  config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=37, mem_len=3,
-                                    bi_data=True, clamp_len=5)
-  torch.manual_seed(0)
-  hf = transformers.XLNetLMHeadModel(config).eval()
-  with torch.no_grad():
-    for name, p in hf.named_parameters():
-      if name.endswith(("_bias", "seg_embed", "mask_emb", "layer_norm.bias", "lm_loss.bias")):
-        p.normal_(0.0, 0.3)
-  hf.save_pretrained(tmp_path / "hf")
+  hf = test_xlnet._hf_model(tmp_path, mem_len=3, n_layer=2, bi_data=True, clamp_len=5)  # pylint: disable=protected-access
   model, params = bert_jax.load_pretrained(str(tmp_path / "hf"))
   assert model.config.bi_data and model.config.clamp_len == 5
   rs = np.random.RandomState(0)
