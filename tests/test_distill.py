@@ -220,6 +220,7 @@ def test_pre_trained_distillation_learns_from_the_pretrained_student_and_soft_la
   assert all(r["hard_loss"] > 0 for r in train)  # computed and logged, weighted 0
 
 
+@slow  # a distillation run (suite time: two quiet CIs at 898.9 s and 902.6 s); the BiLSTM's numerics: test_bilstm
 def test_a_bilstm_student_distils_predicts_and_refuses_hf_export(task_teacher, tmp_path, capsys):
   """configs/distill.py:bilstm (Tang et al. 2019): the BiLSTM student trains on hard labels + logit MSE; its
   workdir is a fine-tuning workdir: `predict` on the dev file agrees with the run's own final dev accuracy;
