@@ -38,6 +38,9 @@ def get_config(arg: str = "v1"):
       "family": "squad", "name": f"squad_{arg}", "version": version,
       "doc_stride": 128, "max_query_length": 64, "n_best_size": 20, "max_answer_length": 30,
       "null_score_diff_threshold": 0.0,  # v2.0: answer "" when null score - best span score exceeds this
+      # "" (span): start and end logits; xlnet_beam: XLNet's beam-search head with its answer class (an XLNet
+      # model; its null score is the answer class's logit: bert_jax/finetune/squad.py)
+      "head": "",
   })
   c.data.max_seq_length = 384
   c.optimizer.learning_rate = lr

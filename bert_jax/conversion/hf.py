@@ -107,15 +107,35 @@ def _check_all_used(tensors, family: Family, names: dict, known: set[str], confi
                   f"{', '.join(unused[:6])}" + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else "") + hint)
 
 
+def _task_kinds(hf_config: dict, family: Family):
+  """The head kinds whose HF class (in this family) config.json's architectures name."""
+  archs = hf_config.get("architectures") or ()
+  for kind in map(head_kinds.get, head_kinds.names()):
+    hf_class = family.hf.task_classes.get(kind.name, kind.hf_class)
+    if hf_class and family.hf.class_prefix + hf_class in archs:
+      yield kind
+
+
 def _task_head_names(hf_config: dict, family: Family) -> set[str]:
   """The tensors of the fine-tuning head of a <Family>For<Task> checkpoint (not read: noted as ignored),
   which may share names with a pretraining head (ModernBERT's head.* in ForMaskedLM and the task classes)."""
   found = set()
-  for kind in map(head_kinds.get, head_kinds.names()):
-    if family.hf.class_prefix + family.hf.task_classes.get(kind.name, kind.hf_class) in (
-        hf_config.get("architectures") or ()):
-      found |= {r.hf.format(b=family.hf.base_prefix) for r in family.hf.task_rows.get(kind.name, kind.hf_rows)}
+  for kind in _task_kinds(hf_config, family):
+    found |= {r.hf.format(b=family.hf.base_prefix) for r in family.hf.task_rows.get(kind.name, kind.hf_rows)}
   return found
+
+
+def _read_task_head(hf_config: dict, family: Family, tensors, config, source: str
+                    ) -> tuple[common.TaskHead | None, dict, set[str]]:
+  """(the head, its params {"head": ...}, the tensor names read) of a checkpoint whose class is a head kind's
+  that `convert --from hf` reads (HeadKind.hf_read: XLNetForQuestionAnswering); (None, {}, set()) otherwise."""
+  kind = next((k for k in _task_kinds(hf_config, family) if k.hf_read), None)
+  if kind is None:
+    return None, {}, set()
+  rows = family.hf.task_rows.get(kind.name, kind.hf_rows)
+  params = params_lib.rows_to_params(rows, tensors, "hf", {"b": family.hf.base_prefix},
+                                     params_lib.head_shapes(config, kind.name), source)
+  return common.TaskHead(kind.name, ()), params, {r.hf.format(b=family.hf.base_prefix) for r in rows}
 
 
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
@@ -129,7 +149,9 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
   config = family.hf.read_config(hf_config, heads, scan_layers, directory)
   _check_tied(tensors, family, names, directory)
   params = params_lib.to_params(config, family, tensors, "hf", names, directory)
-  known = {name for name, _ in params_lib.foreign_names(config, family, "hf", names)}
+  task_head, head_params, head_names = _read_task_head(hf_config, family, tensors, config, directory)
+  params.update(head_params)
+  known = {name for name, _ in params_lib.foreign_names(config, family, "hf", names)} | head_names
   known |= {t.format(**names) for t in family.hf.tied}
   _check_all_used(tensors, family, names, known | _task_head_names(hf_config, family), config, directory)
   ignored = sorted(k for k in tensors if k not in known and not k.endswith(family.hf.buffers))
@@ -141,7 +163,7 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
                  "its tokenizer ships as tokenizer.json only")
   return common.Converted(family.name, config, params, found,
                           missing_heads=tuple(h for h in family.pretrained_heads(heads) if h not in heads),
-                          notes=notes)
+                          notes=notes, task_head=task_head)
 
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
@@ -200,6 +222,8 @@ def _task_export(converted: common.Converted) -> _Export:
   config, family, head = converted.config, converted.record, converted.task_head
   kind = head_kinds.get(head.kind)
   hf_class = family.hf.task_classes.get(kind.name, kind.hf_class)
+  if not hf_class:
+    raise UserError(f"a {family.name} model with a {kind.name} head has no Hugging Face class; use bert-jax predict")
   architecture = family.hf.class_prefix + hf_class
   if head.pooling != "pooled":
     raise UserError(f"head.pooling={head.pooling!r} (a mix of every layer's [CLS]) has no Hugging Face "

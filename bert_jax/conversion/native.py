@@ -67,5 +67,11 @@ def write(directory: str, converted: common.Converted) -> None:
             "heads": list(converted.record.heads_of(converted.config))}
   if converted.pooling is not None:
     config[SENTENCE_EMBEDDING] = converted.pooling.to_dict()
+  head = converted.task_head
+  if head is not None:  # a fine-tuned HF model read with its head (XLNetForQuestionAnswering): --to hf writes it back
+    config["task"] = {"head": head.kind, "labels": list(head.labels)}
+    config["head"] = {"pooling": head.pooling}
+    if head.max_seq_length:
+      data["max_seq_length"] = head.max_seq_length
   params_checkpoint.save_params(directory, converted.params, config, tok.files if tok else None)
 

@@ -16,7 +16,7 @@ import numpy as np
 from flax import traverse_util
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import bert, families, head_kinds
 from bert_jax.models.families import Family, Row
 
 Config = families.Config
@@ -29,6 +29,17 @@ def param_shapes(config: Config) -> dict[str, tuple[int, ...]]:
   abstract = jax.eval_shape(lambda: families.build(config).init(jax.random.key(0), ids))["params"]
   flat = traverse_util.flatten_dict(nn.meta.unbox(abstract), sep="/")
   return {k: tuple(v.shape) for k, v in flat.items()}
+
+
+def head_shapes(config: Config, kind: str) -> dict[str, tuple[int, ...]]:
+  """{bert_jax path under head/: shape} of a fine-tuning head of `kind` on the encoder `config` describes."""
+  length = max(getattr(config, "start_n_top", 1), getattr(config, "end_n_top", 1), 2)  # top-k heads need k tokens
+  out = bert.ModelOutput(last_hidden_state=jnp.zeros((1, length, config.hidden_size), jnp.float32))
+  module = head_kinds.get(kind).build(config, 2, "pooled", 0.0)
+  mask = jnp.ones((1, length), jnp.int32)
+  abstract = jax.eval_shape(lambda: module.init(jax.random.key(0), out, mask, True))["params"]
+  flat = traverse_util.flatten_dict(nn.meta.unbox(abstract), sep="/")
+  return {f"head/{k}": tuple(v.shape) for k, v in flat.items()}
 
 
 def _canonical_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -137,6 +148,24 @@ def to_params(config: Config, family: Family, tensors: Mapping[str, np.ndarray],
   _raise_problems(source, missing, mismatched)
   _check_constants(config, family, tensors, fmt, names, source)
   flat = {k: np.stack(v) if isinstance(v, list) else v for k, v in flat.items()}
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def rows_to_params(rows: Sequence[Row], tensors: Mapping[str, np.ndarray], fmt: str, names: Mapping[str, str],
+                   shapes: Mapping[str, tuple[int, ...]], source: str) -> dict:
+  """The params of `rows` outside the encoder (a fine-tuning head's), of these `shapes`, from foreign `tensors`."""
+  flat, missing, mismatched = {}, [], []
+  for row in rows:
+    name = _name(fmt, row, names, 0)
+    if name not in tensors:
+      missing.append(name)
+      continue
+    value, want = np.asarray(tensors[name]), foreign_shape(fmt, row, name, shapes[row.ours])
+    if value.shape != want:
+      mismatched.append(f"{name}: checkpoint {value.shape} vs config {want}")
+      continue
+    flat[row.ours] = (value.T if _transposed(fmt, row, name) else value).reshape(shapes[row.ours]).astype(np.float32)
+  _raise_problems(source, missing, mismatched)
   return traverse_util.unflatten_dict(flat, sep="/")
 
 

@@ -32,17 +32,19 @@ class FinetuneModel(nn.Module):
                                                 self.cls_norm)
 
   def __call__(self, input_ids: Array, attention_mask: Array, token_type_ids: Array, *,
-               deterministic: bool = True, head_mask: Array | None = None) -> dict[str, Array]:
+               deterministic: bool = True, head_mask: Array | None = None,
+               labels: dict[str, Array] | None = None) -> dict[str, Array]:
     """input_ids, attention_mask, token_type_ids: int32[B, T], or [G, K, T]: rows in groups (a ranking
     head's training batches, finetune/ranking.py), run as G * K rows and given back as [G, K, ...];
-    head_mask: [L, N] or [N] (BertModel)."""
+    head_mask: [L, N] or [N] (BertModel); labels: the head kind's label_inputs, given when the loss is
+    computed (xlnet_beam's start_positions), passed to the head as keyword arguments."""
     groups = input_ids.shape[:-1]
     if len(groups) > 1:
       input_ids, attention_mask, token_type_ids = (x.reshape(-1, x.shape[-1])
                                                    for x in (input_ids, attention_mask, token_type_ids))
     out = self.encoder_model(input_ids, attention_mask, token_type_ids, deterministic=deterministic,
                              output_hidden_states=self.pooling == "layer_mix", head_mask=head_mask)
-    outputs = self.head(out, attention_mask, deterministic)
+    outputs = self.head(out, attention_mask, deterministic, **(labels or {}))
     if len(groups) > 1:  # per-row outputs back in groups; scalars (head.cls_norm's state_loss) as they are
       outputs = {k: v.reshape(groups + v.shape[1:]) if v.ndim else v for k, v in outputs.items()}
     return outputs

@@ -31,13 +31,16 @@ class FinetuneObjective:
 
   def apply(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None = None,
             deterministic: bool = True, head_mask: jax.Array | None = None,
-            delta: jax.Array | None = None) -> dict[str, jax.Array]:
+            delta: jax.Array | None = None, labelled: bool = False) -> dict[str, jax.Array]:
     """head_mask: [L, N] or [N] (BertModel's); head importance differentiates the loss in it.
-    delta [B, T, H] is added to the embedding output (SMART)."""
+    delta [B, T, H] is added to the embedding output (SMART). labelled: the outputs the loss reads (the
+    head kind's label_inputs passed to it), not predict's."""
     rngs = None if deterministic else {"dropout": rng}
+    labels = {k: batch[k] for k in self.head.label_inputs} if labelled and self.head.label_inputs else None
+    extra = {"labels": labels} if labels else {}
     return smart.with_embedding_perturbation(
         lambda: self.model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
-                                 deterministic=deterministic, rngs=rngs, head_mask=head_mask), delta)
+                                 deterministic=deterministic, rngs=rngs, head_mask=head_mask, **extra), delta)
 
   def counts(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return {"labels": self.head.count(batch)}
@@ -45,13 +48,13 @@ class FinetuneObjective:
   def sums(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None, deterministic: bool,
            head_mask: jax.Array | None = None, teacher: Any = None) -> dict[str, jax.Array]:
     """The task loss summed (plus SMART's terms in training); teacher: SMART's momentum teacher."""
-    outputs = self.apply(params, batch, rng, deterministic, head_mask)
+    outputs = self.apply(params, batch, rng, deterministic, head_mask, labelled=True)
     state_loss = outputs.pop("state_loss", None)  # head.cls_norm's estimates (models/isobn.py); value 0
     sums = {"loss": self.head.loss(outputs, batch)}
     if state_loss is not None:  # times the count the loss is divided by: the estimates' gradient as it is
       sums["loss"] = sums["loss"] + state_loss * self.head.count(batch)
     if self.smart is not None and not deterministic:
-      apply = lambda p, delta: self.apply(p, batch, rng, False, head_mask, delta)  # noqa: E731
+      apply = lambda p, delta: self.apply(p, batch, rng, False, head_mask, delta, labelled=True)  # noqa: E731
       sums.update(smart.sums(apply, params, teacher, outputs, batch, rng, self.smart, self.kind,
                              self.model.config.hidden_size))
     return sums

@@ -16,6 +16,8 @@ padded with copies of a row); and decodes with the task module's own decoder. Ex
   span (SQuAD)                     {"id", "question", "context"}
                                    -> {"id", "answer", "score", "null_score_diff"} (v2.0: "" when
                                       null_score_diff > task.null_score_diff_threshold)
+  xlnet_beam (SQuAD, XLNet)        the same -> the same, decoded from the beam (finetune/squad.py: score
+                                      log p(start) + log p(end), null_score_diff the answer class's logit)
 
 The predictor holds its parameters so that one `load` serves many calls; the model itself stays a
 pure function (`FinetuneModel.apply`), jitted over a data-parallel mesh of the local devices (the
@@ -259,13 +261,9 @@ def _question_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
                                training=False)
 
   def decode(outputs):
-    start, end = outputs["start_logits"], outputs["end_logits"]
-    answers, null_diff = squad.best_answers(start, end, questions, featurized, task)
-    null = {}  # the [CLS] score as best_answers takes it: lowest over the question's windows
-    for row, w in enumerate(featurized.windows):
-      null[w.example] = min(null.get(w.example, np.inf), float(start[row, w.null] + end[row, w.null]))
-    return [{"id": q.qid, "answer": answers[q.qid], "score": _finite(null[e] - null_diff[q.qid]),
-             "null_score_diff": _finite(null_diff[q.qid])} for e, q in enumerate(questions)]
+    decoded = squad.decode(predictor.kind, outputs, questions, featurized, task)
+    return [{"id": q.qid, "answer": decoded.answers[q.qid], "score": _finite(decoded.scores[q.qid]),
+             "null_score_diff": _finite(decoded.null_diff[q.qid])} for q in questions]
 
   return featurized.features, decode
 
@@ -325,6 +323,7 @@ _EXAMPLES = {"classification": _SENTENCES, "regression": _SENTENCES,
              "ranking": _Examples(_sentence_pairs, _ranked_features, _sentence_lines, whole=True),
              "token": _Examples(_word_lists, _word_features, _lines),
              "span": _Examples(_questions, _question_features, _squad_questions)}
+_EXAMPLES["xlnet_beam"] = _EXAMPLES["span"]
 
 
 def write_records(records: Iterable[dict], output: str | None) -> int:

@@ -11,12 +11,21 @@ Post-processing: in every window, the n_best_size best starts and ends form cand
 the context, end >= start, at most max_answer_length tokens, start in the window where it has the most
 context); the best-scoring span over all windows is the answer. v2.0 answers "" when the [CLS] score
 (lowest over the windows) beats the best span by more than null_score_diff_threshold.
+
+task.head picks the span head and its decoder (`HEADS`): "" or span (the start and end logits above), or
+xlnet_beam (XLNet's SQuAD v2 head, models/xlnet_qa.py; XLNet's layout only). xlnet_beam trains on
+is_impossible as well (1 where the row points at <cls>: the unanswerable questions and the windows without
+the answer, as XLNet's run_squad.py and transformers' SQuAD features), and decodes as XLNet's run_squad.py:
+the start_n_top x end_n_top candidates of each window (the same filters as above), scored log p(start) +
+log p(end); the null score is the answer class's logit (lowest over the windows), which v2.0 compares with
+null_score_diff_threshold directly (its logit > 0: "no answer" more likely than not, at the threshold 0).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+from typing import Any, Callable
 
 import ml_collections
 import numpy as np
@@ -243,6 +252,91 @@ def best_answers(start_logits: np.ndarray, end_logits: np.ndarray, examples: lis
   return answers, null_diff
 
 
+@dataclasses.dataclass
+class Decoded:
+  """Per question id: the answer ("" for v2.0's no answer), the null score difference (compared with
+  null_score_diff_threshold; -inf or nan without candidates) and the best span's score (-inf without)."""
+  answers: dict[str, str]
+  null_diff: dict[str, float]
+  scores: dict[str, float]
+
+
+def _logit_answers(outputs: dict[str, np.ndarray], examples: list[Example], featurized: Featurized,
+                   task_cfg) -> Decoded:
+  start, end = outputs["start_logits"], outputs["end_logits"]
+  answers, null_diff = best_answers(start, end, examples, featurized, task_cfg)
+  null = {}  # the [CLS] score as best_answers takes it: lowest over the question's windows
+  for row, w in enumerate(featurized.windows):
+    null[w.example] = min(null.get(w.example, np.inf), float(start[row, w.null] + end[row, w.null]))
+  return Decoded(answers, null_diff, {q.qid: null[e] - null_diff[q.qid] for e, q in enumerate(examples)
+                                      if q.qid in null_diff})
+
+
+def _candidate(window: Window, i: int, j: int, task_cfg) -> bool:
+  """Row positions i..j: inside the window's context, i where the window gives it most context, short enough."""
+  lo, hi = window.offset, window.offset + window.length
+  return lo <= i < hi and window.max_context[i - lo] and i <= j < hi and j - i + 1 <= task_cfg.max_answer_length
+
+
+def beam_answers(outputs: dict[str, np.ndarray], examples: list[Example], featurized: Featurized,
+                 task_cfg) -> Decoded:
+  """xlnet_beam's outputs (models/xlnet_qa.py) -> answers, as XLNet's run_squad.py (the module doc)."""
+  start_p, start_i = outputs["start_top_log_probs"], outputs["start_top_index"]
+  end_p, end_i = outputs["end_top_log_probs"], outputs["end_top_index"]
+  k1 = start_p.shape[1]
+  best: dict[int, tuple[float, int, int]] = {}
+  null: dict[int, float] = {}
+  with np.errstate(divide="ignore"):
+    for row, window in enumerate(featurized.windows):
+      e = window.example
+      null[e] = min(null.get(e, np.inf), float(outputs["cls_logits"][row]))
+      for i in range(k1):
+        for j in range(end_p.shape[1] // k1):
+          flat = j * k1 + i  # the j-th best end of the i-th start (transformers' layout)
+          first, last = int(start_i[row, i]), int(end_i[row, flat])
+          if not _candidate(window, first, last, task_cfg):
+            continue
+          score = float(np.log(start_p[row, i]) + np.log(end_p[row, flat]))
+          if e not in best or score > best[e][0]:
+            spans = featurized.spans[e]
+            best[e] = (score, spans[window.start + first - window.offset][0],
+                       spans[window.start + last - window.offset][1])
+  decoded = Decoded({}, {}, {})
+  for e, example in enumerate(examples):
+    if e not in null:
+      continue
+    score, first, last = best.get(e, (-np.inf, 0, 0))
+    decoded.null_diff[example.qid], decoded.scores[example.qid] = null[e], score
+    no_answer = task_cfg.version == "v2.0" and null[e] > task_cfg.null_score_diff_threshold
+    decoded.answers[example.qid] = "" if no_answer else example.context[first:last]
+  return decoded
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanHead:
+  """A head kind SQuAD trains: decode(outputs, examples, featurized, task_cfg) -> Decoded; cls_last: it
+  reads <cls> at the last real token (XLNet's layout only); answer_class: it also trains on is_impossible."""
+  decode: Callable[[dict[str, np.ndarray], list[Example], Featurized, Any], Decoded]
+  cls_last: bool = False
+  answer_class: bool = False
+
+
+# task.head ("" is span) -> its SpanHead
+HEADS = {"span": SpanHead(_logit_answers), "xlnet_beam": SpanHead(beam_answers, cls_last=True, answer_class=True)}
+
+
+def head_of(task_cfg) -> str:
+  head = task_cfg.get("head", "") or "span"
+  if head not in HEADS:
+    raise UserError(f"task.head={head!r}: SQuAD trains with one of {sorted(HEADS)}")
+  return head
+
+
+def decode(head: str, outputs: dict[str, np.ndarray], examples: list[Example], featurized: Featurized,
+           task_cfg) -> Decoded:
+  return HEADS[head].decode(outputs, examples, featurized, task_cfg)
+
+
 def _files(version: str) -> dict[str, str]:
   return {"train": f"train-{version}.json", "dev": f"dev-{version}.json"}
 
@@ -278,12 +372,16 @@ def _dev_set(config, tokenizer) -> EvalSet:
   featurized = featurize(examples, tokenizer, config.task, config.data.max_seq_length, training=False)
   features = feats.pad_to_multiple(featurized.features, config.train.eval_batch_size)
   golds = {ex.qid: [] if ex.impossible else [text for text, _ in ex.answers] for ex in examples}
-  decode = lambda out: best_answers(out["start_logits"], out["end_logits"], examples, featurized,  # noqa: E731
-                                    config.task)
+  answers = lambda out: decode(head_of(config.task), out, examples, featurized, config.task)  # noqa: E731
+
+  def write(directory, out):
+    decoded = answers(out)
+    write_predictions(directory, "dev", decoded.answers, decoded.null_diff, config.task.version)
+
   return EvalSet(
       name="dev", features=features,
-      evaluate=lambda out: metrics.squad_scores(decode(out)[0], golds, config.task.version),
-      write_predictions=lambda d, out: write_predictions(d, "dev", *decode(out), config.task.version))
+      evaluate=lambda out: metrics.squad_scores(answers(out).answers, golds, config.task.version),
+      write_predictions=write)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -298,13 +396,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f"must exceed task.max_query_length={task.max_query_length} + 3 ([CLS], 2 x [SEP])")
 
 
+def _train_features(config: ml_collections.ConfigDict, tokenizer, head: str) -> dict[str, np.ndarray]:
+  featurized = featurize(_read_split(config, "train"), tokenizer, config.task, config.data.max_seq_length,
+                         training=True)
+  features = featurized.features
+  if HEADS[head].answer_class:  # its label: the row points at <cls>
+    null = np.asarray([w.null for w in featurized.windows], np.int32)
+    features["is_impossible"] = (features["start_positions"] == null).astype(np.float32)
+  return features
+
+
 def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
   validate(config)
   if config.predict_split == "test":
     raise UserError("SQuAD's test set is hidden; use predict_split=dev (the official submission format)")
-  train = None
-  if need_train:
-    train = featurize(_read_split(config, "train"), tokenizer, config.task, config.data.max_seq_length,
-                      training=True).features
-  return Task(name=config.task.name, head="span", num_labels=2, train=train, evals=[_dev_set(config, tokenizer)],
+  head = head_of(config.task)
+  if HEADS[head].cls_last and feats.layout_of(tokenizer).cls_first:
+    raise UserError(f"task.head={head} reads the answer class at <cls>, the last token (XLNet's layout); "
+                    f"this model's {tokenizer.kind} tokenizer puts [CLS] first: use task.head=span")
+  train = _train_features(config, tokenizer, head) if need_train else None
+  return Task(name=config.task.name, head=head, num_labels=2, train=train, evals=[_dev_set(config, tokenizer)],
               tests=[], selection=("exact_match", "f1"))

@@ -11,6 +11,9 @@ SMART, predict) and conversion/ (export) read the record; a new kind is one `reg
   token: every position's vector (through `Family.token_transform` where the family has one),
     dropout, dense -> logits [B, T, C]
   span: every position's vector (the same), dense -> start and end logits [B, T], padding masked out
+  xlnet_beam: XLNet's SQuAD v2 head (models/xlnet_qa.py, Hugging Face's XLNetForQuestionAnswering): start
+    logits, end logits conditioned on a start, an answer-class logit; in training the end is conditioned on
+    the gold start (the batch's start_positions), at inference on each of the start_n_top best starts
   ranking: the sequence summary as classification reads it, dropout, dense -> one relevance score per
     (question, candidate) row, Rel = w^T x [B]; in training the rows come in groups [G, K] (MT-DNN's
     pairwise ranking, finetune/ranking.py)
@@ -21,6 +24,8 @@ Losses are sums over rows (or labelled tokens) divided by a count that depends o
 micro-batches give exactly the full batch's gradient (training/step.py):
   classification: cross-entropy / rows; regression: squared error / rows;
   token: cross-entropy / labelled tokens; span: (start + end cross-entropy) / 2 / rows;
+  xlnet_beam: ((start + end cross-entropy) / 2 + 0.5 * the answer class's binary cross-entropy against
+    is_impossible) / rows (transformers' total_loss; XLNet's run_squad.py);
   ranking: -log softmax_k(scale * Rel_k)[positive] over each group's unmasked candidates / groups.
 """
 from __future__ import annotations
@@ -35,9 +40,9 @@ import numpy as np
 import optax
 
 from bert_jax.errors import UserError
-from bert_jax.models import bert, families, isobn
+from bert_jax.models import bert, families, isobn, xlnet_qa
 from bert_jax.models.dropout import Dropout
-from bert_jax.models.families import Row, dense_rows, hf_only
+from bert_jax.models.families import Row, dense_rows, hf_only, norm_rows
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -196,6 +201,8 @@ class HeadKind:
   hf_rows: tuple[Row, ...]
   hf_config: Callable[[tuple[str, ...]], dict]
   records: Callable[[dict[str, np.ndarray], tuple[str, ...]], list[dict]] | None = None
+  hf_read: bool = False
+  label_inputs: tuple[str, ...] = ()
 
   def build(self, config: Any, num_labels: int, pooling: str, dropout: float, cls_norm: str = "none") -> nn.Module:
     """The head module; cls_norm (head.cls_norm: none | isobn) only for the kinds that read the summary."""
@@ -280,3 +287,27 @@ register(HeadKind(
     # HF: a 1-label BertForSequenceClassification whose one logit is Rel(Q, A) (scale not applied).
     hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER,
     hf_config=lambda labels: dict(num_labels=1, id2label={0: "relevance"}, label2id={"relevance": 0})))
+
+
+def beam_loss(outputs: dict[str, Array], batch: Batch) -> Array:
+  """Summed over rows: (start + end cross-entropy) / 2 + 0.5 * BCE(cls_logits, is_impossible), the end
+  logits conditioned on the gold start (models/xlnet_qa.py's training outputs)."""
+  spans = (_xent(outputs["start_logits"], batch["start_positions"])
+           + _xent(outputs["end_logits"], batch["end_positions"])) / 2
+  answer = optax.sigmoid_binary_cross_entropy(outputs["cls_logits"], batch["is_impossible"])
+  return jnp.sum(spans + 0.5 * answer)
+
+
+register(HeadKind(
+    name="xlnet_beam", module=xlnet_qa.BeamSpanHead, reads_summary=False,
+    loss=beam_loss, count=_per_row,
+    divergence=lambda a, b, batch: jnp.sum(symmetric_kl(a["start_logits"], b["start_logits"])
+                                           + symmetric_kl(a["end_logits"], b["end_logits"])) / 2,
+    hf_class="",  # XLNet's record names XLNetForQuestionAnswering
+    hf_rows=hf_only(dense_rows("head/start_logits", "start_logits.dense", None)
+                    + dense_rows("head/end_logits/dense_0", "end_logits.dense_0", None)
+                    + norm_rows("head/end_logits/layer_norm", "end_logits.LayerNorm", None)
+                    + dense_rows("head/end_logits/dense_1", "end_logits.dense_1", None)
+                    + dense_rows("head/answer_class/dense_0", "answer_class.dense_0", None)
+                    + dense_rows("head/answer_class/dense_1", "answer_class.dense_1", None)[:1], part="task"),
+    hf_config=lambda labels: {}, hf_read=True, label_inputs=("start_positions",)))

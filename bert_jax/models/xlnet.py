@@ -67,6 +67,8 @@ class XLNetConfig(FamilyConfig):
     or the rows the call's `backward_rows` names.
   max_position_embeddings: XLNet has no position table; the longest input fine-tuning builds.
   mlm_head: the LM head (the word embeddings, tied, plus a bias: Hugging Face's lm_loss).
+  start_n_top, end_n_top: the SQuAD beam head's starts, and ends per start (head kind xlnet_beam,
+    models/xlnet_qa.py; Hugging Face's config keys of the same names).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
   """
   FAMILY_NAME = "XLNet"  # not a field (no annotation): the name its config errors use
@@ -87,6 +89,8 @@ class XLNetConfig(FamilyConfig):
   initializer_range: float = 0.02
   pad_token_id: int = 5
   mlm_head: bool = True
+  start_n_top: int = 5
+  end_n_top: int = 5
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
@@ -105,7 +109,7 @@ class XLNetConfig(FamilyConfig):
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings", "scan_unroll"):
+                 "max_position_embeddings", "scan_unroll", "start_n_top", "end_n_top"):
       if getattr(self, name) <= 0:
         raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.hidden_size % self.num_heads or self.hidden_size % 2:

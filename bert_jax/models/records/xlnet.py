@@ -5,7 +5,8 @@ Its own module and config (Transformer-XL relative attention, two streams, memor
 word embeddings tied, plus a bias (lm_loss); a SentencePiece vocabulary, padded on the left. Hugging
 Face keeps q, k, v, o and r as [H, N, D] tensors, as bert_jax does, so they copy as they are. Sequence
 heads read the last real token's summary (models/xlnet.py:LastTokenSummary); the span head is
-XLNetForQuestionAnsweringSimple's (XLNetForQuestionAnswering's beam search over start and end is not built).
+XLNetForQuestionAnsweringSimple's, and head kind xlnet_beam is XLNetForQuestionAnswering's (beam search over
+start and end, the answer class: models/xlnet_qa.py), which `convert --from hf` reads too.
 Its tokenizer kind, xlnet_spm, lays the fine-tuning inputs out as XLNet does (a <sep> b <sep> <cls>, left padding).
 """
 from __future__ import annotations
@@ -92,7 +93,8 @@ def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> XL
       mem_len=hf_config.get("mem_len") or 0, reuse_len=hf_config.get("reuse_len") or 0,
       clamp_len=hf_config.get("clamp_len", -1), bi_data=bool(hf_config.get("bi_data", False)),
       initializer_range=hf_config.get("initializer_range", 0.02),
-      pad_token_id=hf_config.get("pad_token_id", 5), scan_layers=scan_layers)
+      pad_token_id=hf_config.get("pad_token_id", 5), start_n_top=hf_config.get("start_n_top", 5),
+      end_n_top=hf_config.get("end_n_top", 5), scan_layers=scan_layers)
   return with_heads(config, heads)
 
 
@@ -103,6 +105,7 @@ def write_hf_config(config: XLNetConfig) -> dict:
           "initializer_range": config.initializer_range, "layer_norm_eps": config.layer_norm_eps,
           "dropout": config.hidden_dropout, "mem_len": config.mem_len or None, "reuse_len": config.reuse_len or None,
           "bi_data": config.bi_data, "clamp_len": config.clamp_len, "same_length": False, "pad_token_id": config.pad_token_id,
+          "start_n_top": config.start_n_top, "end_n_top": config.end_n_top,
           "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True, "dtype": "float32"}
 
 
@@ -125,7 +128,8 @@ FAMILY = families.register(families.Family(
         read_config=read_hf_config, write_config=write_hf_config,
         tied={"lm_loss.weight": "{b}word_embedding.weight"},
         task_rows={"classification": _SUMMARY, "regression": _SUMMARY},
-        task_classes={"span": "ForQuestionAnsweringSimple"},  # qa_outputs; not the beam-search head
+        # span: qa_outputs; xlnet_beam: start_logits, end_logits, answer_class (models/xlnet_qa.py)
+        task_classes={"span": "ForQuestionAnsweringSimple", "xlnet_beam": "ForQuestionAnswering"},
         tokenizer_class="XLNetTokenizer", tokenizer_settings={"padding_side": "left"}, lower_case=False),
     summary_heads=(),
     summary=LastTokenSummary,
