@@ -15,6 +15,8 @@ import transformers
 
 import bert_jax
 from bert_jax import cli
+from bert_jax.config_utils import load_config
+from bert_jax.data_pipelines import tokenizers
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, squad
 from bert_jax.finetune.objective import FinetuneObjective
@@ -165,6 +167,22 @@ def test_beam_head_refuses_a_cls_first_layout():
 
   with pytest.raises(UserError, match="task.head=xlnet_beam reads the answer class at <cls>"):
     squad.build(config, BertTokenizer(), need_train=False)
+
+
+def test_squad_training_rows_carry_is_impossible(tmp_path, spiece):  # pylint: disable=redefined-outer-name
+  """task.head=xlnet_beam: is_impossible is 1 exactly on the rows pointing at <cls> (the last position: the
+  unanswerable questions and the windows without the answer), and the task trains the xlnet_beam head."""
+  data = finetune_test._squad_files(tmp_path / "data")  # pylint: disable=protected-access
+  config = load_config("configs/squad.py:v2", [f"--config.data.data_dir={data}", "--config.data.max_seq_length=24",
+                                               "--config.task.head=xlnet_beam", "--config.task.doc_stride=4",
+                                               "--config.task.max_query_length=8"])
+  task = squad.build(config, tokenizers.load_tokenizer(str(spiece), False, kind="xlnet_spm"), need_train=True)
+  assert task.head == "xlnet_beam"
+  rows = task.train
+  at_cls = rows["start_positions"] == rows["input_ids"].shape[1] - 1
+  np.testing.assert_array_equal(rows["is_impossible"], at_cls.astype(np.float32))
+  assert rows["is_impossible"].dtype == np.float32 and 0 < at_cls.sum() < len(at_cls)
+  assert (rows["input_ids"][:, -1] == 3).all()  # <cls> last
 
 
 @slow  # ~1 min on a loaded 2-core machine: a fine-tuning run, predict, its export and transformers' model
