@@ -61,17 +61,18 @@ def _torch(**arrays):
   return {k: torch.tensor(v) for k, v in arrays.items()}
 
 
-def _ours(directory):
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+  """(transformers' model, its folder, our FinetuneModel and the params load_pretrained gives)."""
+  directory = tmp_path_factory.mktemp("xlnet_qa") / "hf"
+  reference = _hf_qa(directory)
   model, params = bert_jax.load_pretrained(str(directory))
   assert "head" in params and "mlm_head" not in params
-  return heads.FinetuneModel(model.config, "xlnet_beam", 2), params
+  return reference, directory, heads.FinetuneModel(model.config, "xlnet_beam", 2), params
 
 
-def test_beam_outputs_match_transformers_with_left_padding(tmp_path, capsys):
-  reference = _hf_qa(tmp_path / "hf")
-  model, params = _ours(tmp_path / "hf")
-  out = capsys.readouterr().out
-  assert "a fine-tuned xlnet_beam model" in out and "ignored tensors" not in out
+def test_beam_outputs_match_transformers_with_left_padding(loaded):  # pylint: disable=redefined-outer-name
+  reference, _, model, params = loaded
   assert (model.config.start_n_top, model.config.end_n_top) == (START_N_TOP, END_N_TOP)
   ids, mask, types = _batch()
   with torch.no_grad():  # p_mask: the padding, which our head masks out
@@ -87,11 +88,10 @@ def test_beam_outputs_match_transformers_with_left_padding(tmp_path, capsys):
   assert np.abs(want.cls_logits.numpy()).max() > 0.1 and want.start_top_log_probs.numpy().min() < 0.9
 
 
-def test_training_loss_matches_transformers(tmp_path):
+def test_training_loss_matches_transformers(loaded):  # pylint: disable=redefined-outer-name
   """(start CE + end CE, the end conditioned on the gold start) / 2 + 0.5 * the answer class's BCE, as
   transformers' total_loss with cls_index (<cls>, the last position) and is_impossible."""
-  reference = _hf_qa(tmp_path / "hf")
-  model, params = _ours(tmp_path / "hf")
+  reference, _, model, params = loaded
   ids, mask, types = _batch()
   starts, ends = np.array([2, T - 1, 7], np.int64), np.array([4, T - 1, 9], np.int64)
   impossible = (starts == T - 1).astype(np.float32)
@@ -110,9 +110,12 @@ def test_training_loss_matches_transformers(tmp_path):
   assert abs(float(loss(params, flipped)) - got) > 0.01
 
 
-def test_convert_round_trip(tmp_path, capsys):
-  reference = _hf_qa(tmp_path / "hf")
-  assert cli.main(["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "native")]) == 0
+def test_convert_round_trip(tmp_path, capsys, loaded):  # pylint: disable=redefined-outer-name
+  reference, directory, _, _ = loaded
+  capsys.readouterr()
+  assert cli.main(["convert", "--from", "hf", str(directory), str(tmp_path / "native")]) == 0
+  out = capsys.readouterr().out
+  assert "ignored tensors" not in out and "no weights for mlm" in out
   saved = json.loads((tmp_path / "native" / "config.json").read_text())
   assert saved["task"]["head"] == "xlnet_beam"
   assert cli.main(["convert", "--to", "hf", str(tmp_path / "native"), str(tmp_path / "back")]) == 0
