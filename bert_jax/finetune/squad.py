@@ -255,7 +255,8 @@ def best_answers(start_logits: np.ndarray, end_logits: np.ndarray, examples: lis
 @dataclasses.dataclass
 class Decoded:
   """Per question id: the answer ("" for v2.0's no answer), the null score difference (compared with
-  null_score_diff_threshold; -inf or nan without candidates) and the best span's score (-inf without)."""
+  null_score_diff_threshold; the span head's is +inf without candidates) and the best span's score (-inf
+  without candidates)."""
   answers: dict[str, str]
   null_diff: dict[str, float]
   scores: dict[str, float]
@@ -370,7 +371,7 @@ def write_predictions(directory: str, split: str, answers: dict[str, str], null_
 def _dev_set(config, tokenizer) -> EvalSet:
   examples = _read_split(config, "dev")
   featurized = featurize(examples, tokenizer, config.task, config.data.max_seq_length, training=False)
-  features = feats.pad_to_multiple(featurized.features, config.train.eval_batch_size)
+  features = feats.pad_to_multiple(labelled(featurized, head_of(config.task)), config.train.eval_batch_size)
   golds = {ex.qid: [] if ex.impossible else [text for text, _ in ex.answers] for ex in examples}
   answers = lambda out: decode(head_of(config.task), out, examples, featurized, config.task)  # noqa: E731
 
@@ -396,11 +397,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     f"must exceed task.max_query_length={task.max_query_length} + 3 ([CLS], 2 x [SEP])")
 
 
-def _train_features(config: ml_collections.ConfigDict, tokenizer, head: str) -> dict[str, np.ndarray]:
-  featurized = featurize(_read_split(config, "train"), tokenizer, config.task, config.data.max_seq_length,
-                         training=True)
+def labelled(featurized: Featurized, head: str) -> dict[str, np.ndarray]:
+  """The rows' features, with the head's answer-class label where it has one: is_impossible, 1 where the
+  row points at <cls> (at evaluation every row does: it is no label there, only the feature the loss reads)."""
   features = featurized.features
-  if HEADS[head].answer_class:  # its label: the row points at <cls>
+  if HEADS[head].answer_class:
     null = np.asarray([w.null for w in featurized.windows], np.int32)
     features["is_impossible"] = (features["start_positions"] == null).astype(np.float32)
   return features
@@ -414,6 +415,9 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
   if HEADS[head].cls_last and feats.layout_of(tokenizer).cls_first:
     raise UserError(f"task.head={head} reads the answer class at <cls>, the last token (XLNet's layout); "
                     f"this model's {tokenizer.kind} tokenizer puts [CLS] first: use task.head=span")
-  train = _train_features(config, tokenizer, head) if need_train else None
+  train = None
+  if need_train:
+    train = labelled(featurize(_read_split(config, "train"), tokenizer, config.task, config.data.max_seq_length,
+                               training=True), head)
   return Task(name=config.task.name, head=head, num_labels=2, train=train, evals=[_dev_set(config, tokenizer)],
               tests=[], selection=("exact_match", "f1"))
