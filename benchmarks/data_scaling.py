@@ -60,7 +60,10 @@ def main():
           over = _overrides(seq, masking, f"{tmp}/rows{seq}" if source == "rows" else None, source == "workers")
           line = _bert_jax("data", "throughput", "--config", "configs/bert.py:demo", "--batches", str(args.batches),
                            "--json", *over, cpus=c)
-          results.setdefault((source, seq, masking, c), []).append(json.loads(line.strip().splitlines()[-1]))
+          run = json.loads(line.strip().splitlines()[-1])
+          results.setdefault((source, seq, masking, c), []).append(run)
+          print(f"{source}:{seq}:{masking} on CPUs {c}: {run['real_tokens_per_sec'] / 1e3:,.0f}k real tokens/s",
+                file=sys.stderr, flush=True)
   rows = []
   for source, seq, masking in cases:
     row = {"source": source, "seq": seq, "masking": masking}

@@ -421,6 +421,17 @@ def test_splash_compiles_for_tpu(capsys):
   status, report, _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology", "v4-8", *LONG,
                                     "--config.model.attention=splash")
   assert status == 0 and report["fits"] and report["attention"] == "splash"
+  # XLA's cost analysis cannot read the kernel, so compile counts its FLOPs from the model, by hand: 16 rows x
+  # 1024 queries, 2 x 2 x keys x 128 per head-summed query (q k^T and p v), keys 1024 (layer 0, global) and
+  # 2 x 16 + 1 (layer 1, window 32); x 18 / 4 for the forward, dq and dkv kernels of a train step.
+  from bert_jax.config_utils import load_config
+  remat = load_config("configs/modernbert.py:tiny", LONG).model.remat != "none"
+  kernel = 16 * 1024 * 4 * 128 * (1024 + 33) * (18 / 4 + remat)
+  estimate = report["estimate"]
+  assert estimate["kernel_flops_per_chip"] * 4 == pytest.approx(kernel)
+  assert estimate["kernel_seconds"] == pytest.approx(kernel / 4 / 275e12)
+  assert report["estimated_step_seconds"] == pytest.approx(estimate["compute_bound_seconds"] + estimate[
+      "memory_bound_seconds"] + estimate["exposed_comm_seconds"]) and 0 < report["estimated_mfu"] < 1
 
 
 @slow  # a second TPU compile of the same model (dot, ~25 s); the splash compile stays in the default suite

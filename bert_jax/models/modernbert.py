@@ -149,13 +149,18 @@ def forward_flops(cfg: ModernBertConfig, batch: int, seq: int, predictions: int)
   A local layer's scores count only the keys inside its window (what splash computes, up to its blocks;
   dot computes all T and masks them)."""
   h, f, tokens = cfg.hidden_size, cfg.intermediate_size, batch * seq
-  keys = [seq if cfg.is_global(i) else min(seq, 2 * cfg.window + 1) for i in range(cfg.num_layers)]
-  forward = tokens * sum(2 * 4 * h * h + 2 * 3 * h * f + 2 * 2 * k * h for k in keys)
+  forward = tokens * cfg.num_layers * (2 * 4 * h * h + 2 * 3 * h * f) + attention_forward_flops(cfg, batch, seq)
   if cfg.use_pooler:
     forward += batch * 2 * h * h
   if cfg.mlm_head:
     forward += batch * predictions * (2 * h * h + 2 * h * cfg.vocab_size)
   return float(forward)
+
+
+def attention_forward_flops(cfg: ModernBertConfig, batch: int, seq: int) -> float:
+  """The scores and the weighted sum of one forward pass, every layer (a local layer's keys: its window)."""
+  keys = [seq if cfg.is_global(i) else min(seq, 2 * cfg.window + 1) for i in range(cfg.num_layers)]
+  return float(batch * seq * sum(2 * 2 * k * cfg.hidden_size for k in keys))
 
 
 def _init(cfg: ModernBertConfig, axes: tuple, std: Optional[float] = None):

@@ -11,7 +11,8 @@ Measured (by the TPU compiler): per-chip HBM (arguments: parameters, optimizer s
 temporaries: activations and workspace), whether it fits, the collectives and the bytes they move.
 Estimated from the compiled train step (tpu/estimate.py: each op's FLOPs and HBM bytes from XLA's
 cost analysis, loops multiplied out, collectives over ICI overlapping with their loop iteration's
-ops): the step time as compute-bound, memory-bound and exposed-communication parts; MFU = model FLOPs
+ops; splash's kernels, which the cost analysis cannot read, counted from the model: `kernel_flops`):
+the step time as compute-bound, memory-bound and exposed-communication parts; MFU = model FLOPs
 (counted analytically, training/benchmark.py) / (step time x chips x bf16 peak). The host and the
 input are not in it, so read the step as a floor and MFU as a ceiling.
 """
@@ -50,6 +51,9 @@ TOKENS_PER_RECORD_CORE_SECOND = 3.1e6
 # From this length on, dense attention's scores outweigh a layer's other activations (BERT-base: 12 heads x T
 # scores per token against ~10 H values), so a dot step that does not fit is first told to use splash.
 LONG_SEQUENCE = 1024
+# Splash's kernels per forward FLOP of attention (q k^T and p v: 4 units of T x T x D a head) in a train step:
+# the forward 4, dq 6 (q k^T again, dO v^T, dS k), dkv 8 (q k^T, p^T dO, dO v^T, dS^T q).
+SPLASH_TRAIN_FACTOR = 18 / 4
 
 
 def _slice_mesh(config: ml_collections.ConfigDict, tpu: slices.Slice, devices: list) -> jax.sharding.Mesh:
@@ -143,31 +147,55 @@ def _compile(jitted, num_devices: int, *args, say: Callable[[str], None], what: 
           **({"time": estimate.step_time(text, chip, num_devices)} if chip else {})}
 
 
+def _counted_model(config: ml_collections.ConfigDict, setup):
+  """The model config whose FLOPs benchmark.py counts; None for objectives it does not count."""
+  return setup.objective.config if config.objective == "bert" else None
+
+
 def _model_flops(config: ml_collections.ConfigDict, setup) -> float | None:
   """Train FLOPs per step (benchmark.py's count); None for objectives it does not count."""
-  if config.objective != "bert":
+  model = _counted_model(config, setup)
+  if model is None:
     return None
-  return benchmark.train_flops_per_step(setup.objective.config, config.train.batch_size,
-                                        config.data.max_seq_length, config.data.max_predictions_per_seq)
+  return benchmark.train_flops_per_step(model, config.train.batch_size, config.data.max_seq_length,
+                                        config.data.max_predictions_per_seq)
 
 
-def _estimates(config, tpu: slices.Slice, flops: float | None, train: dict[str, Any]) -> dict[str, Any]:
-  """tpu/estimate.py's step time and its parts; MFU where the model's FLOPs are counted; None where
-  the train step did not compile."""
+def kernel_flops(config: ml_collections.ConfigDict, model_config) -> float | None:
+  """The FLOPs per train step of splash's attention kernels, which XLA's cost analysis cannot see (custom
+  calls; tpu/estimate.py counts only their operands' bytes): SPLASH_TRAIN_FACTOR x the forward attention
+  FLOPs (training/benchmark.py: windows counted as their keys), plus one more forward where the layers are
+  rematerialised. 0 with other backends; None where the model's attention is not counted."""
+  if config.model.get("attention", "dot") != "splash":
+    return 0.0
+  if model_config is None:
+    return None
+  forward = benchmark.attention_forward_flops(model_config, config.train.batch_size, config.data.max_seq_length)
+  return forward * (SPLASH_TRAIN_FACTOR + (config.model.get("remat", "none") != "none"))
+
+
+def _estimates(config, tpu: slices.Slice, flops: float | None, kernel: float | None,
+               train: dict[str, Any]) -> dict[str, Any]:
+  """tpu/estimate.py's step time and its parts, with splash's kernel FLOPs (`kernel`, per step) added as
+  compute-bound time at the chip's peak; MFU where the model's FLOPs are counted; None where the train
+  step did not compile."""
   if train["oom"]:
     return {"estimated_step_seconds": None, "estimated_mfu": None, "estimated_comm_seconds": None,
             "estimate": None, "model_flops_per_step": flops, "input_workers_per_host": None}
   timed: estimate.StepTime = train["time"]
-  step = timed.seconds
+  kernel_seconds = (kernel or 0.0) / (tpu.chips * tpu.chip.peak_bf16_flops)
+  step, compute = timed.seconds + kernel_seconds, timed.compute_bound + kernel_seconds
   per_chip = tpu.chip.devices_per_chip
   return {"estimated_step_seconds": step,
           "estimated_mfu": None if flops is None else flops / (step * tpu.chips * tpu.chip.peak_bf16_flops),
           "estimated_comm_seconds": timed.comm,
-          "estimate": {"compute_bound_seconds": timed.compute_bound, "memory_bound_seconds": timed.memory_bound,
+          "estimate": {"compute_bound_seconds": compute, "memory_bound_seconds": timed.memory_bound,
                        "exposed_comm_seconds": timed.exposed_comm,
-                       "compute_bound_share": timed.compute_bound / step, "memory_bound_share": timed.memory_bound / step,
+                       "compute_bound_share": compute / step, "memory_bound_share": timed.memory_bound / step,
                        "comm_bound_share": timed.exposed_comm / step,
-                       "hlo_flops_per_chip": timed.flops * per_chip, "hbm_bytes_per_chip": timed.hbm_bytes * per_chip},
+                       "hlo_flops_per_chip": timed.flops * per_chip, "hbm_bytes_per_chip": timed.hbm_bytes * per_chip,
+                       "kernel_flops_per_chip": None if kernel is None else kernel / tpu.chips,
+                       "kernel_seconds": kernel_seconds},
           "model_flops_per_step": flops, **input_need(config, tpu, step)}
 
 
@@ -285,7 +313,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
       "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],
       "train_step": _per_chip(train, per_chip), "eval_step": _per_chip(evaluation, per_chip),
       "collectives": train.get("collectives", []),
-      **_estimates(config, tpu, _model_flops(config, setup), train),
+      **_estimates(config, tpu, _model_flops(config, setup), kernel_flops(config, _counted_model(config, setup)),
+                   train),
       "fix": fix,
   }
 
@@ -337,6 +366,13 @@ def format_report(r: dict[str, Any]) -> str:
                  f"{ms(r['estimated_comm_seconds'])} of collectives in all)")
     lines.append(f"per chip          {e['hlo_flops_per_chip'] / 1e12:.1f} TFLOP (compiled, remat included), "
                  f"{e['hbm_bytes_per_chip'] / 1e9:.1f} GB of HBM traffic per step")
+    if r["attention"] == "splash":
+      kernel = e.get("kernel_flops_per_chip")
+      lines.append("attention kernels " + (
+          "not counted: splash's FLOPs are not in XLA's cost analysis, and this objective's model is not counted"
+          if kernel is None else
+          f"{kernel / 1e12:.1f} TFLOP per chip, {ms(e['kernel_seconds'])} at peak, counted from the model (splash's "
+          "FLOPs are not in XLA's cost analysis) and included above"))
     lines.append(_input_line(r))
   return "\n".join(lines)
 

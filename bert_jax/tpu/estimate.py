@@ -100,7 +100,7 @@ def step_time(hlo_text: str, chip: slices.Chip, num_devices: int) -> StepTime:
     operand_types = re.findall(r"%p\d+ = (.*) parameter", text)
     if opcode == "custom-call":
       # A kernel (Pallas splash attention, ...): XLA's model cannot read it, so its operands and results
-      # cross HBM once and its FLOPs are not counted (the estimate stays a floor).
+      # cross HBM once and its FLOPs are not counted here (tpu/aot.py adds splash's, counted from the model).
       flops = 0.0
       nbytes = sum(hlo.buffer_bytes(t) for t in operand_types + [match.group(1)] if not _ON_CHIP.search(t))
     else:

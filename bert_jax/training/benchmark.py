@@ -41,16 +41,28 @@ def predictions_for(seq_length: int) -> int:
   return max(1, round(seq_length * 20 / 128))
 
 
+def _attention_widths(cfg: ModelConfig) -> list[int]:
+  """Each layer's attention width: the heads it keeps (model.pruned_heads) x head_dim."""
+  head_dim = cfg.hidden_size // cfg.num_heads
+  return [len(cfg.kept_heads(layer)) * head_dim for layer in range(cfg.num_layers)]
+
+
+def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int) -> float:
+  """The scores and the weighted sum (q k^T and p v) of one forward pass, every layer: what a fused attention
+  kernel (splash) computes, so what a cost analysis of the compiled step cannot see."""
+  if isinstance(cfg, ModernBertConfig):
+    return modernbert.attention_forward_flops(cfg, batch, seq)
+  return float(batch * seq * sum(2 * 2 * seq * w for w in _attention_widths(cfg)))
+
+
 def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int) -> float:
   if isinstance(cfg, ModernBertConfig):
     return 3.0 * modernbert.forward_flops(cfg, batch, seq, predictions)
-  h, i, e, v, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size, cfg.num_layers
+  h, i, e, v = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size
   tokens = batch * seq
-  head_dim = h // cfg.num_heads
-  # Per layer, with the heads it keeps (model.pruned_heads): q,k,v,out over kept x head_dim columns;
-  # FFN; scores and the weighted sum.
-  widths = [len(cfg.kept_heads(layer)) * head_dim for layer in range(n_layers)]
-  forward = tokens * sum(2 * 4 * h * w + 2 * 2 * h * i + 2 * 2 * seq * w for w in widths)
+  # Per layer: q,k,v,out over the kept heads' columns; FFN; then the attention itself.
+  forward = tokens * sum(2 * 4 * h * w + 2 * 2 * h * i for w in _attention_widths(cfg))
+  forward += attention_forward_flops(cfg, batch, seq)
   if e != h:
     forward += tokens * 2 * e * h
   if cfg.use_pooler:
