@@ -67,7 +67,8 @@ def test_every_runtime_import_is_installed_by_install_requires():
   required = _install_requires()
   providers = importlib.metadata.packages_distributions()
   problems = []
-  for path, name in _imported_modules():
+  imported = list(_imported_modules())  # parsing every runtime file is most of this test's time: once
+  for path, name in imported:
     module = name.split(".")[0]
     if module in sys.stdlib_module_names or module in ("bert_jax", "__future__"):
       continue
@@ -76,7 +77,7 @@ def test_every_runtime_import_is_installed_by_install_requires():
       problems.append(f"{os.path.relpath(path, ROOT)} imports {module} (from {sorted(dists) or '?'})")
   assert not problems, "not in install_requires:\n" + "\n".join(sorted(set(problems)))
   shipped = {os.path.splitext(os.path.basename(p))[0] for p in SHIPPED_NOT_IMPORTED}
-  importers = [p for p, name in _imported_modules() if set(name.split(".")) & shipped]
+  importers = [p for p, name in imported if set(name.split(".")) & shipped]
   assert not importers, f"{importers} import a file that only exports ship"
 
 
