@@ -23,7 +23,19 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer
 from bert_jax.data_pipelines.shards import make_context, shard_batches
 
-_QUEUE_BATCHES = 2  # pieces a worker builds ahead, as the in-process prefetch thread does
+# How far ahead a worker builds. A batch needs every worker's piece, and a worker's work is lumpy: reading
+# and tokenizing a shuffle block of documents costs ~350 ms against ~1 ms for a piece's rows (embedded corpus,
+# seq 128), so with 2 pieces of slack the other workers wait out each block and the workers take turns
+# instead of running side by side. They get up to _QUEUE_BYTES of pieces ahead, 2 to 32 of them.
+_QUEUE_BYTES = 64 * 2 ** 20
+_QUEUE_BATCHES = (2, 32)
+_BYTES_PER_TOKEN = 40  # a masked row's features: ~10 int32 values per position
+
+
+def queue_depth(rows: int, seq_length: int) -> int:
+  """Pieces of `rows` rows a worker may build ahead: _QUEUE_BYTES' worth, within _QUEUE_BATCHES."""
+  low, high = _QUEUE_BATCHES
+  return max(low, min(high, _QUEUE_BYTES // max(1, rows * seq_length * _BYTES_PER_TOKEN)))
 _POLL_SECONDS = 0.1  # how often a blocked queue call checks that the other side is still there
 _JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
 
@@ -72,7 +84,8 @@ class WorkerPool:
   def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int):
     mp = multiprocessing.get_context("spawn")  # forking a process that runs TF threads can deadlock
     self._stop = mp.Event()
-    self._queues = [mp.Queue(_QUEUE_BATCHES) for _ in groups]
+    seq_length = context_args["data_cfg"]["max_seq_length"]
+    self._queues = [mp.Queue(queue_depth(len(g) * rows_per_shard, seq_length)) for g in groups]
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
                    args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, q, self._stop))
