@@ -110,9 +110,24 @@ def _suffix_min(x):
   return x
 
 
+def _take(x, index):
+  """x[b, index[b, ...]] for every row b: one gather on the flattened rows (TF's batch_dims gather is slower)."""
+  t = tf()
+  rows = t.range(t.shape(x)[0])
+  offset = t.reshape(rows * x.shape[1], [-1] + [1] * (len(index.shape) - 1))
+  return t.gather(t.reshape(x, [-1]), index + offset)
+
+
+def _nth_true(counts, n):
+  """Position of the k-th True (k = 1..n) of each row from its running count `counts` (cumsum of the mask,
+  int32[B, T]); T where a row has fewer: a binary search, cheaper than sorting the positions."""
+  t = tf()
+  return t.searchsorted(counts, t.broadcast_to(t.range(1, n + 1)[None], [t.shape(counts)[0], n]))
+
+
 def _units(ids, lengths, cfg, special, continuation, tags=None):
-  """Unit k of each row: start token, end token, run (stretch between special tokens), validity; with
-  knowledge `tags` (knowledge.py), a tagged span is one unit whatever its words."""
+  """Unit k of each row: start token, end token, whether a run (stretch between special tokens) starts
+  there, validity; with knowledge `tags` (knowledge.py), a tagged span is one unit whatever its words."""
   t = tf()
   width = ids.shape[1]
   pos = t.range(width)
@@ -127,17 +142,15 @@ def _units(ids, lengths, cfg, special, continuation, tags=None):
       edge = inside | t.pad(inside[:, :-1], [[0, 0], [1, 0]])
       joins = t.where(edge, inside & (tags % 2 == 0), joins)
     start = candidate & (~joins | ~prev)
-  num_units = t.reduce_sum(t.cast(start, t.int32), 1)
-  valid = pos[None] < num_units[:, None]
-  starts = t.where(valid, t.argsort(t.where(start, pos, width + pos), stable=True), width)
+  counts = t.cumsum(t.cast(start, t.int32), 1)
+  valid = pos[None] < counts[:, -1:]
+  starts = _nth_true(counts, width)  # width past the last unit
   next_noncandidate = _suffix_min(t.where(candidate, width, pos[None]))
   following = t.concat([starts[:, 1:], t.fill([t.shape(ids)[0], 1], width)], 1)
-  ends = t.where(valid, t.minimum(following, t.gather(next_noncandidate, t.minimum(starts, width - 1),
-                                                       batch_dims=1)), width)
-  gaps = t.cumsum(t.cast(~candidate, t.int32), 1)
-  run = t.gather(gaps, t.minimum(starts, width - 1), batch_dims=1)
-  unit_of = t.cumsum(t.cast(start, t.int32), 1) - 1
-  return candidate, starts, ends, run, valid, unit_of
+  ends = t.where(valid, t.minimum(following, _take(next_noncandidate, t.minimum(starts, width - 1))), width)
+  # a non-candidate lies between two units exactly where the first ends before the second starts
+  run_start = t.pad(ends[:, :-1] != starts[:, 1:], [[0, 0], [1, 0]])
+  return candidate, starts, ends, run_start, valid, counts - 1
 
 
 def _single_units(keys, starts, ends, valid, budget, cfg, unit_weights=None):
@@ -179,64 +192,70 @@ def _free_lengths(blocked, next_run):
   return t.maximum(t.minimum(next_blocked, next_run) - pos, 0)
 
 
-def _next_run(run):
+def _next_run(run_start):
   """The first unit of the next run (stretch between special tokens) after each unit; width past the last."""
   t = tf()
-  width = run.shape[1]
+  width = run_start.shape[1]
   pos = t.range(width)[None]
-  run_start = t.pad(run[:, 1:] != run[:, :-1], [[0, 0], [1, 0]])
-  return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run)[0], 1], width)], 1)
+  return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run_start)[0], 1], width)], 1)
 
 
-def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
+def _multi_unit_spans(keys, starts, ends, run_start, valid, budget, cfg):
   """Draw a length, then a uniformly random place where it fits (shortened while none is free); cut the
   span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens).
 
   The free lengths are computed once and then cut where each new span blocks units (a unit left of
   the span can run at most up to its start): a few elementwise passes per span instead of two
-  log2(T)-pass suffix minimums."""
+  log2(T)-pass suffix minimums. A blocked unit's free length is <= 0 (not cut to 0, one pass less), so
+  a row still has room while its longest free length is > 0; the draws' per-row hashes are made once."""
   t = tf()
   width, max_len = starts.shape[1], len(cfg.lengths)
+  rows = t.shape(starts)[0]
   pos = t.range(width)[None]
   cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
+  # uniform(keys, _LENGTH / _PLACE, i) = mix(streams ^ mix(i + c)) / 2**32: the stream keys are loop invariant
+  streams = t.stack([_mix(t.bitwise.bitwise_xor(keys, np.uint32(s * 0x9E3779B9 & 0xFFFFFFFF)))
+                     for s in (_LENGTH, _PLACE)], 1)
+  bounds = t.reshape(t.stack([starts, ends], -1), [-1, 2])  # (start, end) token of unit k of row b at b * width + k
+  row_offset = t.range(rows)[:, None] * width
+  steps = t.range(max_len)[None]
 
-  def body(i, used, blocked, free, lo, hi):
-    most = t.reduce_max(free, 1)
-    drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
+  def body(i, used, most, free, lo, hi):
+    u = t.cast(_mix(t.bitwise.bitwise_xor(streams, _mix(t.cast(i, t.uint32) + np.uint32(0x6A09E667)))),
+               t.float64) / 2.0 ** 32
+    drawn = 1 + t.reduce_sum(t.cast(u[:, :1] >= cdf[None], t.int32), 1)
     length = t.minimum(drawn, most)
     active = (used < budget) & (most > 0)
-    fits = free >= length[:, None]
-    count = t.reduce_sum(t.cast(fits, t.int32), 1)
-    pick = t.cast(uniform(keys, _PLACE, i[None])[:, 0] * t.cast(count, t.float64), t.int32)
-    first = t.argmax(t.cast(fits & (t.cumsum(t.cast(fits, t.int32), 1) - 1 == pick[:, None]), t.int32),
-                     1, output_type=t.int32)
-    last = t.minimum(first[:, None] + t.range(max_len)[None], width - 1)  # [B, max_len]
-    span_tokens = t.gather(ends, last, batch_dims=1) - t.gather(starts, first, batch_dims=1)[:, None]
-    ok = (t.range(1, max_len + 1)[None] <= length[:, None]) & (used[:, None] + span_tokens <= budget[:, None])
-    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1), 0)  # ok is a prefix: its count is the length
-    end_token = t.gather(ends, t.minimum(first + t.maximum(take, 1) - 1, width - 1), batch_dims=1)
-    in_span = (pos >= first[:, None]) & (pos < (first + take)[:, None])
-    alone_too_big = active & (take == 0)  # never anchor on this unit again
-    newly = in_span | ((pos == first[:, None]) & alone_too_big[:, None])
-    blocked = blocked | newly
-    cut = t.where(active[:, None] & (pos < first[:, None]), t.minimum(free, first[:, None] - pos), free)
-    free = t.where(newly, 0, cut)
-    lo = t.where(in_span, t.gather(starts, first, batch_dims=1)[:, None], lo)
-    hi = t.where(in_span, end_token[:, None], hi)
-    used = used + t.where(take > 0, t.gather(span_tokens, t.maximum(take, 1) - 1, batch_dims=1), 0)
-    return i + 1, used, blocked, free, lo, hi
+    counts = t.cumsum(t.cast(free >= length[:, None], t.int32), 1)
+    pick = t.cast(u[:, 1] * t.cast(counts[:, -1], t.float64), t.int32)
+    first = t.minimum(t.reduce_sum(t.cast(counts <= pick[:, None], t.int32), 1), width - 1)  # the pick-th fit
+    window = t.gather(bounds, row_offset + t.minimum(first[:, None] + steps, width - 1))  # [B, max_len, 2]
+    span_start = window[:, 0, 0]
+    room = (budget - used + span_start)[:, None]
+    ok = (steps < length[:, None]) & (window[:, :, 1] <= room)  # a prefix: its count is the length taken
+    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1), 0)
+    span_end = t.reduce_max(t.where(ok, window[:, :, 1], 0), 1)
+    cut_end = t.where(active, first + t.maximum(take, 1), 0)  # a unit that alone overruns is never tried again
+    cut = pos < cut_end[:, None]
+    free = t.where(cut, t.minimum(free, first[:, None] - pos), free)
+    in_span = cut & (pos >= first[:, None]) & (take > 0)[:, None]
+    lo = t.where(in_span, span_start[:, None], lo)
+    hi = t.where(in_span, span_end[:, None], hi)
+    used = used + t.where(take > 0, span_end - span_start, 0)
+    return i + 1, used, t.reduce_max(free, 1), free, lo, hi
 
-  def cond(i, used, blocked, free, lo, hi):
+  def cond(i, used, most, free, lo, hi):
     del free, lo, hi
-    return (i <= width) & t.reduce_any((used < budget) & t.reduce_any(~blocked, 1))
+    return (i <= width) & t.reduce_any((used < budget) & (most > 0))
 
-  free = _free_lengths(~valid, _next_run(run))
-  _, _, blocked, free, lo, hi = t.while_loop(
-      cond, body, (t.constant(0), t.zeros_like(budget), ~valid, free, t.zeros_like(starts), t.zeros_like(starts)))
+  free = _free_lengths(~valid, _next_run(run_start))
+  _, _, _, _, lo, hi = t.while_loop(
+      cond, body, (t.constant(0), t.zeros_like(budget), t.reduce_max(free, 1), free, t.zeros_like(starts),
+                   t.zeros_like(starts)))
   return lo < hi, lo, hi
 
 
-def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
+def _spans_in_two_widths(keys, starts, ends, run_start, valid, budget, cfg):
   """`_multi_unit_spans`, run separately on the rows of at most a quarter of the width in units (cut to
   that width) and on the others. A row's spans depend on its own units and key only, and one span
   blocks at least one unit, so a short row needs no more loop steps than it has units: the same
@@ -245,12 +264,12 @@ def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
   width = starts.shape[1]
   narrow = width // 4
   if narrow < 32:
-    return _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+    return _multi_unit_spans(keys, starts, ends, run_start, valid, budget, cfg)
   short = t.reduce_sum(t.cast(valid, t.int32), 1) <= narrow
   outputs = []
   for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
     take = lambda x, rows=rows, cut=cut: t.gather(x, rows)[:, :cut]  # noqa: E731
-    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run), take(valid),
+    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run_start), take(valid),
                                        t.gather(budget, rows), cfg)
     pad = [[0, 0], [0, width - cut]]
     outputs.append([t.scatter_nd(rows[:, None], t.pad(x, pad), t.shape(starts, out_type=t.int64))
@@ -281,7 +300,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
     tags = _knowledge_tags(t.zeros_like(ids) if tags is None else tags, cfg)
   else:
     tags = None
-  candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
+  candidate, starts, ends, run_start, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
                                                         tags)
   if tags is not None and len(set(cfg.level_weights) - {0.0}) > 1:  # equal odds: whole_word's uniform order
     first = t.gather((tags + 1) // 2, t.minimum(starts, width - 1), batch_dims=1)  # 0 basic, 1 phrase, 2 entity
@@ -291,20 +310,21 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   if len(cfg.lengths) == 1:
     chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg, unit_weights)
   else:
-    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg)
+    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run_start, valid, budget, cfg)
   unit = t.maximum(unit_of, 0)
-  selected = candidate & t.gather(chosen, unit, batch_dims=1)
+  selected = candidate & _take(chosen, unit)
   pos = t.range(width)[None]
   # knowledge: one draw per unit (at its first token), so a unit's tokens get 80/10/10 together
-  roll = uniform(keys, _ROLL, pos if tags is None else t.gather(starts, unit, batch_dims=1))
+  roll = uniform(keys, _ROLL, pos if tags is None else _take(starts, unit))
   replacements = t.constant(cfg.replacements)
   random_ids = t.gather(replacements, t.cast(uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
   masked_ids = t.where(roll < 0.8, cfg.mask_id, t.where(roll >= 0.9, random_ids, ids))
-  positions = t.argsort(t.where(selected, pos, width + pos), stable=True)[:, :slots]
-  weights = t.range(slots)[None] < t.reduce_sum(t.cast(selected, t.int32), 1)[:, None]
-  positions = t.where(weights, positions, 0)
-  at = functools.partial(t.gather, indices=positions, batch_dims=1)
-  left = at(t.gather(lo, unit, batch_dims=1)) - 1
+  counts = t.cumsum(t.cast(selected, t.int32), 1)
+  weights = t.range(slots)[None] < counts[:, -1:]
+  positions = t.where(weights, _nth_true(counts, slots), 0)
+  at = functools.partial(_take, index=positions)
+  span = at(unit)
+  left = _take(lo, span) - 1
   zero = t.zeros_like(positions)
   return {
       "input_ids": t.where(selected, masked_ids, ids),
@@ -312,6 +332,6 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
       "masked_lm_ids": t.where(weights, at(ids), zero),
       "masked_lm_weights": t.cast(weights, t.float32),
       "masked_lm_span_left": t.where(weights, left, zero),
-      "masked_lm_span_right": t.where(weights, at(t.gather(hi, unit, batch_dims=1)), zero),
+      "masked_lm_span_right": t.where(weights, _take(hi, span), zero),
       "masked_lm_span_offset": t.where(weights, positions - left - 1, zero),
   }
