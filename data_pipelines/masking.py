@@ -291,7 +291,31 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
   per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
   features (masked_lm_span_{left, right, offset}) of FEATURES. `tags` (int32[B, T], knowledge.py): the
-  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words."""
+  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words.
+
+  Rows of at most a quarter of the width in tokens are masked cut to that width, the others whole: a
+  row's mask depends on its own tokens and key only (never on the width past its length), so the result
+  is the same, while the many short rows of a long-width batch stop paying for its padding."""
+  t = tf()
+  width = ids.shape[1]
+  narrow = width // 4
+  if narrow < max(64, cfg.max_predictions):  # at seq 128 two groups cost more than they save
+    return _mask_rows(ids, lengths, keys, cfg, tags)
+  short = lengths <= narrow
+  groups, outputs = [], []
+  for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
+    group_ids = t.gather(ids, rows)
+    out = _mask_rows(group_ids[:, :cut], t.gather(lengths, rows), t.gather(keys, rows), cfg,
+                     None if tags is None else t.gather(tags, rows)[:, :cut])
+    out["input_ids"] = t.concat([out["input_ids"], group_ids[:, cut:]], 1)
+    groups.append(rows)
+    outputs.append(out)
+  back = t.math.invert_permutation(t.concat(groups, 0))
+  return {name: t.gather(t.concat([outputs[0][name], outputs[1][name]], 0), back) for name in outputs[0]}
+
+
+def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
+  """mask_batch on one group of rows."""
   t = tf()
   width, slots = ids.shape[1], cfg.max_predictions
   special = t.constant(cfg.special)

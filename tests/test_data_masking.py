@@ -169,3 +169,20 @@ def test_unk_replaces_mask_in_the_eighty_percent_branch():
   masked = _mask(_rows(500, 128), _config("token", mask_id=unk))
   replaced = np.concatenate([m.input_ids[m.positions] for m in masked])
   assert abs((replaced == unk).mean() - 0.8) < 0.02 and not (replaced == MASK).any()
+
+
+@pytest.mark.parametrize("strategy", ["whole_word", "span"])
+def test_short_rows_masked_cut_to_a_quarter_width_give_the_same_masks(strategy):
+  """mask_batch masks rows of <= T/4 tokens cut to T/4 wide: every output equals masking the batch whole."""
+  from bert_jax.data_pipelines.masking import _mask_rows  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(5)
+  rows = [r for n in (12, 40, 128, 129, 300, 512, 20, 127) for r in _rows(1, n, seed=int(rng.integers(1 << 30)))]
+  ids = np.stack([np.pad(r, (0, 512 - len(r))) for r in rows])
+  lengths = np.array([len(r) for r in rows], np.int32)
+  keys = row_keys((7,), np.zeros(len(rows)), np.arange(len(rows)))
+  cfg = _config(strategy, max_predictions=76)
+  split, whole = mask_batch(ids, lengths, keys, cfg), _mask_rows(ids, lengths, keys, cfg)
+  assert split.keys() == whole.keys()
+  for name in whole:
+    assert np.array_equal(split[name].numpy(), whole[name].numpy()), name
+  assert whole["masked_lm_weights"].numpy().sum(1).min() >= 1
