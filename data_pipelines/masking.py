@@ -200,58 +200,71 @@ def _next_run(run_start):
   return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run_start)[0], 1], width)], 1)
 
 
+def _span_draws(keys, steps: int, cfg):
+  """float64[B, steps, 2]: each loop step's drawn span length and place draw, made before the loop."""
+  t = tf()
+  step = t.range(steps)[None]
+  cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
+  drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, step)[:, :, None] >= cdf, t.int32), 2)
+  return t.stack([t.cast(drawn, t.float64), uniform(keys, _PLACE, step)], 2)
+
+
 def _multi_unit_spans(keys, starts, ends, run_start, valid, budget, cfg):
   """Draw a length, then a uniformly random place where it fits (shortened while none is free); cut the
   span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens).
 
   The free lengths are computed once and then cut where each new span blocks units (a unit left of
   the span can run at most up to its start): a few elementwise passes per span instead of two
-  log2(T)-pass suffix minimums. A blocked unit's free length is <= 0 (not cut to 0, one pass less), so
-  a row still has room while its longest free length is > 0; the draws' per-row hashes are made once."""
+  log2(T)-pass suffix minimums. A blocked unit's free length is <= 0 (not cut to 0), so a row has room
+  while its longest free length is > 0. The draws are made before the loop and per-row values kept
+  [B, 1]: a step runs few ops, and on a few long rows each op's fixed cost is most of a step's."""
   t = tf()
   width, max_len = starts.shape[1], len(cfg.lengths)
   rows = t.shape(starts)[0]
-  pos = t.range(width)[None]
-  cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
-  # uniform(keys, _LENGTH / _PLACE, i) = mix(streams ^ mix(i + c)) / 2**32: the stream keys are loop invariant
-  streams = t.stack([_mix(t.bitwise.bitwise_xor(keys, np.uint32(s * 0x9E3779B9 & 0xFFFFFFFF)))
-                     for s in (_LENGTH, _PLACE)], 1)
-  bounds = t.reshape(t.stack([starts, ends], -1), [-1, 2])  # (start, end) token of unit k of row b at b * width + k
-  row_offset = t.range(rows)[:, None] * width
-  steps = t.range(max_len)[None]
+  draws = _span_draws(keys, width + 1, cfg)  # the loop takes at most width + 1 steps
+  # (start, end) token of unit k of row b at b * width + k; max_len more past the last row for the windows
+  bounds = t.pad(t.reshape(t.stack([starts, ends], -1), [-1, 2]), [[0, max_len], [0, 0]])
+  row_units = t.range(rows)[:, None] * width
+  # the place is found in blocks of units, then inside one: TF's cumsum over a whole row is its slowest op
+  block = next(b for b in (32, 16, 8, 4, 2, 1) if width % b == 0)
+  blocks = width // block
+  row_blocks = t.range(rows) * blocks
+  pos, steps = np.arange(width, dtype=np.int32)[None], np.arange(max_len, dtype=np.int32)[None]
 
-  def body(i, used, most, free, lo, hi):
-    u = t.cast(_mix(t.bitwise.bitwise_xor(streams, _mix(t.cast(i, t.uint32) + np.uint32(0x6A09E667)))),
-               t.float64) / 2.0 ** 32
-    drawn = 1 + t.reduce_sum(t.cast(u[:, :1] >= cdf[None], t.int32), 1)
-    length = t.minimum(drawn, most)
-    active = (used < budget) & (most > 0)
-    counts = t.cumsum(t.cast(free >= length[:, None], t.int32), 1)
-    pick = t.cast(u[:, 1] * t.cast(counts[:, -1], t.float64), t.int32)
-    first = t.minimum(t.reduce_sum(t.cast(counts <= pick[:, None], t.int32), 1), width - 1)  # the pick-th fit
-    window = t.gather(bounds, row_offset + t.minimum(first[:, None] + steps, width - 1))  # [B, max_len, 2]
-    span_start = window[:, 0, 0]
-    room = (budget - used + span_start)[:, None]
-    ok = (steps < length[:, None]) & (window[:, :, 1] <= room)  # a prefix: its count is the length taken
-    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1), 0)
-    span_end = t.reduce_max(t.where(ok, window[:, :, 1], 0), 1)
-    cut_end = t.where(active, first + t.maximum(take, 1), 0)  # a unit that alone overruns is never tried again
-    cut = pos < cut_end[:, None]
-    free = t.where(cut, t.minimum(free, first[:, None] - pos), free)
-    in_span = cut & (pos >= first[:, None]) & (take > 0)[:, None]
-    lo = t.where(in_span, span_start[:, None], lo)
-    hi = t.where(in_span, span_end[:, None], hi)
-    used = used + t.where(take > 0, span_end - span_start, 0)
-    return i + 1, used, t.reduce_max(free, 1), free, lo, hi
+  def body(i, left, most, free, lo, hi):
+    drawn, place = t.split(t.gather(draws, i, axis=1), 2, axis=1)  # [B, 1] each
+    length = t.minimum(t.cast(drawn, t.int32), most)
+    active = (left > 0) & (most > 0)
+    fits = t.cast(free >= length, t.int32)
+    by_block = t.cumsum(t.reduce_sum(t.reshape(fits, [-1, blocks, block]), 2), 1)  # fits up to each block's end
+    pick = t.cast(place * t.cast(by_block[:, -1:], t.float64), t.int32)  # the pick-th fit, from 0
+    passed = by_block <= pick
+    in_block = t.minimum(t.reduce_sum(t.cast(passed, t.int32), 1), blocks - 1)  # the block that holds it
+    counts = t.cumsum(t.gather(t.reshape(fits, [-1, block]), row_blocks + in_block), 1)
+    pick = pick - t.reduce_max(t.where(passed, by_block, 0), 1, keepdims=True)  # its place in that block
+    first = t.minimum(in_block[:, None] * block + t.reduce_sum(t.cast(counts <= pick, t.int32), 1, keepdims=True),
+                      width - 1)
+    span_start, span_ends = t.unstack(t.gather(bounds, row_units + first + steps), axis=2)  # [B, max_len] each
+    span_start = span_start[:, :1]
+    ok = (steps < length) & (span_ends <= left + span_start)  # a prefix: its count is the length taken
+    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1, keepdims=True), 0)
+    span_end = t.reduce_max(t.where(ok, span_ends, 0), 1, keepdims=True)
+    cut = pos < t.where(active, first + t.maximum(take, 1), 0)  # a unit that alone overruns is never tried again
+    free = t.where(cut, t.minimum(free, first - pos), free)
+    in_span = cut & (pos >= t.where(take > 0, first, width))
+    lo = t.where(in_span, span_start, lo)
+    hi = t.where(in_span, span_end, hi)
+    left = left - t.where(take > 0, span_end - span_start, 0)
+    return i + 1, left, t.reduce_max(free, 1, keepdims=True), free, lo, hi
 
-  def cond(i, used, most, free, lo, hi):
+  def cond(i, left, most, free, lo, hi):
     del free, lo, hi
-    return (i <= width) & t.reduce_any((used < budget) & (most > 0))
+    return (i <= width) & t.reduce_any((left > 0) & (most > 0))
 
   free = _free_lengths(~valid, _next_run(run_start))
   _, _, _, _, lo, hi = t.while_loop(
-      cond, body, (t.constant(0), t.zeros_like(budget), t.reduce_max(free, 1), free, t.zeros_like(starts),
-                   t.zeros_like(starts)))
+      cond, body, (t.constant(0), budget[:, None], t.reduce_max(free, 1, keepdims=True), free,
+                   t.zeros_like(starts), t.zeros_like(starts)))
   return lo < hi, lo, hi
 
 
@@ -293,17 +306,19 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   features (masked_lm_span_{left, right, offset}) of FEATURES. `tags` (int32[B, T], knowledge.py): the
   phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words.
 
-  Rows of at most a quarter of the width in tokens are masked cut to that width, the others whole: a
-  row's mask depends on its own tokens and key only (never on the width past its length), so the result
-  is the same, while the many short rows of a long-width batch stop paying for its padding."""
+  Rows are masked in groups cut to the width that holds them (an eighth, a quarter, all of it; cuts of
+  at least 64): a row's mask depends on its own tokens and key only (never on the width past its
+  length), so the result is the same, while the many short rows of a long-width batch stop paying
+  for its padding."""
   t = tf()
   width = ids.shape[1]
-  narrow = width // 4
-  if narrow < max(64, cfg.max_predictions):  # at seq 128 two groups cost more than they save
+  cuts = [cut for cut in (width // 8, width // 4) if cut >= 64] + [width]
+  if len(cuts) == 1:
     return _mask_rows(ids, lengths, keys, cfg, tags)
-  short = lengths <= narrow
+  group = t.reduce_sum(t.cast(lengths[:, None] > cuts[:-1], t.int32), 1)
   groups, outputs = [], []
-  for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
+  for k, cut in enumerate(cuts):
+    rows = t.where(group == k)[:, 0]
     group_ids = t.gather(ids, rows)
     out = _mask_rows(group_ids[:, :cut], t.gather(lengths, rows), t.gather(keys, rows), cfg,
                      None if tags is None else t.gather(tags, rows)[:, :cut])
@@ -311,7 +326,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
     groups.append(rows)
     outputs.append(out)
   back = t.math.invert_permutation(t.concat(groups, 0))
-  return {name: t.gather(t.concat([outputs[0][name], outputs[1][name]], 0), back) for name in outputs[0]}
+  return {name: t.gather(t.concat([out[name] for out in outputs], 0), back) for name in outputs[0]}
 
 
 def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:

@@ -172,8 +172,9 @@ def test_unk_replaces_mask_in_the_eighty_percent_branch():
 
 
 @pytest.mark.parametrize("strategy", ["whole_word", "span"])
-def test_short_rows_masked_cut_to_a_quarter_width_give_the_same_masks(strategy):
-  """mask_batch masks rows of <= T/4 tokens cut to T/4 wide: every output equals masking the batch whole."""
+def test_short_rows_masked_cut_to_a_narrower_width_give_the_same_masks(strategy):
+  """mask_batch masks rows of <= T/8 (T/4) tokens cut to T/8 (T/4) wide: every output equals masking the batch
+  whole."""
   from bert_jax.data_pipelines.masking import _mask_rows  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(5)
   rows = [r for n in (12, 40, 128, 129, 300, 512, 20, 127) for r in _rows(1, n, seed=int(rng.integers(1 << 30)))]
