@@ -110,9 +110,24 @@ def _suffix_min(x):
   return x
 
 
+def _take(x, index):
+  """x[b, index[b, ...]] for every row b: one gather on the flattened rows (TF's batch_dims gather is slower)."""
+  t = tf()
+  rows = t.range(t.shape(x)[0])
+  offset = t.reshape(rows * x.shape[1], [-1] + [1] * (len(index.shape) - 1))
+  return t.gather(t.reshape(x, [-1]), index + offset)
+
+
+def _nth_true(counts, n):
+  """Position of the k-th True (k = 1..n) of each row from its running count `counts` (cumsum of the mask,
+  int32[B, T]); T where a row has fewer: a binary search, cheaper than sorting the positions."""
+  t = tf()
+  return t.searchsorted(counts, t.broadcast_to(t.range(1, n + 1)[None], [t.shape(counts)[0], n]))
+
+
 def _units(ids, lengths, cfg, special, continuation, tags=None):
-  """Unit k of each row: start token, end token, run (stretch between special tokens), validity; with
-  knowledge `tags` (knowledge.py), a tagged span is one unit whatever its words."""
+  """Unit k of each row: start token, end token, whether a run (stretch between special tokens) starts
+  there, validity; with knowledge `tags` (knowledge.py), a tagged span is one unit whatever its words."""
   t = tf()
   width = ids.shape[1]
   pos = t.range(width)
@@ -127,17 +142,15 @@ def _units(ids, lengths, cfg, special, continuation, tags=None):
       edge = inside | t.pad(inside[:, :-1], [[0, 0], [1, 0]])
       joins = t.where(edge, inside & (tags % 2 == 0), joins)
     start = candidate & (~joins | ~prev)
-  num_units = t.reduce_sum(t.cast(start, t.int32), 1)
-  valid = pos[None] < num_units[:, None]
-  starts = t.where(valid, t.argsort(t.where(start, pos, width + pos), stable=True), width)
+  counts = t.cumsum(t.cast(start, t.int32), 1)
+  valid = pos[None] < counts[:, -1:]
+  starts = _nth_true(counts, width)  # width past the last unit
   next_noncandidate = _suffix_min(t.where(candidate, width, pos[None]))
   following = t.concat([starts[:, 1:], t.fill([t.shape(ids)[0], 1], width)], 1)
-  ends = t.where(valid, t.minimum(following, t.gather(next_noncandidate, t.minimum(starts, width - 1),
-                                                       batch_dims=1)), width)
-  gaps = t.cumsum(t.cast(~candidate, t.int32), 1)
-  run = t.gather(gaps, t.minimum(starts, width - 1), batch_dims=1)
-  unit_of = t.cumsum(t.cast(start, t.int32), 1) - 1
-  return candidate, starts, ends, run, valid, unit_of
+  ends = t.where(valid, t.minimum(following, _take(next_noncandidate, t.minimum(starts, width - 1))), width)
+  # a non-candidate lies between two units exactly where the first ends before the second starts
+  run_start = t.pad(ends[:, :-1] != starts[:, 1:], [[0, 0], [1, 0]])
+  return candidate, starts, ends, run_start, valid, counts - 1
 
 
 def _single_units(keys, starts, ends, valid, budget, cfg, unit_weights=None):
@@ -179,64 +192,83 @@ def _free_lengths(blocked, next_run):
   return t.maximum(t.minimum(next_blocked, next_run) - pos, 0)
 
 
-def _next_run(run):
+def _next_run(run_start):
   """The first unit of the next run (stretch between special tokens) after each unit; width past the last."""
   t = tf()
-  width = run.shape[1]
+  width = run_start.shape[1]
   pos = t.range(width)[None]
-  run_start = t.pad(run[:, 1:] != run[:, :-1], [[0, 0], [1, 0]])
-  return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run)[0], 1], width)], 1)
+  return t.concat([_suffix_min(t.where(run_start, pos, width))[:, 1:], t.fill([t.shape(run_start)[0], 1], width)], 1)
 
 
-def _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg):
+def _span_draws(keys, steps: int, cfg):
+  """float64[B, steps, 2]: each loop step's drawn span length and place draw, made before the loop."""
+  t = tf()
+  step = t.range(steps)[None]
+  cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
+  drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, step)[:, :, None] >= cdf, t.int32), 2)
+  return t.stack([t.cast(drawn, t.float64), uniform(keys, _PLACE, step)], 2)
+
+
+def _multi_unit_spans(keys, starts, ends, run_start, valid, budget, cfg):
   """Draw a length, then a uniformly random place where it fits (shortened while none is free); cut the
   span to the whole units that fit in the budget. Returns (chosen units, span start and end tokens).
 
   The free lengths are computed once and then cut where each new span blocks units (a unit left of
   the span can run at most up to its start): a few elementwise passes per span instead of two
-  log2(T)-pass suffix minimums."""
+  log2(T)-pass suffix minimums. A blocked unit's free length is <= 0 (not cut to 0), so a row has room
+  while its longest free length is > 0. The draws are made before the loop and per-row values kept
+  [B, 1]: a step runs few ops, and on a few long rows each op's fixed cost is most of a step's."""
   t = tf()
   width, max_len = starts.shape[1], len(cfg.lengths)
-  pos = t.range(width)[None]
-  cdf = t.constant(np.cumsum(cfg.lengths)[:-1], t.float64)
+  rows = t.shape(starts)[0]
+  draws = _span_draws(keys, width + 1, cfg)  # the loop takes at most width + 1 steps
+  # (start, end) token of unit k of row b at b * width + k; max_len more past the last row for the windows
+  bounds = t.pad(t.reshape(t.stack([starts, ends], -1), [-1, 2]), [[0, max_len], [0, 0]])
+  row_units = t.range(rows)[:, None] * width
+  # the place is found in blocks of units, then inside one: TF's cumsum over a whole row is its slowest op
+  block = next(b for b in (32, 16, 8, 4, 2, 1) if width % b == 0)
+  blocks = width // block
+  row_blocks = t.range(rows) * blocks
+  pos, steps = np.arange(width, dtype=np.int32)[None], np.arange(max_len, dtype=np.int32)[None]
 
-  def body(i, used, blocked, free, lo, hi):
-    most = t.reduce_max(free, 1)
-    drawn = 1 + t.reduce_sum(t.cast(uniform(keys, _LENGTH, i[None]) >= cdf[None], t.int32), 1)
-    length = t.minimum(drawn, most)
-    active = (used < budget) & (most > 0)
-    fits = free >= length[:, None]
-    count = t.reduce_sum(t.cast(fits, t.int32), 1)
-    pick = t.cast(uniform(keys, _PLACE, i[None])[:, 0] * t.cast(count, t.float64), t.int32)
-    first = t.argmax(t.cast(fits & (t.cumsum(t.cast(fits, t.int32), 1) - 1 == pick[:, None]), t.int32),
-                     1, output_type=t.int32)
-    last = t.minimum(first[:, None] + t.range(max_len)[None], width - 1)  # [B, max_len]
-    span_tokens = t.gather(ends, last, batch_dims=1) - t.gather(starts, first, batch_dims=1)[:, None]
-    ok = (t.range(1, max_len + 1)[None] <= length[:, None]) & (used[:, None] + span_tokens <= budget[:, None])
-    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1), 0)  # ok is a prefix: its count is the length
-    end_token = t.gather(ends, t.minimum(first + t.maximum(take, 1) - 1, width - 1), batch_dims=1)
-    in_span = (pos >= first[:, None]) & (pos < (first + take)[:, None])
-    alone_too_big = active & (take == 0)  # never anchor on this unit again
-    newly = in_span | ((pos == first[:, None]) & alone_too_big[:, None])
-    blocked = blocked | newly
-    cut = t.where(active[:, None] & (pos < first[:, None]), t.minimum(free, first[:, None] - pos), free)
-    free = t.where(newly, 0, cut)
-    lo = t.where(in_span, t.gather(starts, first, batch_dims=1)[:, None], lo)
-    hi = t.where(in_span, end_token[:, None], hi)
-    used = used + t.where(take > 0, t.gather(span_tokens, t.maximum(take, 1) - 1, batch_dims=1), 0)
-    return i + 1, used, blocked, free, lo, hi
+  def body(i, left, most, free, lo, hi):
+    drawn, place = t.split(t.gather(draws, i, axis=1), 2, axis=1)  # [B, 1] each
+    length = t.minimum(t.cast(drawn, t.int32), most)
+    active = (left > 0) & (most > 0)
+    fits = t.cast(free >= length, t.int32)
+    by_block = t.cumsum(t.reduce_sum(t.reshape(fits, [-1, blocks, block]), 2), 1)  # fits up to each block's end
+    pick = t.cast(place * t.cast(by_block[:, -1:], t.float64), t.int32)  # the pick-th fit, from 0
+    passed = by_block <= pick
+    in_block = t.minimum(t.reduce_sum(t.cast(passed, t.int32), 1), blocks - 1)  # the block that holds it
+    counts = t.cumsum(t.gather(t.reshape(fits, [-1, block]), row_blocks + in_block), 1)
+    pick = pick - t.reduce_max(t.where(passed, by_block, 0), 1, keepdims=True)  # its place in that block
+    first = t.minimum(in_block[:, None] * block + t.reduce_sum(t.cast(counts <= pick, t.int32), 1, keepdims=True),
+                      width - 1)
+    span_start, span_ends = t.unstack(t.gather(bounds, row_units + first + steps), axis=2)  # [B, max_len] each
+    span_start = span_start[:, :1]
+    ok = (steps < length) & (span_ends <= left + span_start)  # a prefix: its count is the length taken
+    take = t.where(active, t.reduce_sum(t.cast(ok, t.int32), 1, keepdims=True), 0)
+    span_end = t.reduce_max(t.where(ok, span_ends, 0), 1, keepdims=True)
+    cut = pos < t.where(active, first + t.maximum(take, 1), 0)  # a unit that alone overruns is never tried again
+    free = t.where(cut, t.minimum(free, first - pos), free)
+    in_span = cut & (pos >= t.where(take > 0, first, width))
+    lo = t.where(in_span, span_start, lo)
+    hi = t.where(in_span, span_end, hi)
+    left = left - t.where(take > 0, span_end - span_start, 0)
+    return i + 1, left, t.reduce_max(free, 1, keepdims=True), free, lo, hi
 
-  def cond(i, used, blocked, free, lo, hi):
+  def cond(i, left, most, free, lo, hi):
     del free, lo, hi
-    return (i <= width) & t.reduce_any((used < budget) & t.reduce_any(~blocked, 1))
+    return (i <= width) & t.reduce_any((left > 0) & (most > 0))
 
-  free = _free_lengths(~valid, _next_run(run))
-  _, _, blocked, free, lo, hi = t.while_loop(
-      cond, body, (t.constant(0), t.zeros_like(budget), ~valid, free, t.zeros_like(starts), t.zeros_like(starts)))
+  free = _free_lengths(~valid, _next_run(run_start))
+  _, _, _, _, lo, hi = t.while_loop(
+      cond, body, (t.constant(0), budget[:, None], t.reduce_max(free, 1, keepdims=True), free,
+                   t.zeros_like(starts), t.zeros_like(starts)))
   return lo < hi, lo, hi
 
 
-def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
+def _spans_in_two_widths(keys, starts, ends, run_start, valid, budget, cfg):
   """`_multi_unit_spans`, run separately on the rows of at most a quarter of the width in units (cut to
   that width) and on the others. A row's spans depend on its own units and key only, and one span
   blocks at least one unit, so a short row needs no more loop steps than it has units: the same
@@ -245,12 +277,12 @@ def _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg):
   width = starts.shape[1]
   narrow = width // 4
   if narrow < 32:
-    return _multi_unit_spans(keys, starts, ends, run, valid, budget, cfg)
+    return _multi_unit_spans(keys, starts, ends, run_start, valid, budget, cfg)
   short = t.reduce_sum(t.cast(valid, t.int32), 1) <= narrow
   outputs = []
   for rows, cut in ((t.where(short)[:, 0], narrow), (t.where(~short)[:, 0], width)):
     take = lambda x, rows=rows, cut=cut: t.gather(x, rows)[:, :cut]  # noqa: E731
-    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run), take(valid),
+    chosen, lo, hi = _multi_unit_spans(t.gather(keys, rows), take(starts), take(ends), take(run_start), take(valid),
                                        t.gather(budget, rows), cfg)
     pad = [[0, 0], [0, width - cut]]
     outputs.append([t.scatter_nd(rows[:, None], t.pad(x, pad), t.shape(starts, out_type=t.int64))
@@ -272,7 +304,33 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
   per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
   features (masked_lm_span_{left, right, offset}) of FEATURES. `tags` (int32[B, T], knowledge.py): the
-  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words."""
+  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words.
+
+  Rows are masked in groups cut to the width that holds them (an eighth, a quarter, all of it; cuts of
+  at least 64): a row's mask depends on its own tokens and key only (never on the width past its
+  length), so the result is the same, while the many short rows of a long-width batch stop paying
+  for its padding."""
+  t = tf()
+  width = ids.shape[1]
+  cuts = [cut for cut in (width // 8, width // 4) if cut >= 64] + [width]
+  if len(cuts) == 1:
+    return _mask_rows(ids, lengths, keys, cfg, tags)
+  group = t.reduce_sum(t.cast(lengths[:, None] > cuts[:-1], t.int32), 1)
+  groups, outputs = [], []
+  for k, cut in enumerate(cuts):
+    rows = t.where(group == k)[:, 0]
+    group_ids = t.gather(ids, rows)
+    out = _mask_rows(group_ids[:, :cut], t.gather(lengths, rows), t.gather(keys, rows), cfg,
+                     None if tags is None else t.gather(tags, rows)[:, :cut])
+    out["input_ids"] = t.concat([out["input_ids"], group_ids[:, cut:]], 1)
+    groups.append(rows)
+    outputs.append(out)
+  back = t.math.invert_permutation(t.concat(groups, 0))
+  return {name: t.gather(t.concat([out[name] for out in outputs], 0), back) for name in outputs[0]}
+
+
+def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
+  """mask_batch on one group of rows."""
   t = tf()
   width, slots = ids.shape[1], cfg.max_predictions
   special = t.constant(cfg.special)
@@ -281,7 +339,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
     tags = _knowledge_tags(t.zeros_like(ids) if tags is None else tags, cfg)
   else:
     tags = None
-  candidate, starts, ends, run, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
+  candidate, starts, ends, run_start, valid, unit_of = _units(ids, lengths, cfg, special, t.constant(cfg.continuation),
                                                         tags)
   if tags is not None and len(set(cfg.level_weights) - {0.0}) > 1:  # equal odds: whole_word's uniform order
     first = t.gather((tags + 1) // 2, t.minimum(starts, width - 1), batch_dims=1)  # 0 basic, 1 phrase, 2 entity
@@ -291,20 +349,21 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   if len(cfg.lengths) == 1:
     chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg, unit_weights)
   else:
-    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run, valid, budget, cfg)
+    chosen, lo, hi = _spans_in_two_widths(keys, starts, ends, run_start, valid, budget, cfg)
   unit = t.maximum(unit_of, 0)
-  selected = candidate & t.gather(chosen, unit, batch_dims=1)
+  selected = candidate & _take(chosen, unit)
   pos = t.range(width)[None]
   # knowledge: one draw per unit (at its first token), so a unit's tokens get 80/10/10 together
-  roll = uniform(keys, _ROLL, pos if tags is None else t.gather(starts, unit, batch_dims=1))
+  roll = uniform(keys, _ROLL, pos if tags is None else _take(starts, unit))
   replacements = t.constant(cfg.replacements)
   random_ids = t.gather(replacements, t.cast(uniform(keys, _REPLACE, pos) * len(cfg.replacements), t.int32))
   masked_ids = t.where(roll < 0.8, cfg.mask_id, t.where(roll >= 0.9, random_ids, ids))
-  positions = t.argsort(t.where(selected, pos, width + pos), stable=True)[:, :slots]
-  weights = t.range(slots)[None] < t.reduce_sum(t.cast(selected, t.int32), 1)[:, None]
-  positions = t.where(weights, positions, 0)
-  at = functools.partial(t.gather, indices=positions, batch_dims=1)
-  left = at(t.gather(lo, unit, batch_dims=1)) - 1
+  counts = t.cumsum(t.cast(selected, t.int32), 1)
+  weights = t.range(slots)[None] < counts[:, -1:]
+  positions = t.where(weights, _nth_true(counts, slots), 0)
+  at = functools.partial(_take, index=positions)
+  span = at(unit)
+  left = _take(lo, span) - 1
   zero = t.zeros_like(positions)
   return {
       "input_ids": t.where(selected, masked_ids, ids),
@@ -312,6 +371,6 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
       "masked_lm_ids": t.where(weights, at(ids), zero),
       "masked_lm_weights": t.cast(weights, t.float32),
       "masked_lm_span_left": t.where(weights, left, zero),
-      "masked_lm_span_right": t.where(weights, at(t.gather(hi, unit, batch_dims=1)), zero),
+      "masked_lm_span_right": t.where(weights, _take(hi, span), zero),
       "masked_lm_span_offset": t.where(weights, positions - left - 1, zero),
   }

@@ -169,3 +169,90 @@ def test_unk_replaces_mask_in_the_eighty_percent_branch():
   masked = _mask(_rows(500, 128), _config("token", mask_id=unk))
   replaced = np.concatenate([m.input_ids[m.positions] for m in masked])
   assert abs((replaced == unk).mean() - 0.8) < 0.02 and not (replaced == MASK).any()
+
+
+@pytest.mark.parametrize("strategy", ["whole_word", "span"])
+def test_short_rows_masked_cut_to_a_narrower_width_give_the_same_masks(strategy):
+  """mask_batch masks rows of <= T/8 (T/4) tokens cut to T/8 (T/4) wide: every output equals masking the batch
+  whole."""
+  from bert_jax.data_pipelines.masking import _mask_rows  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(5)
+  rows = [r for n in (12, 40, 128, 129, 300, 512, 20, 127) for r in _rows(1, n, seed=int(rng.integers(1 << 30)))]
+  ids = np.stack([np.pad(r, (0, 512 - len(r))) for r in rows])
+  lengths = np.array([len(r) for r in rows], np.int32)
+  keys = row_keys((7,), np.zeros(len(rows)), np.arange(len(rows)))
+  cfg = _config(strategy, max_predictions=76)
+  split, whole = mask_batch(ids, lengths, keys, cfg), _mask_rows(ids, lengths, keys, cfg)
+  assert split.keys() == whole.keys()
+  for name in whole:
+    assert np.array_equal(split[name].numpy(), whole[name].numpy()), name
+  assert whole["masked_lm_weights"].numpy().sum(1).min() >= 1
+
+
+def _np_uniform(key, stream, counter):
+  """masking.uniform for one row key, in NumPy."""
+  def mix(x):
+    x = np.uint32(x)
+    x = (x ^ (x >> np.uint32(16))) * np.uint32(0x85EBCA6B)
+    x = (x ^ (x >> np.uint32(13))) * np.uint32(0xC2B2AE35)
+    return x ^ (x >> np.uint32(16))
+  with np.errstate(over="ignore"):
+    k = mix(np.uint32(key) ^ np.uint32(stream * 0x9E3779B9 & 0xFFFFFFFF))
+    return float(mix(k ^ mix(np.uint32(counter) + np.uint32(0x6A09E667)))) / 2.0 ** 32
+
+
+def _reference_spans(row, length, key, budget, lengths_p):
+  """SpanBERT's sampler as the masking module's docstring states it, one row in plain Python: [(first, end)]."""
+  units = []  # [start, end) tokens of whole words, and the run (stretch between special tokens) each is in
+  run = 0
+  for p in range(length):
+    if SPECIAL[row[p]]:
+      run += 1
+    elif CONTINUATION[row[p]] and units and units[-1][1] == p and units[-1][2] == run:
+      units[-1][1] = p + 1
+    else:
+      units.append([p, p + 1, run])
+  blocked, spans, used = [False] * len(units), [], 0
+  cdf = np.cumsum(lengths_p)[:-1]
+  for i in range(len(units) + 1):
+    free = [0] * len(units)
+    for k in range(len(units) - 1, -1, -1):
+      if not blocked[k]:
+        free[k] = 1 + (free[k + 1] if k + 1 < len(units) and units[k + 1][2] == units[k][2] else 0)
+    if used >= budget or max(free, default=0) == 0:
+      break
+    size = min(1 + int((_np_uniform(key, 2, i) >= cdf).sum()), max(free))
+    fits = [k for k in range(len(units)) if free[k] >= size]
+    first = fits[int(_np_uniform(key, 3, i) * len(fits))]
+    take = 0
+    while take < size and used + units[first + take][1] - units[first][0] <= budget:
+      take += 1
+    for k in range(first, first + max(take, 1)):
+      blocked[k] = True
+    if take:
+      spans.append((units[first][0], units[first + take - 1][1]))
+      used += units[first + take - 1][1] - units[first][0]
+  return spans
+
+
+@pytest.mark.parametrize("width,slots", [(128, 20), (512, 76)])
+def test_span_masks_equal_a_per_row_python_sampler(width, slots):
+  """Every row's spans (positions, left and right ends) are the ones a plain per-row loop of the documented
+  algorithm draws from the same hashes: pins the vectorized sampler exactly, not only its statistics."""
+  rng = np.random.default_rng(11)
+  rows = [r for n in (14, 60, 100, width, 70, width // 2) for r in _rows(1, n, seed=int(rng.integers(1 << 30)))]
+  rows[2][40:42] = SEP  # a run break inside a row
+  ids = np.stack([np.pad(r, (0, width - len(r))) for r in rows])
+  lengths = np.array([len(r) for r in rows], np.int32)
+  keys = row_keys((3,), np.zeros(len(rows)), np.arange(len(rows)))
+  cfg = _config("span", max_predictions=slots)
+  out = {k: v.numpy() for k, v in mask_batch(ids, lengths, keys, cfg).items()}
+  for r, row in enumerate(rows):
+    candidates = int((~SPECIAL[row]).sum())
+    budget = min(slots, max(1, int(np.round(candidates * cfg.rate))))
+    spans = _reference_spans(row, len(row), int(keys.numpy()[r]), budget, cfg.lengths)
+    expected = sorted((p, lo - 1, hi) for lo, hi in spans for p in range(lo, hi))
+    k = int(out["masked_lm_weights"][r].sum())
+    got = list(zip(out["masked_lm_positions"][r, :k], out["masked_lm_span_left"][r, :k],
+                   out["masked_lm_span_right"][r, :k]))
+    assert got == expected, r
