@@ -197,6 +197,9 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
   if "bilstm" in methods:  # the preset's learning rate (1e-3, a recurrent network from scratch), not the row's
     jobs.append(["distill", "--config", "configs/distill.py:bilstm", "--workdir", d["bilstm"], teacher,
                  "--config.model.vocab_size=30522", *[a for a in run_args if "learning_rate" not in a]])
+  if "mobilebert" in methods:  # the preset's from-scratch learning rate (1e-3), not the row's
+    jobs.append(["distill", "--config", "configs/distill.py:mobilebert", "--workdir", d["mobilebert"], teacher,
+                 *[a for a in run_args if "learning_rate" not in a]])
   if "tinybert_aug" in methods:  # the augmenter's MLM: BERT-Tiny from scratch over the MiniLM vocabulary
     jobs += [["pretrain", "--config", "configs/bert.py:demo", "--workdir", d["mlm"],
               f"--config.data.vocab={d['minilm']}/vocab.txt", "--config.model.vocab_size=30522",
@@ -208,9 +211,6 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
               "--config.distill.attention_weight=1", "--config.distill.hard_weight=0",
               "--config.distill.temperature=1", *[a for a in run_args if "data_dir" not in a],
               f"--config.data.data_dir={d['sst2_aug']}"]]
-  if "mobilebert" in methods:  # the preset's from-scratch learning rate (1e-3), not the row's
-    jobs.append(["distill", "--config", "configs/distill.py:mobilebert", "--workdir", d["mobilebert"], teacher,
-                 *[a for a in run_args if "learning_rate" not in a]])
   if "qbert" in methods:
     jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_4bit"],
                  "--budget-bytes", "QBERT_4BIT", "--hessian-batches", str(hessian[0]),
