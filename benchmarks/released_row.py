@@ -158,11 +158,11 @@ def _done(job: list[str]) -> bool:
 
 def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: bool = False,
         methods: tuple[str, ...] = (), row: bool = True, resume: bool = False,
-        hessian: tuple[int, int] = (4, 100), aug_per_example: int = 4) -> dict:
+        hessian: tuple[int, int] = (4, 100), aug_per_example: int = 4, aug_epochs: float = 3.0) -> dict:
   """The row's commands through `bert_jax.cli`; returns every job's eval_results.json (and the timings).
   row=False: the teacher and the `methods` only; resume: jobs whose output is in `out` are not rerun;
-  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities; aug_per_example:
-  tinybert_aug's augmented copies of each training row."""
+  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities; aug_per_example,
+  aug_epochs: tinybert_aug's augmented copies of each training row and its epochs over the augmented set."""
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
   data = os.path.join(out, "sst2")
   if not (resume and all(os.path.exists(os.path.join(data, f"{s}.tsv")) for s in ("train", "dev"))):
@@ -209,8 +209,8 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
              ["distill", *distill, "--workdir", d["tinybert_aug"], teacher,
               "--config.distill.student_layers=every_other", "--config.distill.hidden_weight=1",
               "--config.distill.attention_weight=1", "--config.distill.hard_weight=0",
-              "--config.distill.temperature=1", *[a for a in run_args if "data_dir" not in a],
-              f"--config.data.data_dir={d['sst2_aug']}"]]
+              "--config.distill.temperature=1", *[a for a in run_args if "data_dir" not in a and "epochs" not in a],
+              f"--config.data.data_dir={d['sst2_aug']}", f"--config.train.epochs={aug_epochs:g}"]]
   if "qbert" in methods:
     jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_4bit"],
                  "--budget-bytes", "QBERT_4BIT", "--hessian-batches", str(hessian[0]),
@@ -282,6 +282,8 @@ def main() -> None:
   parser.add_argument("--power-iterations", type=int, default=100, help="qbert: quantize --power-iterations")
   parser.add_argument("--aug-per-example", type=int, default=4,
                       help="tinybert_aug: data augment --per-example (the paper's 20)")
+  parser.add_argument("--aug-epochs", type=float, default=3.0,
+                      help="tinybert_aug: epochs over the augmented set (the row's 3 by default)")
   parser.add_argument("--json", default="row.json", help="the results file, in --out")
   args = parser.parse_args()
   out, hf_dir = os.path.abspath(args.out), os.path.abspath(args.hf_dir) if args.hf_dir else ""
@@ -297,7 +299,7 @@ def main() -> None:
                 _package_file("vaderSentiment", "vader_lexicon.txt"), out, args.rounds,
                 references=not args.no_references, methods=methods, row=not args.skip_row,
                 resume=args.resume, hessian=(args.hessian_batches, args.power_iterations),
-                aug_per_example=args.aug_per_example)
+                aug_per_example=args.aug_per_example, aug_epochs=args.aug_epochs)
   with open(os.path.join(out, args.json), "w") as f:
     json.dump(results, f, indent=1)
   print(json.dumps(results, indent=1))
