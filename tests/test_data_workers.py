@@ -10,11 +10,18 @@ import pytest
 
 import data_fixtures
 from bert_jax.configs import common
+from bert_jax.data_pipelines import workers
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
 from core_helpers import slow
 
 BATCH = 16
+
+
+@pytest.fixture(autouse=True)
+def _short_queues(monkeypatch):
+  # These tests read a few batches; workers building 32 pieces ahead would only compete for the cores.
+  monkeypatch.setattr(workers, "_QUEUE_BATCHES", (2, 2))
 
 
 @pytest.fixture(scope="module")
