@@ -9,6 +9,9 @@ Defaults follow the BERT paper's fine-tuning recipe: Adam (bias-corrected; optim
 =False gives the original BERTAdam), lr 2e-5 (grid {5e-5, 4e-5, 3e-5, 2e-5}), batch 32 ({16, 32}),
 3 epochs ({2, 3, 4}), 10% warmup then linear decay, weight decay 0.01, dropout 0.1, length 128.
 The model section is used only without init_from (the checkpoint's architecture wins otherwise).
+XLNet (an XLNet init_from) reads texts longer than max_seq_length with its segment memory:
+--config.task.memory_segments=4 runs each row as 4 windows of max_seq_length, each attending to the memory
+(task.memory_len, else the model's mem_len) of those before it (bert_jax/finetune/memory.py).
 """
 import ml_collections
 
@@ -42,6 +45,11 @@ def base_config() -> ml_collections.ConfigDict:
   # candidates per training group (one positive), the loss's scale (gamma); positive: the label of a
   # positive row ("": the task's first, QNLI's entailment)
   c.task.ranking = ml_collections.ConfigDict({"group_size": 2, "scale": 1.0, "positive": ""})
+  # XLNet's segment memory over long inputs (bert_jax/finetune/memory.py): each row is memory_segments windows
+  # of data.max_seq_length, run in order, each attending to the last memory_len (0: the model's mem_len)
+  # states of the windows before it; 0: off
+  c.task.memory_segments = 0
+  c.task.memory_len = 0
   c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
   c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
   c.predict_split = "dev"  # "" | dev | test: which split gets a prediction file

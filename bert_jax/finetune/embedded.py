@@ -16,6 +16,7 @@ import random
 import ml_collections
 
 from bert_jax.finetune import glue
+from bert_jax.finetune.features import input_length
 from bert_jax.finetune.tasks import Task
 
 SPEC = glue.GlueSpec(("sentence", None), ("sentence", None, "label"), ("original", "shuffled"),
@@ -70,6 +71,6 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
   train = None
   if need_train:
     train = glue.featurize(rows(sentences[num_dev:], seed=2), spec, tokenizer,
-                           config.data.max_seq_length, config.data.train_limit)
+                           input_length(config), config.data.train_limit)
   return Task(name=name, head="classification", num_labels=2, train=train, evals=[dev], tests=[],
               selection=spec.metrics, labels=spec.labels)

@@ -3,7 +3,8 @@
 The tokenizer's layout (data_pipelines/tokenizers.py:Layout) places the special tokens and the padding:
 XLNet's rows are a <sep> b <sep> <cls>, padded on the left, token types 0, 1 and 2 (<cls>).
 
-The feature contract the model and train step read (all int32 unless noted, N rows, T max_seq_length):
+The feature contract the model and train step read (all int32 unless noted, N rows, T max_seq_length, or
+task.memory_segments windows of it, `input_length`):
   input_ids, attention_mask, token_type_ids: [N, T]
   classification: label [N];  regression: label float32[N]
   token: token_labels [N, T], label_weights float32[N, T] (1 on each word's first sub-token)
@@ -95,6 +96,12 @@ def report(source: str, count: int, problem: str, where: list[str], strict: bool
 
 def text(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def input_length(config) -> int:
+  """The rows' length T: data.max_seq_length, times task.memory_segments windows when that is on
+  (finetune/memory.py); `config` a ConfigDict or a saved config.json's dict."""
+  return config["data"]["max_seq_length"] * max(1, int(config["task"].get("memory_segments", 0) or 0))
 
 
 def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int], list[int]]:

@@ -192,7 +192,7 @@ def write_predictions(directory: str, file_name: str, features, outputs, spec: G
 
 def eval_set(config, spec: GlueSpec, tokenizer, rows, name: str, file_name: str) -> EvalSet:
   features = feats.pad_to_multiple(
-      featurize(rows, spec, tokenizer, config.data.max_seq_length, config.data.eval_limit),
+      featurize(rows, spec, tokenizer, feats.input_length(config), config.data.eval_limit),
       config.train.eval_batch_size)
   labelled = all(label is not None for *_, label in rows)
   return EvalSet(
@@ -215,7 +215,7 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
   spec = SPECS[name]
   train = None
   if need_train:
-    train = featurize(_read_split(config, spec, "train"), spec, tokenizer, config.data.max_seq_length,
+    train = featurize(_read_split(config, spec, "train"), spec, tokenizer, feats.input_length(config),
                       config.data.train_limit)
   evals = [_split_eval_set(config, spec, tokenizer, "dev", s) for s in spec.splits]
   tests = [_split_eval_set(config, spec, tokenizer, "test", s) for s in spec.splits] \

@@ -132,7 +132,7 @@ def _eval_set(config, tokenizer, split: str) -> EvalSet:
   labels = tuple(config.task.labels)
   sentences = _read_split(config, split)
   sentences = sentences[:config.data.eval_limit] if config.data.eval_limit else sentences
-  rows, first_positions = featurize(sentences, labels, tokenizer, config.data.max_seq_length)
+  rows, first_positions = featurize(sentences, labels, tokenizer, feats.input_length(config))
   features = feats.pad_to_multiple(rows, config.train.eval_batch_size)
   tags = lambda out: predicted_tags(out, sentences, first_positions, labels)  # noqa: E731
   return EvalSet(
@@ -148,7 +148,7 @@ def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> 
   if need_train:
     sentences = _read_split(config, "train")
     sentences = sentences[:config.data.train_limit] if config.data.train_limit else sentences
-    train, _ = featurize(sentences, labels, tokenizer, config.data.max_seq_length)
+    train, _ = featurize(sentences, labels, tokenizer, feats.input_length(config))
   tests = [_eval_set(config, tokenizer, "test")] if config.predict_split == "test" else []
   return Task(name=config.task.name, head="token", num_labels=len(labels), train=train,
               evals=[_eval_set(config, tokenizer, "dev")], tests=tests, selection=("f1",), labels=labels)

@@ -185,7 +185,7 @@ def _sentences(example, index: int, paired: bool) -> tuple[str, str | None]:
 def _sentence_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
   spec = _glue_spec(predictor.config)
   rows = [(a, b, None) for a, b in examples]
-  features = glue.featurize(rows, spec, predictor.tokenizer, predictor.config["data"]["max_seq_length"])
+  features = glue.featurize(rows, spec, predictor.tokenizer, feats.input_length(predictor.config))
   records = head_kinds.get(predictor.kind).records
   return features, lambda outputs: records(outputs, predictor.labels)
 
@@ -193,7 +193,7 @@ def _sentence_features(predictor: Predictor, examples) -> tuple[dict[str, np.nda
 def _ranked_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray], Decode]:
   spec, labels = _glue_spec(predictor.config), predictor.labels
   features = glue.featurize([(a, b, None) for a, b in examples], spec, predictor.tokenizer,
-                            predictor.config["data"]["max_seq_length"])
+                            feats.input_length(predictor.config))
   groups = ranking.group_ids(features)
   positive = labels.index((predictor.config["task"].get("ranking") or {}).get("positive") or labels[0])
 
@@ -222,7 +222,7 @@ def _word_features(predictor: Predictor, examples) -> tuple[dict[str, np.ndarray
   labels = predictor.labels
   sentences = [(words, [labels[0]] * len(words)) for words in examples]  # tags: placeholders
   features, first_positions = ner.featurize(sentences, labels, predictor.tokenizer,
-                                            predictor.config["data"]["max_seq_length"])
+                                            feats.input_length(predictor.config))
 
   def decode(outputs):
     tags = ner.predicted_tags(outputs, sentences, first_positions, labels)

@@ -40,8 +40,9 @@ import numpy as np
 
 from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
 from bert_jax.errors import UserError
-from bert_jax.finetune import batching, heads, init, modes, optim, smart
+from bert_jax.finetune import batching, heads, init, memory, modes, optim, smart
 from bert_jax.finetune.batching import train_batches
+from bert_jax.finetune.features import input_length
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
@@ -149,7 +150,7 @@ class FineTuning:
 
   def model_config(self, config: ml_collections.ConfigDict, task: Task) -> Any:
     saved = workdir_lib.read_config(config.init_from) if config.init_from else None
-    encoder = init.model_config(config, saved)
+    encoder = memory.model_config(config, init.model_config(config, saved), task.head)
     return modes.model_config(heads.encoder_config(encoder, task.head, config.head.pooling), config.train)
 
   def setup(self, config: ml_collections.ConfigDict, model_config, task: Task, num_train: int
@@ -239,7 +240,7 @@ class Run:
         cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
                              self.config.checkpoint.every_steps), logger=logger,
         guard=self.guard, signals=self.signals, save=lambda step, state: self._save_state(ckpt, step, state),
-        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
+        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * input_length(self.config),
         save_at_end=False, last_saved=self.last_kept)
     try:
       lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
@@ -350,6 +351,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                     "student's head reads its summary vector as it is")
   modes.validate(config.train)
   smart.validate(config.smart)
+  memory.validate(config)
   batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)
 
 

@@ -17,6 +17,14 @@ vectors stand for (one-hot rows). Memory (`mems` [L, B, M, H], Transformer-XL's 
 also attends to the previous segment's states at its input, without gradient; with `config.mem_len`
 the output carries the next segment's memory.
 
+Windows (`config.window_len`, fine-tuning over long inputs: finetune's task.memory_segments): an input
+longer than window_len runs as consecutive windows of window_len tokens, in order, each attending to the
+memory (the last mem_len layer inputs, without gradient) of the windows before it; the outputs are the
+windows' outputs side by side, so heads read [B, T, H] as usual (XLNet's summary: the last window's last
+token). Unlike Transformer-XL and Hugging Face, whose memory is always visible, padding in the memory is
+masked (`_masks`): a left-padded row's outputs do not depend on how many windows of padding precede its
+text (the first window's memory is mem_len masked zeros, which equals no memory).
+
 The call and its outputs are BertModel's (`bert.ModelOutput`: last_hidden_state is the content stream's,
 mlm_logits the tied LM head's, over the query stream when there is one). As Hugging Face's XLNet, an
 attention_mask hides padding as keys (XLNet pads on the left; relative positions make that free).
@@ -69,6 +77,10 @@ class XLNetConfig(FamilyConfig):
   mlm_head: the LM head (the word embeddings, tied, plus a bias: Hugging Face's lm_loss).
   start_n_top, end_n_top: the SQuAD beam head's starts, and ends per start (head kind xlnet_beam,
     models/xlnet_qa.py; Hugging Face's config keys of the same names).
+  window_len: an input longer than this runs as windows of window_len tokens with memory between them
+    (the module docstring; needs mem_len > 0); 0: the whole input at once. Fine-tuning sets it from
+    task.memory_segments (finetune/memory.py); the memory of windows keeps whole windows (reuse_len is
+    pretraining's).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
   """
   FAMILY_NAME = "XLNet"  # not a field (no annotation): the name its config errors use
@@ -91,6 +103,7 @@ class XLNetConfig(FamilyConfig):
   mlm_head: bool = True
   start_n_top: int = 5
   end_n_top: int = 5
+  window_len: int = 0
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
@@ -117,6 +130,9 @@ class XLNetConfig(FamilyConfig):
                       f"model.num_heads={self.num_heads} heads")
     if self.mem_len < 0 or self.reuse_len < 0:
       raise UserError(f"model.mem_len={self.mem_len} and model.reuse_len={self.reuse_len} must be >= 0")
+    if self.window_len < 0 or (self.window_len and not self.mem_len):
+      raise UserError(f"model.window_len={self.window_len} must be >= 0, and with windows model.mem_len "
+                      f"(here {self.mem_len}) must be > 0: the memory the windows pass on")
     if self.family != "xlnet":
       raise UserError(f"model.family={self.family!r}: this is XLNet's config")
 
@@ -326,10 +342,12 @@ class Encoder(nn.Module):
     return carry, (jnp.stack(inputs) if self.keep_inputs else None)
 
 
-def _masks(attention_mask: Optional[Array], perm_mask: Optional[Array], q_len: int, m_len: int):
+def _masks(attention_mask: Optional[Array], perm_mask: Optional[Array], q_len: int, m_len: int,
+           mems_mask: Optional[Array] = None):
   """(content-stream mask, query-stream mask), float [B or 1, T, K] with 1 where blocked, or (None, None).
 
-  As XLNet: padding blocks keys, perm_mask blocks what the order hides; the memory is always visible;
+  As XLNet: padding blocks keys, perm_mask blocks what the order hides; the memory is visible (as XLNet's,
+  always, when mems_mask [B, M] is None; else where it is 1: windows mask their memory's padding);
   the content stream always sees its own position, the query stream only when nothing else blocks it.
   """
   if attention_mask is None and perm_mask is None:
@@ -340,6 +358,8 @@ def _masks(attention_mask: Optional[Array], perm_mask: Optional[Array], q_len: i
   if perm_mask is not None:
     blocked = blocked + perm_mask.astype(jnp.float32)
   blocked = jnp.pad(blocked, ((0, 0), (0, 0), (m_len, 0)))
+  if mems_mask is not None:
+    blocked = blocked + jnp.pad(1.0 - mems_mask.astype(jnp.float32), ((0, 0), (0, q_len)))[:, None, :]
   eye = jnp.pad(jnp.eye(q_len, dtype=jnp.float32), ((0, 0), (m_len, 0)))
   mask_g = (blocked > 0).astype(jnp.float32)
   mask_h = ((mask_g - eye[None]) > 0).astype(jnp.float32)
@@ -409,36 +429,79 @@ class XLNetModel(nn.Module):
     b, t = input_ids.shape
     if cfg.bi_data and b % 2 and b > 1 and backward_rows is None:
       raise ValueError(f"model.bi_data reads half the batch backwards: the batch ({b} rows) must be even")
-    m = 0 if mems is None else mems.shape[2]
+    windowed = cfg.window_len and t > cfg.window_len
+    if windowed and (t % cfg.window_len or perm_mask is not None or target_mapping is not None):
+      raise ValueError(f"model.window_len={cfg.window_len}: an input of {t} tokens must be whole windows, "
+                       "without perm_mask or target_mapping (windows are for fine-tuning)")
     embeddings = Embeddings(cfg, name="embeddings")
     dropout = Dropout(cfg.hidden_dropout)
-    h = dropout(embeddings(input_ids), deterministic=deterministic)
-    g = None
-    if target_mapping is not None:
-      g = dropout(embeddings.queries(b, target_mapping.shape[1]), deterministic=deterministic)
-    two_ways = cfg.bi_data and (b > 1 or backward_rows is not None)
-    pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len, two_ways)),
-                  deterministic=deterministic)
-    if two_ways:
-      backward = (jnp.arange(b) >= b // 2) if backward_rows is None else backward_rows
-      pos = (pos, jnp.asarray(backward).astype(jnp.int32))
+    encoder = Encoder(cfg, output_hidden_states or cfg.mem_len > 0, name="encoder")
+    segment = functools.partial(_segment, cfg, embeddings, encoder, dropout, head_mask=layer_head_mask(cfg, head_mask),
+                                backward_rows=backward_rows, deterministic=deterministic)
+    if windowed:
+      h, g, hidden_states, next_mems = _windows(segment, cfg, input_ids, attention_mask, token_type_ids, mems)
+      hidden_states = hidden_states if output_hidden_states else None
     else:
-      pos = (pos, None)
-    mask_h, mask_g = _masks(attention_mask, perm_mask, t, m)
-    keep = output_hidden_states or cfg.mem_len > 0
-    encoder = Encoder(cfg, keep, name="encoder")
-    (h, g), inputs = encoder(h, g, None if mems is None else jax.lax.stop_gradient(mems),
-                             layer_head_mask(cfg, head_mask), pos, _other_segment(token_type_ids, m), mask_h, mask_g,
-                             target_mapping, deterministic)
-    out = {"last_hidden_state": h, "query_hidden_state": g}
-    if output_hidden_states:
-      out["hidden_states"] = jnp.concatenate([inputs, h[None]], axis=0)
-    if cfg.mem_len > 0:
-      out["mems"] = next_memory(inputs, mems, cfg)
+      h, g, inputs = segment(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems)
+      hidden_states = jnp.concatenate([inputs, h[None]], axis=0) if output_hidden_states else None
+      next_mems = next_memory(inputs, mems, cfg) if cfg.mem_len > 0 else None
+    out = {"last_hidden_state": h, "query_hidden_state": g, "hidden_states": hidden_states, "mems": next_mems}
     if cfg.mlm_head:
       top = h if g is None else g
       out["mlm_logits"] = LMHead(cfg, name="mlm_head")(dropout(top, deterministic=deterministic), embeddings)
-    return XLNetOutput(**out)
+    return XLNetOutput(**{k: v for k, v in out.items() if v is not None})
+
+
+def _segment(cfg: XLNetConfig, embeddings: Embeddings, encoder: Encoder, dropout: Dropout, input_ids: Array,
+             attention_mask: Optional[Array], token_type_ids: Optional[Array], perm_mask: Optional[Array],
+             target_mapping: Optional[Array], mems: Optional[Array], mems_mask: Optional[Array] = None, *,
+             head_mask: Optional[Array], backward_rows: Optional[Array], deterministic: bool):
+  """One segment through the model's embeddings and encoder: (h [B, T, H], g [B, P, H] or None, each layer's
+  input [L, B, T, H] or None); mems_mask [B, M]: 0 hides a memory slot (None: all visible)."""
+  b, t = input_ids.shape
+  m = 0 if mems is None else mems.shape[2]
+  h = dropout(embeddings(input_ids), deterministic=deterministic)
+  g = None
+  if target_mapping is not None:
+    g = dropout(embeddings.queries(b, target_mapping.shape[1]), deterministic=deterministic)
+  two_ways = cfg.bi_data and (b > 1 or backward_rows is not None)
+  pos = dropout(jnp.asarray(relative_positions(t, m + t, cfg.hidden_size, cfg.clamp_len, two_ways)),
+                deterministic=deterministic)
+  if two_ways:
+    backward = (jnp.arange(b) >= b // 2) if backward_rows is None else backward_rows
+    pos = (pos, jnp.asarray(backward).astype(jnp.int32))
+  else:
+    pos = (pos, None)
+  mask_h, mask_g = _masks(attention_mask, perm_mask, t, m, mems_mask)
+  (h, g), inputs = encoder(h, g, None if mems is None else jax.lax.stop_gradient(mems), head_mask, pos,
+                           _other_segment(token_type_ids, m), mask_h, mask_g, target_mapping, deterministic)
+  return h, g, inputs
+
+
+def _windows(segment, cfg: XLNetConfig, input_ids: Array, attention_mask: Optional[Array],
+             token_type_ids: Optional[Array], mems: Optional[Array]):
+  """The input as consecutive windows of cfg.window_len, in order, each attending to the memory of the ones
+  before (the last mem_len states per layer, padding masked; `mems` [L, B, M, H], all visible, before the first
+  window, else mem_len masked zeros) -> (h [B, T, H], None, hidden states [L + 1, B, T, H], next memory)."""
+  b, t = input_ids.shape
+  w = cfg.window_len
+  if attention_mask is None:
+    attention_mask = jnp.ones((b, t), jnp.int32)
+  if mems is None:
+    mems = jnp.zeros((cfg.num_layers, b, cfg.mem_len, cfg.hidden_size), cfg.compute_dtype)
+    seen = jnp.zeros((b, cfg.mem_len), jnp.float32)
+  else:
+    seen = jnp.ones(mems.shape[1:3], jnp.float32)
+  hs, states = [], []
+  for start in range(0, t, w):
+    part = lambda x, start=start: None if x is None else x[:, start:start + w]  # noqa: E731
+    mask = part(attention_mask)
+    h, _, inputs = segment(part(input_ids), mask, part(token_type_ids), None, None, mems, seen)
+    hs.append(h)
+    states.append(jnp.concatenate([inputs, h[None]], axis=0))
+    mems = jax.lax.stop_gradient(jnp.concatenate([mems.astype(inputs.dtype), inputs], axis=2)[:, :, -cfg.mem_len:])
+    seen = jnp.concatenate([seen, mask.astype(jnp.float32)], axis=1)[:, -cfg.mem_len:]
+  return jnp.concatenate(hs, axis=1), None, jnp.concatenate(states, axis=2), mems
 
 
 def next_memory(inputs: Array, mems: Optional[Array], cfg: XLNetConfig) -> Array:

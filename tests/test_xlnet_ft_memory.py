@@ -1,0 +1,164 @@
+"""XLNet's segment memory at fine-tuning (task.memory_segments, bert_jax/finetune/memory.py; the model's
+window_len, models/xlnet.py): N windows in one forward against transformers' XLNet run window by window with
+`mems` (logits, hidden states and the memory), padding in the memory masked (a row's logits do not depend on
+the windows of padding before it, and equal transformers' on the text alone), no gradient into the memory, the
+refusals, and a `bert-jax finetune` run with memory that `predict` reads."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import bert_jax
+from bert_jax.errors import UserError
+from bert_jax.finetune import heads, memory
+from bert_jax.models.xlnet import XLNetConfig, XLNetModel
+
+VOCAB, W, MEM = 50, 6, 8  # vocabulary, window length, memory length (> W: the memory spans two windows)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  """(transformers' model, ours, its params, our XLNetModel with windows), on the same weights."""
+  tmp_path = tmp_path_factory.mktemp("xlnet_memory")
+  hf_model = _hf_classifier(tmp_path)
+  return (hf_model, *_ours(tmp_path, hf_model))
+
+
+def _hf_classifier(tmp_path):
+  """A tiny random XLNetForSequenceClassification (2 layers, d_model 32, mem_len 8, 3 labels) saved to
+  tmp_path/hf, its weights drawn wide (initializer_range 0.2) and its biases and segment embeddings large
+  enough to matter, so that the memory moves the logits."""
+  config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=37, mem_len=MEM,
+                                    num_labels=3, initializer_range=0.2)
+  torch.manual_seed(0)
+  model = transformers.XLNetForSequenceClassification(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith(("_bias", "seg_embed", "layer_norm.bias", "summary.bias", "logits_proj.bias")):
+        p.normal_(0.0, 0.3)
+  model.save_pretrained(tmp_path / "hf")
+  return model
+
+
+def _ours(tmp_path, hf_model):
+  """Our classification model with windows of W over the same weights: (FinetuneModel, params, XLNetModel)."""
+  encoder, backbone = bert_jax.load_pretrained(str(tmp_path / "hf"))
+  config = heads.encoder_config(encoder.config.replace(window_len=W), "classification", "pooled")
+  assert config.mem_len == MEM
+  model = heads.FinetuneModel(config, "classification", 3)
+  t = lambda x: np.asarray(x.detach().numpy())  # noqa: E731
+  head = {"summary": {"dense": {"kernel": t(hf_model.sequence_summary.summary.weight).T,
+                                "bias": t(hf_model.sequence_summary.summary.bias)}},
+          "classifier": {"kernel": t(hf_model.logits_proj.weight).T, "bias": t(hf_model.logits_proj.bias)}}
+  params = {**backbone, "head": head}
+  ids = jnp.zeros((1, 3 * W), jnp.int32)
+  abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), ids, ids + 1, ids))["params"]
+  assert jax.tree.map(lambda a: a.shape, abstract) == jax.tree.map(np.shape, params)
+  return model, params, XLNetModel(config)
+
+
+def _hf_windows(hf_model, ids, mask, types):
+  """transformers window by window, each with the memory of the ones before: (last window's logits, every
+  window's last hidden states side by side, the final memory [L, B, MEM, H])."""
+  mems, states = None, []
+  for start in range(0, ids.shape[1], W):
+    part = lambda x, start=start: torch.tensor(x[:, start:start + W])  # noqa: E731
+    with torch.no_grad():
+      out = hf_model(part(ids), attention_mask=part(mask), token_type_ids=part(types), mems=mems, use_mems=True,
+                     output_hidden_states=True)
+    mems = out.mems
+    states.append(out.hidden_states[-1].numpy())
+  return out.logits.numpy(), np.concatenate(states, axis=1), np.stack([m.transpose(0, 1).numpy() for m in mems])
+
+
+def test_windows_match_transformers_window_by_window(models):
+  """Rows of three full windows (no padding): the logits of the last window's summary, every window's hidden
+  states and the memory handed on equal transformers' windows run one after another with mems=."""
+  hf_model, model, params, encoder = models
+  ids = np.random.RandomState(0).randint(6, VOCAB, (2, 3 * W))
+  mask = np.ones_like(ids)
+  types = np.zeros_like(ids)
+  types[:, -4:] = 1
+  types[:, -1] = 2  # XLNet's a <sep> b <sep> <cls>: <cls> at the end of the last window
+  want_logits, want_states, want_mems = _hf_windows(hf_model, ids, mask, types)
+  inputs = [jnp.asarray(x) for x in (ids, mask, types)]
+  logits = model.apply({"params": params}, *inputs)["logits"]
+  np.testing.assert_allclose(logits, want_logits, atol=1e-5, rtol=0)
+  out = encoder.apply({"params": {k: v for k, v in params.items() if k != "head"}}, *inputs)
+  np.testing.assert_allclose(out.last_hidden_state, want_states, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(out.mems, want_mems, atol=1e-5, rtol=0)
+  # the memory matters: the last window alone (no memory) gives other logits
+  with torch.no_grad():
+    alone = hf_model(*(torch.tensor(x[:, -W:]) for x in (ids, mask)), token_type_ids=torch.tensor(types[:, -W:]))
+  assert np.abs(alone.logits.numpy() - want_logits).max() > 1e-3
+
+
+def test_padding_in_memory_is_masked(models):
+  """A left-padded text in the last window: the same logits after one or two windows of padding, and
+  transformers' on the text alone (its always-visible memory would let the padding in)."""
+  hf_model, model, params, _ = models
+  text = np.random.RandomState(1).randint(6, VOCAB, (2, 5))
+  text_types = np.array([[0, 0, 1, 1, 2]] * 2)
+
+  def padded(windows):
+    ids = np.full((2, windows * W), 5)
+    mask, types = np.zeros_like(ids), np.zeros_like(ids)
+    ids[:, -5:], mask[:, -5:], types[:, -5:] = text, 1, text_types
+    return ids, mask, types
+
+  two, three = (model.apply({"params": params}, *map(jnp.asarray, padded(n)))["logits"] for n in (2, 3))
+  np.testing.assert_allclose(two, three, atol=1e-5, rtol=0)
+  with torch.no_grad():
+    alone = hf_model(torch.tensor(text), token_type_ids=torch.tensor(text_types)).logits.numpy()
+  np.testing.assert_allclose(three, alone, atol=1e-5, rtol=0)
+  visible, _, _ = _hf_windows(hf_model, *padded(3))
+  assert np.abs(visible - alone).max() > 1e-3  # what masking the memory's padding changes
+
+
+def test_no_gradient_flows_into_the_memory(models):
+  """Tokens only in the first window reach the last window's logits through the memory alone: their
+  embeddings get no gradient (stop-gradient, as XLNet), though changing them changes the logits."""
+  _, model, params, _ = models
+  rng = np.random.RandomState(2)
+  ids = np.concatenate([rng.randint(6, 20, (2, W)), rng.randint(20, VOCAB, (2, 2 * W))], axis=1)
+  mask, types = np.ones_like(ids), np.zeros_like(ids)
+
+  def loss(p, ids):
+    return jnp.sum(model.apply({"params": p}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))["logits"] ** 2)
+
+  grads = jax.grad(loss)(params, ids)["embeddings"]["word_embeddings"]["embedding"]
+  first, later = np.unique(ids[:, :W]), np.unique(ids[:, W:])
+  assert np.all(grads[first] == 0) and np.abs(grads[later]).max() > 1e-4
+  changed = ids.copy()
+  changed[:, :W] = rng.randint(6, 20, (2, W))
+  assert abs(float(loss(params, changed)) - float(loss(params, ids))) > 1e-4
+
+
+def _config(**task):
+  return ml_collections.ConfigDict({"job": "finetune", "task": {"memory_segments": 2, "memory_len": 0, **task},
+                                    "data": {"max_seq_length": 16, "length_buckets": ()}})
+
+
+def test_what_memory_refuses_is_one_line():
+  from bert_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  xlnet = XLNetConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=37)
+  cases = [(lambda: memory.validate(_config(memory_segments=-1)), "must be >= 0"),
+           (lambda: memory.model_config(_config(), ModelConfig(), "classification"), "segment memory is XLNet's"),
+           (lambda: memory.model_config(_config(), xlnet, "classification"), "the model's mem_len is 0"),
+           (lambda: memory.model_config(_config(), xlnet.replace(mem_len=4), "span"), "SQuAD windows"),
+           (lambda: memory.validate(ml_collections.ConfigDict({**_config().to_dict(), "job": "distill"})),
+            "job finetune"),
+           (lambda: XLNetConfig(window_len=8), "model.mem_len")]
+  for call, message in cases:
+    with pytest.raises(UserError, match=message) as error:
+      call()
+    assert "\n" not in str(error.value)
+  got = memory.model_config(_config(memory_len=12), xlnet, "token")
+  assert (got.window_len, got.mem_len) == (16, 12)
+  assert memory.model_config(_config(memory_segments=0), got, "token").window_len == 0  # off: no windows
+  assert memory.model_config(_config(memory_segments=0), ModelConfig(), "token") == ModelConfig()
