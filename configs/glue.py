@@ -35,21 +35,21 @@ PRESETS = {
 SWEEP = {"learning_rates": (5e-5, 4e-5, 3e-5, 2e-5), "batch_sizes": (16, 32), "epochs": (2.0, 3.0, 4.0),
          "seeds": (0, 1, 2)}
 
+# XLNet's segment memory over long inputs (bert_jax/finetune/memory.py), a task block's keys (GLUE, the
+# embedded task, NER): each row is memory_segments windows of data.max_seq_length, run in order, each
+# attending to the last memory_len (0: the model's mem_len) states of the windows before it; 0: off.
+MEMORY = {"memory_segments": 0, "memory_len": 0}
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.job = "finetune"  # the job kind (bert_jax/jobs.py); `bert-jax finetune` runs it
-  c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte"})
+  c.task = ml_collections.ConfigDict({"family": "glue", "name": "rte", **MEMORY})
   c.task.head = ""  # "": the task's own (classification, regression); ranking: MT-DNN's pairwise ranking
   # (a two-label pair task, e.g. qnli; bert_jax/finetune/ranking.py): each question's rows grouped, group_size
   # candidates per training group (one positive), the loss's scale (gamma); positive: the label of a
   # positive row ("": the task's first, QNLI's entailment)
   c.task.ranking = ml_collections.ConfigDict({"group_size": 2, "scale": 1.0, "positive": ""})
-  # XLNet's segment memory over long inputs (bert_jax/finetune/memory.py): each row is memory_segments windows
-  # of data.max_seq_length, run in order, each attending to the last memory_len (0: the model's mem_len)
-  # states of the windows before it; 0: off
-  c.task.memory_segments = 0
-  c.task.memory_len = 0
   c.init_from = ""  # pretraining workdir, params checkpoint, or fine-tuning workdir (two-stage)
   c.eval_only = False  # evaluate init_from (a fine-tuning workdir of this task) and write predictions
   c.predict_split = "dev"  # "" | dev | test: which split gets a prediction file
@@ -126,7 +126,7 @@ def get_config(arg: str = "rte"):
   c = base_config()
   if arg == "embedded":
     c.task = ml_collections.ConfigDict({"family": "embedded", "name": "embedded", "num_train": 4000,
-                                        "num_dev": 500})
+                                        "num_dev": 500, **MEMORY})
     c.data.max_seq_length = 64
     c.optimizer.learning_rate = 1e-4  # a tiny model: the BERT-base rates barely move it
     c.train.update(epochs=3.0, batch_size=32, log_every_steps=25)

@@ -28,7 +28,8 @@ def get_config(arg: str = "conll2003"):
   common.check_preset(arg, PRESETS)
   name = "conll2003" if arg == "sample" else arg
   c = glue.base_config()
-  c.task = ml_collections.ConfigDict({"family": "ner", "name": name, "labels": DATASETS[name]})
+  c.task = ml_collections.ConfigDict({"family": "ner", "name": name, "labels": DATASETS[name],
+                                      **glue.MEMORY})
   c.optimizer.learning_rate = 5e-5
   c.train.update(batch_size=32, epochs=3.0)
   c.sweep.update(learning_rates=(5e-5, 3e-5, 2e-5), batch_sizes=(32,), epochs=(3.0, 4.0))

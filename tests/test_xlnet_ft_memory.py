@@ -3,6 +3,8 @@ window_len, models/xlnet.py): N windows in one forward against transformers' XLN
 `mems` (logits, hidden states and the memory), padding in the memory masked (a row's logits do not depend on
 the windows of padding before it, and equal transformers' on the text alone), no gradient into the memory, the
 refusals, and a `bert-jax finetune` run with memory that `predict` reads."""
+import io
+import json
 
 import flax.linen as nn
 import jax
@@ -10,13 +12,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 import transformers
 
 import bert_jax
+import data_fixtures
+from bert_jax import cli, params_checkpoint
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, memory
 from bert_jax.models.xlnet import XLNetConfig, XLNetModel
+from core_helpers import slow
 
 VOCAB, W, MEM = 50, 6, 8  # vocabulary, window length, memory length (> W: the memory spans two windows)
 
@@ -162,3 +168,49 @@ def test_what_memory_refuses_is_one_line():
   assert (got.window_len, got.mem_len) == (16, 12)
   assert memory.model_config(_config(memory_segments=0), got, "token").window_len == 0  # off: no windows
   assert memory.model_config(_config(memory_segments=0), ModelConfig(), "token") == ModelConfig()
+
+
+def _xlnet_folder(tmp_path):
+  """A tiny random XLNetLMHeadModel (2 layers, d_model 32, no memory of its own) with a SentencePiece
+  vocabulary in XLNet's id layout trained here, saved as a Hugging Face folder."""
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(data_fixtures.real_sentences(600)), model_writer=model, vocab_size=400,
+      model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=5, control_symbols=["<cls>", "<sep>", "<mask>"],
+      user_defined_symbols=["<eop>", "<eod>"], minloglevel=2)
+  config = transformers.XLNetConfig(vocab_size=400, d_model=32, n_layer=2, n_head=4, d_inner=37, pad_token_id=5)
+  torch.manual_seed(0)
+  folder = tmp_path / "hf"
+  transformers.XLNetLMHeadModel(config).save_pretrained(folder)
+  (folder / "spiece.model").write_bytes(model.getvalue())
+  (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLNetTokenizer",
+                                                            "do_lower_case": False, "padding_side": "left"}))
+  return folder
+
+
+@slow  # ~1 min on a loaded 2-core machine: a fine-tuning run with its evaluations and predict
+def test_finetune_with_memory_trains_and_predict_reads_it(tmp_path):
+  """`bert-jax finetune` on the embedded task from an XLNet folder with task.memory_segments=3 of 16 tokens and
+  a memory of 16: config.json keeps the windows, predict builds rows of 48 (<cls> last, left padding) and
+  gives the windowed model's logits, not those of the same weights without memory."""
+  folder, run = _xlnet_folder(tmp_path), tmp_path / "run"
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", str(run),
+                   f"--config.init_from={folder}", "--config.task.num_train=64", "--config.task.num_dev=16",
+                   "--config.task.memory_segments=3", "--config.task.memory_len=16", "--config.data.max_seq_length=16",
+                   "--config.train.batch_size=8", "--config.train.epochs=1", "--config.train.eval_batch_size=16",
+                   "--config.train.tensorboard=false"]) == 0
+  saved = json.loads((run / "config.json").read_text())
+  assert (saved["model"]["window_len"], saved["model"]["mem_len"], saved["task"]["memory_segments"]) == (16, 16, 3)
+  assert "accuracy" in json.loads((run / "eval_results.json").read_text())
+  predictor = bert_jax.Predictor.load(str(run))
+  sentences = [data_fixtures.real_sentences(40)[-1] * 2, "short"]
+  features, _ = predictor.featurize(predictor.normalize(sentences))
+  assert features["input_ids"].shape == (2, 48) and (features["input_ids"][:, -1] == 3).all()  # <cls> last
+  assert features["attention_mask"][1, 0] == 0 and features["attention_mask"][0, 0] == 1  # the long one fills 3
+  logits = predictor.outputs(sentences)["logits"]
+  params, config = params_checkpoint.load_params(str(run))
+  inputs = [jnp.asarray(features[k]) for k in ("input_ids", "attention_mask", "token_type_ids")]
+  for window_len, same in ((16, True), (0, False)):
+    model = heads.FinetuneModel(XLNetConfig(**{**config["model"], "window_len": window_len}), "classification", 2)
+    got = np.asarray(model.apply({"params": params}, *inputs)["logits"])
+    assert np.allclose(got, logits, atol=1e-5) == same
