@@ -16,7 +16,8 @@ Memory across steps, as the released code (data_utils.py, train_gpu.py): data.ex
 "xlnet_stream" (data_pipelines/xlnet_stream.py) lays the text out as batch-many parallel streams, each step's
 row i the next chunk of stream i (xlnet.reuse_len = 256 tokens, then A [SEP] B [SEP] [CLS]); each row attends
 to the memory of xlnet.mem_len = 384 states per layer of the previous steps' same row, carried (and
-checkpointed) in the train state; xlnet.bi_data: half the streams read the text backwards. `tiny`: 64 and
+checkpointed) in the train state, and through the held-out batches of each evaluation (from zeros, as training
+starts); xlnet.bi_data: half the streams read the text backwards. `tiny`: 64 and
 96 of 128. xlnet.mem_len=0 trains without memory; data.example_builder=full_sentences (with
 xlnet.reuse_len=0, xlnet.bi_data=False) on shuffled rows.
 """

@@ -2,7 +2,8 @@
 window_len, models/xlnet.py): N windows in one forward against transformers' XLNet run window by window with
 `mems` (logits, hidden states and the memory), padding in the memory masked (a row's logits do not depend on
 the windows of padding before it, and equal transformers' on the text alone), no gradient into the memory, the
-refusals, and a `bert-jax finetune` run with memory that `predict` reads."""
+refusals, and a `bert-jax finetune` run with memory that `predict` reads; and pretraining's evaluation carrying
+the memory from batch to batch as training does."""
 import io
 import json
 
@@ -18,10 +19,13 @@ import transformers
 
 import bert_jax
 import data_fixtures
+import test_xlnet_memory
 from bert_jax import cli, params_checkpoint
+from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
 from bert_jax.finetune import heads, memory
 from bert_jax.models.xlnet import XLNetConfig, XLNetModel
+from bert_jax.training import objectives, partitioning, step, trainer
 from core_helpers import slow
 
 VOCAB, W, MEM = 50, 6, 8  # vocabulary, window length, memory length (> W: the memory spans two windows)
@@ -214,3 +218,34 @@ def test_finetune_with_memory_trains_and_predict_reads_it(tmp_path):
     model = heads.FinetuneModel(XLNetConfig(**{**config["model"], "window_len": window_len}), "classification", 2)
     got = np.asarray(model.apply({"params": params}, *inputs)["logits"])
     assert np.allclose(got, logits, atol=1e-5) == same
+
+
+def test_pretraining_evaluation_carries_the_memory(tmp_path):
+  """The held-out batches of xlnet_stream are streams too: evaluation carries each row's memory from batch to
+  batch, from zeros, as training does (each eval step given the previous one's memory), which changes the loss
+  against starting every batch from zeros."""
+  corpus, _ = test_xlnet_memory._corpus(tmp_path)  # pylint: disable=protected-access
+  b = test_xlnet_memory.B
+  config = load_config("configs/xlnet.py:tiny", test_xlnet_memory.SMALL + [
+      f"--config.data.corpus={corpus}", f"--config.data.eval_corpus={corpus}", "--config.train.eval_steps=2",
+      f"--config.train.eval_batch_size={b}"])
+  setup = step.build_train_setup(config)
+  rng = np.random.default_rng(0)  # weights wide enough that the memory moves the loss
+  params = jax.tree.map(lambda x: rng.normal(0.0, 0.3, x.shape).astype(np.float32),
+                        setup.init_params(jax.random.key(0)))
+  inputs = trainer.make_inputs(config, "eval", b)
+  inputs.save(str(tmp_path / "start"))
+  got = trainer.evaluate(setup, params, inputs, str(tmp_path / "start"))
+  inputs.restore(str(tmp_path / "start"))
+  zeros = jnp.zeros((b, 2, test_xlnet_memory.MEM, 32))
+  carry, totals, fresh = zeros, [], []
+  for _ in range(2):
+    batch = partitioning.global_batch(next(inputs), setup.mesh)
+    out = setup.eval_step(params, {**batch, objectives.CARRY: carry})
+    carry = out.pop(objectives.CARRY)
+    totals.append(out)
+    fresh.append(setup.eval_step(params, {**batch, objectives.CARRY: zeros})["sum/plm_loss"])
+  assert np.abs(np.asarray(carry)).max() > 0.1
+  count = sum(float(t["count/plm"]) for t in totals)
+  assert got["plm_loss"] == pytest.approx(sum(float(t["sum/plm_loss"]) for t in totals) / count, rel=1e-5)
+  assert abs(sum(map(float, fresh)) / count - got["plm_loss"]) > 1e-4

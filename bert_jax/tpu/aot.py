@@ -34,7 +34,7 @@ from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as finetune_features, heads
 from bert_jax.ops import int8 as int8_lib
-from bert_jax.training import benchmark, info, partitioning
+from bert_jax.training import benchmark, info, objectives, partitioning
 from bert_jax.training.step import TrainSetup
 from bert_jax.tpu import estimate, hlo, slices
 
@@ -288,8 +288,12 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   eval_batch = config.train.eval_batch_size or config.train.batch_size
   say(f"compiled the train step in {train['compile_seconds']:.1f} s; compiling the eval step: "
       f"{_batch_words(eval_batch, dp, config)}")
-  evaluation = _compile(setup.eval_step, mesh.size, state.params, _abstract_batch(config, eval_batch, mesh, setup.objective),
-                        say=say, what="eval step")
+  eval_inputs = _abstract_batch(config, eval_batch, mesh, setup.objective)
+  if state.carry is not None:  # a CarryingObjective's evaluation carries its state in the batch (XLNet's memory)
+    eval_inputs[objectives.CARRY] = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct((eval_batch, *a.shape[1:]), a.dtype, sharding=partitioning.batch_sharding(mesh)),
+        state.carry)
+  evaluation = _compile(setup.eval_step, mesh.size, state.params, eval_inputs, say=say, what="eval step")
   say(f"compiled the eval step in {evaluation['compile_seconds']:.1f} s")
   per_chip = tpu.chip.devices_per_chip
   used = max(train["device_bytes"], evaluation["device_bytes"]) * per_chip

@@ -63,7 +63,7 @@ class TrainSetup:
   make_state: Callable[[Any], TrainState]  # params -> a fresh train state around them
   init_state: Callable[[jax.Array], TrainState]  # rng -> train state
   train_step: Callable  # (state, batch, rng, *extra) -> (state, metrics); the state is donated
-  eval_step: Callable  # (params, batch) -> eval_fn's outputs
+  eval_step: Callable  # (params, batch) -> eval_fn's outputs (a CarryingObjective's: with the next carry, CARRY)
   # Pretraining's extra train-step inputs (a frozen teacher's params): abstract, and how to read them.
   frozen: tuple = ()
   load_frozen: Callable[[], tuple] = tuple
@@ -136,10 +136,23 @@ def staged_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, 
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, objective) -> dict[str, jax.Array]:
-  """Additive statistics of one eval batch (summed over batches by the caller)."""
-  sums = objective.sums(params, batch, None, deterministic=True)
-  return {**{f"sum/{k}": v for k, v in sums.items()},
-          **{f"count/{k}": v for k, v in objective.counts(batch).items()}}
+  """Additive statistics of one eval batch (summed over batches by the caller); with batch[CARRY] (a
+  CarryingObjective's state, `eval_carry`) also the next batch's, under CARRY (not a sum)."""
+  sums = dict(objective.sums(params, batch, None, deterministic=True))
+  carry = sums.pop(objectives.CARRY, None)
+  out = {**{f"sum/{k}": v for k, v in sums.items()},
+         **{f"count/{k}": v for k, v in objective.counts(batch).items()}}
+  return out if carry is None else {**out, objectives.CARRY: carry}
+
+
+def eval_carry(setup: "TrainSetup", rows: int) -> Any:
+  """A CarryingObjective's initial carry for an evaluation of `rows`-row batches (zeros, as training starts;
+  XLNet's memory: the eval batches are streams too, row i continuing row i), split over the batch axes as the
+  rows are; None for another objective."""
+  if not isinstance(setup.objective, objectives.CarryingObjective):
+    return None
+  make = lambda: nn.meta.unbox(setup.objective.carry_init(rows))  # noqa: E731
+  return jax.jit(make, out_shardings=partitioning.batch_sharding(setup.mesh))()
 
 
 def check_batch_layout(train_cfg: ml_collections.ConfigDict, mesh: Mesh) -> None:
@@ -221,7 +234,9 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
                          out_shardings=(state_shardings, replicated), donate_argnums=0),
       eval_step=jax.jit(partitioning.in_mesh(functools.partial(eval_fn, objective=objective), mesh,
                                              axis_rules),
-                        in_shardings=(state_shardings.params, data), out_shardings=eval_out_sharding(mesh)))
+                        in_shardings=(state_shardings.params, data),
+                        # a carry comes back split over the batch axes, as it went in
+                        out_shardings=eval_out_sharding(mesh) if carry_init is None else None))
 
 
 def build_train_setup(config: ml_collections.ConfigDict, mesh: Mesh | None = None) -> TrainSetup:

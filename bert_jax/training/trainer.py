@@ -19,7 +19,7 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.training import checkpoint, finite, loop, memory, objectives, partitioning
 from bert_jax.training.metrics import MetricsLogger
-from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, summarize_eval
+from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, eval_carry, summarize_eval
 
 
 def make_inputs(config: ml_collections.ConfigDict, split: str, batch_size: int):
@@ -95,11 +95,17 @@ def _write_run_files(config: ml_collections.ConfigDict, run_dir, tokenizer_path:
 
 
 def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dict[str, float]:
-  """Metrics over config.train.eval_steps held-out batches, the same batches at every evaluation."""
+  """Metrics over config.train.eval_steps held-out batches, the same batches at every evaluation; a
+  CarryingObjective's state carried from batch to batch as in training, from zeros (XLNet's memory: row i of
+  each eval batch continues row i of the last, data_pipelines/xlnet_stream.py)."""
   inputs.restore(start_dir)
-  totals = None
-  for _ in range(setup.config.train.eval_steps):
-    out = setup.eval_step(params, partitioning.global_batch(next(inputs), setup.mesh))
+  totals, carry = None, None
+  for i in range(setup.config.train.eval_steps):
+    batch = partitioning.global_batch(next(inputs), setup.mesh)
+    if i == 0:
+      carry = eval_carry(setup, jax.tree.leaves(batch)[0].shape[0])
+    out = dict(setup.eval_step(params, batch if carry is None else {**batch, objectives.CARRY: carry}))
+    carry = out.pop(objectives.CARRY, None)
     totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
   return summarize_eval(setup.objective, totals)
 
