@@ -163,7 +163,9 @@ def test_what_memory_refuses_is_one_line():
            (lambda: memory.model_config(_config(), xlnet.replace(mem_len=4), "span"), "SQuAD windows"),
            (lambda: memory.validate(ml_collections.ConfigDict({**_config().to_dict(), "job": "distill"})),
             "job finetune"),
-           (lambda: XLNetConfig(window_len=8), "model.mem_len")]
+           (lambda: XLNetConfig(window_len=8), "model.mem_len"),
+           (lambda: objectives.make_objective(load_config("configs/xlnet.py:tiny", [
+               "--config.model.window_len=16", "--config.model.mem_len=16"])), "pretraining carries the memory")]
   for call, message in cases:
     with pytest.raises(UserError, match=message) as error:
       call()

@@ -235,6 +235,9 @@ def from_config(config: ml_collections.ConfigDict, model_config: XLNetConfig) ->
   if getattr(model_config, "family", "") != "xlnet" or not model_config.mlm_head:
     raise UserError("objective='xlnet' needs model.family='xlnet' and model.mlm_head=True "
                     "(configs/xlnet.py)")
+  if model_config.window_len:
+    raise UserError(f"model.window_len={model_config.window_len} is fine-tuning's windows (task.memory_segments); "
+                    "pretraining carries the memory across steps: xlnet.mem_len")
   block = config.get("xlnet") or {}
   k, max_span, context, mem_len, reuse_len, bi_data = (block.get(key, default) for key, default in (
       ("prediction_k", 6), ("max_span", 5), ("span_context", 6), ("mem_len", 0), ("reuse_len", 0),
