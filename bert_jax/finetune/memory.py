@@ -12,7 +12,8 @@ its first N * max_seq_length - 2 tokens (a pair: longest-first truncation to N *
 without memory it kept the first max_seq_length - 2. Sequence heads read the last window's last token (XLNet's
 summary); token heads read every window. Padding in the memory is masked, so a row's prediction does not depend
 on how many windows of padding precede its text (Hugging Face's XLNet keeps its memory always visible; rows
-without padding in memory give its numbers). N = 0: off, one window as before.
+without padding in memory give its numbers). N = 0: off, one window as before. `convert --to hf` exports the
+weights and mem_len: transformers has no windows, its caller feeds them one at a time with `mems=`.
 """
 from __future__ import annotations
 
