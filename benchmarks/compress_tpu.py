@@ -79,8 +79,11 @@ class Shape:
 
 
 def _minilm(layers: int):
+  """MiniLM-L6's shape (benchmarks/int8_tpu.py's), as its fine-tuning workdir holds it (no MLM or NSP head)."""
+  from bert_jax.finetune import heads  # pylint: disable=import-outside-toplevel
   from bert_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
-  return ModelConfig(num_layers=layers, hidden_size=384, num_heads=12, intermediate_size=1536, vocab_size=VOCAB)
+  cfg = ModelConfig(num_layers=layers, hidden_size=384, num_heads=12, intermediate_size=1536, vocab_size=VOCAB)
+  return heads.encoder_config(cfg, "classification", "pooled")
 
 
 def _preset_model(spec: str, *overrides: str):

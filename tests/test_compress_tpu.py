@@ -80,7 +80,6 @@ def test_bert_count_is_the_traced_matmuls():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
-@pytest.mark.skipif(not os.environ.get("BERT_JAX_SLOW_TESTS"), reason="a TPU compile; set BERT_JAX_SLOW_TESTS=1")
 def test_compiled_bilstm_estimate_counts_every_time_step(monkeypatch):
   """The BiLSTM row's estimate: libtpu compiles the scan over time as a loop, and tpu/estimate.py multiplies
   its body by the trip count, so the compiled FLOPs reach the analytic count (the cost analysis adds the
