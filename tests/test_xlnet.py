@@ -29,12 +29,18 @@ def _hf_model(tmp_path, mem_len=None, ff_activation="gelu", **overrides):
   config = transformers.XLNetConfig(**{**dict(vocab_size=VOCAB, d_model=32, n_layer=3, n_head=4, d_inner=37,
                                               mem_len=mem_len, ff_activation=ff_activation), **overrides})
   torch.manual_seed(0)
-  model = transformers.XLNetLMHeadModel(config).eval()
+  model = widen(transformers.XLNetLMHeadModel(config).eval(), ("mask_emb", "lm_loss.bias"))
+  model.save_pretrained(tmp_path / "hf")
+  return model
+
+
+def widen(model, extra=()):
+  """`model` with its biases, segment embeddings and the `extra` parameters (name endings) drawn from
+  N(0, 0.3): transformers starts biases at zero, where a missing term would go unnoticed."""
   with torch.no_grad():
     for name, p in model.named_parameters():
-      if name.endswith(("_bias", "seg_embed", "mask_emb", "layer_norm.bias", "lm_loss.bias")):
+      if name.endswith(("_bias", "seg_embed", "layer_norm.bias", *extra)):
         p.normal_(0.0, 0.3)
-  model.save_pretrained(tmp_path / "hf")
   return model
 
 

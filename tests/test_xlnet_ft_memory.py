@@ -19,6 +19,7 @@ import transformers
 
 import bert_jax
 import data_fixtures
+import test_xlnet
 import test_xlnet_memory
 from bert_jax import cli, params_checkpoint
 from bert_jax.config_utils import load_config
@@ -46,11 +47,8 @@ def _hf_classifier(tmp_path):
   config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=37, mem_len=MEM,
                                     num_labels=3, initializer_range=0.2)
   torch.manual_seed(0)
-  model = transformers.XLNetForSequenceClassification(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith(("_bias", "seg_embed", "layer_norm.bias", "summary.bias", "logits_proj.bias")):
-        p.normal_(0.0, 0.3)
+  model = test_xlnet.widen(transformers.XLNetForSequenceClassification(config).eval(),
+                           ("summary.bias", "logits_proj.bias"))
   model.save_pretrained(tmp_path / "hf")
   return model
 
