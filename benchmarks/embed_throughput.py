@@ -52,7 +52,7 @@ def main() -> None:
   parser.add_argument("--buckets", help="bert_jax's padded lengths (one sentence per row: powers of two by default) "
                       "or packed rows' widths (128 and max_seq_length by default), comma-separated")
   parser.add_argument("--no-pack", action="store_true", help="one sentence per row (bert_jax before packing)")
-  parser.add_argument("--tokens-per-call", type=int, default=4096, help="packed rows: tokens per model call")
+  parser.add_argument("--tokens-per-call", type=int, help="packed rows: tokens per model call (default: the Embedder's)")
   parser.add_argument("--also-unpacked", action="store_true",
                       help="time bert_jax one sentence per row too, alternating with the other two")
   parser.add_argument("--json", action="store_true")
@@ -76,7 +76,7 @@ def main() -> None:
   assert cli.main(["convert", "--from", "hf", source, converted]) == 0
   buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
   ours = bert_jax.Embedder.load(converted, batch_size=args.batch_size, buckets=buckets, pack=not args.no_pack,
-                                tokens_per_call=args.tokens_per_call)
+                                **({"tokens_per_call": args.tokens_per_call} if args.tokens_per_call else {}))
   theirs = sentence_transformers.SentenceTransformer(source, device="cpu")
   runs = {"bert_jax": lambda: ours(sentences),
           "sentence_transformers": lambda: theirs.encode(sentences, batch_size=args.batch_size,
