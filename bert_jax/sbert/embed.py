@@ -50,7 +50,10 @@ from bert_jax.training import partitioning
 
 SMALLEST_BUCKET = 16
 PACK_WIDTH = 128  # packed rows' width for sentences up to this long
-TOKENS_PER_CALL = 512  # packed rows per model call, in tokens (on CPU 512 ran faster than 1024-4096)
+# Packed rows per model call, in tokens: on CPU 512 ran faster than 1024-4096 (BENCHMARKS.md, "Sentence
+# embeddings"); accelerators keep about what 32 sentences a call padded to a bucket gave (not measured).
+TOKENS_PER_CALL = {"cpu": 512}
+ACCELERATOR_TOKENS_PER_CALL = 4096
 
 
 def buckets_for(max_seq_length: int) -> tuple[int, ...]:
@@ -150,16 +153,19 @@ class Embedder:
   # Packing (PACKING below): jitted (params, input_ids, document_ids, position_ids) -> [R, slots, D]; None:
   # one sentence per row.
   packed_forward: Callable | None = None
-  tokens_per_call: int = TOKENS_PER_CALL
+  tokens_per_call: int = ACCELERATOR_TOKENS_PER_CALL
 
   @classmethod
   def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None, *, pack: bool = True,
-           tokens_per_call: int = TOKENS_PER_CALL) -> "Embedder":
+           tokens_per_call: int | None = None) -> "Embedder":
     """From any checkpoint (a bi-encoder workdir, a converted sentence-transformers folder, a HF or
     bert_jax model: mean pooling where none is recorded). pack: several sentences per row where the
     family can (module docstring); buckets: the packed rows' widths (default `pack_widths_for`), or
     without packing the padded lengths (default `buckets_for(max_seq_length)`); batch_size: sentences per
-    call without packing; tokens_per_call: about this many tokens of packed rows per call."""
+    call without packing; tokens_per_call: about this many tokens of packed rows per call (default
+    TOKENS_PER_CALL for the backend)."""
+    if tokens_per_call is None:
+      tokens_per_call = TOKENS_PER_CALL.get(jax.default_backend(), ACCELERATOR_TOKENS_PER_CALL)
     if batch_size <= 0 or tokens_per_call <= 0:
       raise UserError(f"batch size {batch_size} and tokens per call {tokens_per_call} must be positive")
     model, params, tokenizer, notes = model_lib.from_checkpoint(path)
