@@ -141,6 +141,9 @@ def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tmp_pat
   embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
   assert embedder.buckets == (12,) and embedder.dimension == 64
   np.testing.assert_allclose(embedder(sentences), expected, atol=1e-5)
+  unpacked = bert_jax.Embedder.load(str(root / "ours"), batch_size=8, pack=False)  # one sentence per row
+  assert embedder.packed_forward is not None and unpacked.packed_forward is None
+  np.testing.assert_allclose(unpacked(sentences), expected, atol=1e-5)
   back = str(tmp_path / "hf")
   assert cli.main(["convert", "--to", "hf", str(root / "ours"), back]) == 0
   reloaded = sentence_transformers.SentenceTransformer(back, device="cpu")

@@ -48,7 +48,8 @@ def _search(args):
 def _common(p) -> None:
   p.add_argument("--model", required=True, help="a bi-encoder workdir, a converted sentence-transformers "
                                                 "folder, or any checkpoint (mean pooling where none is recorded)")
-  p.add_argument("--batch-size", type=int, default=32, help="sentences per model call")
+  p.add_argument("--batch-size", type=int, default=32, help="sentences per model call"
+                 " where sentences are not packed (packed rows: about 512 tokens a call)")
 
 
 def register(subparsers) -> None:

@@ -44,6 +44,26 @@ def pool(hidden: Array, mask: Array, modes: tuple[str, ...]) -> Array:
   return jnp.concatenate(outputs, axis=-1)
 
 
+def pool_segments(hidden: Array, document_ids: Array, slots: int, modes: tuple[str, ...]) -> Array:
+  """Packed rows: hidden [B, T, H], document_ids int [B, T] (1, 2, ... numbering each row's sentences,
+  0 on padding) -> float32 [B, slots, len(modes) * H], slot s pooling sentence s + 1 of its row as `pool`
+  pools a row of its own (slots past a row's last sentence hold no meaning)."""
+  hidden = hidden.astype(jnp.float32)
+  member = (document_ids[:, None, :] == jnp.arange(1, slots + 1)[None, :, None]).astype(jnp.float32)  # [B, S, T]
+  outputs = []
+  for mode in modes:
+    if mode == "cls":
+      first = jnp.argmax(member, axis=2)  # [B, S]
+      outputs.append(jnp.take_along_axis(hidden[:, None], first[:, :, None, None], axis=2)[:, :, 0])
+    elif mode == "max":
+      outputs.append(jnp.max(jnp.where(member[..., None] > 0, hidden[:, None], -jnp.inf), axis=2))
+    else:
+      total = jnp.einsum("bst,bth->bsh", member, hidden, precision=jax.lax.Precision.HIGHEST)
+      count = jnp.maximum(jnp.sum(member, axis=2), 1e-9)[..., None]
+      outputs.append(total / (count if mode == "mean" else jnp.sqrt(count)))
+  return jnp.concatenate(outputs, axis=-1)
+
+
 def l2_normalize(x: Array, eps: float = 1e-12) -> Array:
   """x / max(||x||_2, eps) over the last axis."""
   norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True))
@@ -71,6 +91,12 @@ class Pooling:
   def __call__(self, hidden: Array, mask: Array) -> Array:
     """hidden [B, T, H], mask [B, T] -> float32 [B, len(modes) * H]."""
     pooled = pool(hidden, mask, self.modes)
+    return l2_normalize(pooled) if self.normalize else pooled
+
+  def packed(self, hidden: Array, document_ids: Array, slots: int) -> Array:
+    """Several sentences per row (`pool_segments`): hidden [B, T, H], document_ids [B, T] ->
+    float32 [B, slots, len(modes) * H]."""
+    pooled = pool_segments(hidden, document_ids, slots, self.modes)
     return l2_normalize(pooled) if self.normalize else pooled
 
   def dimension(self, hidden_size: int) -> int:

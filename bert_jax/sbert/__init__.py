@@ -1,7 +1,7 @@
 """Sentence-BERT (Reimers & Gurevych 2019): a bi-encoder that maps each sentence to one vector.
 
   model.py      the encoder and its pooling (models/pooling.py) as one Flax module, read from any checkpoint
-  embed.py      `Embedder`: sentences in, embeddings out, in a few compiled length buckets
+  embed.py      `Embedder`: sentences in, embeddings out, packed several to a row (or length buckets)
   evaluate.py   STS (Spearman of cosine against gold), retrieval (recall@k, MRR@10) and search
   data.py       the sentence-pair files: scored (STS), labelled (NLI), text pairs (ranking)
   losses.py     the bi-encoder's training losses on embeddings: NLI softmax on (u, v, |u - v|),

@@ -1,12 +1,23 @@
 """Sentences in, embeddings out: `Embedder.load(model)(sentences) -> float32[N, D]`, and `bert-jax embed`.
 
 Each sentence becomes [CLS] tokens [SEP], cut at the model's max_seq_length, as sentence-transformers
-tokenizes it. Padding costs compute on every layer, so, like sentence-transformers, the rows run sorted
-by length, longest first, in batches of batch_size; unlike it (it pads each batch to its longest row,
-one shape per batch), a batch is padded to the smallest of a few length *buckets* that holds its
-longest row (powers of two from 16 up to max_seq_length), and the last batch is filled up with copies
-of a row, so the jitted forward has one shape per bucket and compiles at most once for each. The embeddings are put
-back in the input's order.
+tokenizes it. Padding costs compute on every layer, so the rows are filled with as little of it as the
+compiled shapes allow, in one of two ways:
+
+- Packed (the default where the encoder takes document_ids and position_ids: BertModel's families and
+  ModernBERT): several sentences share a row, laid end to end, each with its own document id (attention
+  stays within a sentence, as the packed pretraining rows do) and positions from 0, and pooling reads each
+  sentence's tokens (`SentenceEncoder.packed`). The rows are `widths` wide (128, and max_seq_length for the
+  longer sentences: `pack_widths_for`), filled best-fit, longest sentence first (`pack_rows`); a model call
+  takes about `tokens_per_call` tokens of rows, so short sentences run many to a call. One shape per width
+  compiles; padding is what best fit leaves and the last call's free rows.
+- One sentence per row (pack=False, or a family that cannot pack): like sentence-transformers, the rows
+  run sorted by length, longest first, in batches of batch_size; unlike it (it pads each batch to its
+  longest row, one shape per batch), a batch is padded to the smallest of a few length *buckets* that
+  holds its longest row (powers of two from 16 up to max_seq_length).
+
+Either way the last call is filled up with copies of a row, so the jitted forward has one shape per bucket
+and compiles at most once for each. The embeddings are put back in the input's order.
 
 The forward is jitted over a data-parallel mesh of the local devices (the batch is rounded up to a
 multiple of their count); the embedder holds its parameters so one `load` serves many calls, while the
@@ -16,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import inspect
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -37,6 +49,11 @@ from bert_jax.sbert import model as model_lib
 from bert_jax.training import partitioning
 
 SMALLEST_BUCKET = 16
+PACK_WIDTH = 128  # packed rows' width for sentences up to this long
+# Packed rows per model call, in tokens: on CPU 512 ran faster than 1024-4096 (BENCHMARKS.md, "Sentence
+# embeddings"); accelerators keep about what 32 sentences a call padded to a bucket gave (not measured).
+TOKENS_PER_CALL = {"cpu": 512}
+ACCELERATOR_TOKENS_PER_CALL = 4096
 
 
 def buckets_for(max_seq_length: int) -> tuple[int, ...]:
@@ -46,6 +63,69 @@ def buckets_for(max_seq_length: int) -> tuple[int, ...]:
     sizes.append(size)
     size *= 2
   return (*sizes, max_seq_length)
+
+
+def pack_widths_for(max_seq_length: int) -> tuple[int, ...]:
+  """The packed rows' widths: PACK_WIDTH, and max_seq_length for the sentences longer than that."""
+  return tuple(sorted({min(PACK_WIDTH, max_seq_length), max_seq_length}))
+
+
+def slots_for(width: int) -> int:
+  """The most sentences one packed row of `width` tokens holds (each has [CLS] and [SEP] at least)."""
+  return max(1, width // 4)
+
+
+def pack_rows(lengths: Sequence[int], widths: Sequence[int]) -> dict[int, list[list[int]]]:
+  """{width: rows}, each row a list of sentence indices whose lengths sum to at most width (and at most
+  slots_for(width) of them). Longest sentence first, each goes to the open row of any width that it fills
+  best (best fit decreasing: a short sentence fills the gap a long one left in a wide row), else opens a
+  row of the narrowest width that holds it."""
+  widths = sorted(widths)
+  rows: dict[int, list[list[int]]] = {w: [] for w in widths}
+  room: list[list[tuple[int, int]]] = [[] for _ in range(widths[-1] + 1)]  # free tokens -> open (width, row)
+  for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    length = lengths[i]
+    free = next((f for f in range(length, len(room)) if room[f]), None)
+    if free is None:
+      width = widths[bisect.bisect_left(widths, length)]
+      row, free = len(rows[width]), width
+      rows[width].append([])
+    else:
+      width, row = room[free].pop()
+    rows[width][row].append(i)
+    if len(rows[width][row]) < slots_for(width) and free - length >= 2:
+      room[free - length].append((width, row))
+  return {w: r for w, r in rows.items() if r}
+
+
+def can_pack(model: model_lib.SentenceEncoder) -> bool:
+  """Does the encoder take several sentences per row (document_ids and position_ids: BertModel, ModernBERT)?"""
+  module = families.build(model_lib.encoder_config(model.config))
+  names = inspect.signature(type(module).__call__).parameters
+  return "document_ids" in names and "position_ids" in names
+
+
+def packed_arrays(rows: Sequence[Sequence[Sequence[int]]], width: int, pad_id: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """input_ids, document_ids (1, 2, ... per sentence, 0 on padding), position_ids (from 0 in each
+  sentence) int32[len(rows), width] of rows of sentences' token ids laid end to end."""
+  ids = np.full((len(rows), width), pad_id, np.int32)
+  docs, pos = np.zeros((len(rows), width), np.int32), np.zeros((len(rows), width), np.int32)
+  for r, row in enumerate(rows):
+    start = 0
+    for d, sentence in enumerate(row):
+      end = start + len(sentence)
+      ids[r, start:end], docs[r, start:end], pos[r, start:end] = sentence, d + 1, np.arange(len(sentence))
+      start = end
+  return ids, docs, pos
+
+
+def packed_apply(model: model_lib.SentenceEncoder) -> Callable:
+  """(params, input_ids, document_ids, position_ids from 0) -> [B, slots_for(T), D]: the model's `packed`
+  (RoBERTa's positions start after its pad id, as `default_position_ids` counts them)."""
+  offset = model.config.pad_token_id + 1 if getattr(model.config, "position_style", "") == "roberta" else 0
+  return lambda p, ids, docs, pos: model.apply({"params": p}, ids, docs, pos + offset, slots_for(ids.shape[1]),
+                                               method=model_lib.SentenceEncoder.packed)
 
 
 def token_ids(tokenizer, sentence: str, max_seq_length: int) -> list[int]:
@@ -70,21 +150,31 @@ class Embedder:
   mesh: Any
   batch_size: int
   buckets: tuple[int, ...]
+  # Packing (PACKING below): jitted (params, input_ids, document_ids, position_ids) -> [R, slots, D]; None:
+  # one sentence per row.
+  packed_forward: Callable | None = None
+  tokens_per_call: int = ACCELERATOR_TOKENS_PER_CALL
 
   @classmethod
-  def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None) -> "Embedder":
+  def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None, *, pack: bool = True,
+           tokens_per_call: int | None = None) -> "Embedder":
     """From any checkpoint (a bi-encoder workdir, a converted sentence-transformers folder, a HF or
-    bert_jax model: mean pooling where none is recorded); buckets: the padded lengths (default
-    `buckets_for(max_seq_length)`)."""
-    if batch_size <= 0:
-      raise UserError(f"batch size {batch_size} must be positive")
+    bert_jax model: mean pooling where none is recorded). pack: several sentences per row where the
+    family can (module docstring); buckets: the packed rows' widths (default `pack_widths_for`), or
+    without packing the padded lengths (default `buckets_for(max_seq_length)`); batch_size: sentences per
+    call without packing; tokens_per_call: about this many tokens of packed rows per call (default
+    TOKENS_PER_CALL for the backend)."""
+    if tokens_per_call is None:
+      tokens_per_call = TOKENS_PER_CALL.get(jax.default_backend(), ACCELERATOR_TOKENS_PER_CALL)
+    if batch_size <= 0 or tokens_per_call <= 0:
+      raise UserError(f"batch size {batch_size} and tokens per call {tokens_per_call} must be positive")
     model, params, tokenizer, notes = model_lib.from_checkpoint(path)
     for note in notes:
       print(note, file=sys.stderr, flush=True)
     if tokenizer is None:
       raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt) found")
-    length = model.pooling.max_seq_length
-    buckets = tuple(sorted(set(buckets or buckets_for(length))))
+    length, pack = model.pooling.max_seq_length, pack and can_pack(model)
+    buckets = tuple(sorted(set(buckets or (pack_widths_for(length) if pack else buckets_for(length)))))
     if buckets[0] < 2 or buckets[-1] != length:
       raise UserError(f"length buckets {list(buckets)} must be >= 2 and end at the model's max_seq_length {length}")
     # Inference only. The layers stay a scanned loop: unrolling them doubles each bucket's compile on
@@ -97,12 +187,17 @@ class Embedder:
     data = partitioning.batch_sharding(mesh)
     forward = lambda p, ids, mask: model.apply({"params": p}, ids, mask)  # noqa: E731
     devices = partitioning.data_parallel_size(mesh)
+    packed_forward = None
+    if pack:
+      packed_forward = jax.jit(partitioning.in_mesh(packed_apply(model), mesh, rules),
+                               in_shardings=(shardings, data, data, data), out_shardings=data)
     return cls(pooling=model.pooling, dimension=model.pooling.dimension(model.config.hidden_size),
                tokenizer=pretrained.build_tokenizer(tokenizer),
                params=jax.device_put(nn.meta.unbox(params), shardings),
                forward=jax.jit(partitioning.in_mesh(forward, mesh, rules), in_shardings=(shardings, data, data),
                                out_shardings=data),
-               mesh=mesh, batch_size=-(-batch_size // devices) * devices, buckets=buckets)
+               mesh=mesh, batch_size=-(-batch_size // devices) * devices, buckets=buckets,
+               packed_forward=packed_forward, tokens_per_call=tokens_per_call)
 
   def tokenize(self, sentence: str) -> list[int]:
     """[CLS] the sentence's tokens [SEP], at most max_seq_length ids."""
@@ -119,13 +214,38 @@ class Embedder:
     pending = []
     with tqdm.tqdm(total=len(rows), disable=not progress, delay=2.0, file=sys.stderr, unit="sentence",
                    desc="embed") as bar:
-      for length, chosen in self.batches([len(r) for r in rows]):
-        pending.append((chosen, self._run([rows[i] for i in chosen], length)))  # dispatched, not waited for
+      if self.packed_forward is None:
+        calls = ((chosen, self._run([rows[i] for i in chosen], length))
+                 for length, chosen in self.batches([len(r) for r in rows]))
+      else:
+        calls = ((packed, self._run_packed([[rows[i] for i in row] for row in packed], width))
+                 for width, packed in self.packed_calls([len(r) for r in rows]))
+      for call in calls:
+        pending.append(call)  # dispatched, not waited for
         if len(pending) > 2:
           self._collect(pending.pop(0), out, bar)
       for item in pending:
         self._collect(item, out, bar)
     return out
+
+  def packed_calls(self, lengths: Sequence[int]) -> list[tuple[int, list[list[int]]]]:
+    """(width, rows of sentence indices) per model call of the packed path: `pack_rows` per width, about
+    tokens_per_call tokens per call (a multiple of the device count of rows)."""
+    devices = partitioning.data_parallel_size(self.mesh)
+    calls = []
+    for width, rows in pack_rows(lengths, self.buckets).items():
+      per_call = max(devices, self.tokens_per_call // width // devices * devices)
+      calls.extend((width, rows[s:s + per_call]) for s in range(0, len(rows), per_call))
+    return calls
+
+  def _run_packed(self, rows: list[list[list[int]]], width: int) -> jax.Array:
+    """[calls rows, slots, D] for rows of sentences' ids packed `width` wide (free rows repeat the first)."""
+    devices = partitioning.data_parallel_size(self.mesh)
+    per_call = max(devices, self.tokens_per_call // width // devices * devices)
+    count = max(per_call, -(-len(rows) // devices) * devices)
+    arrays = packed_arrays(rows + rows[:1] * (count - len(rows)), width, self.tokenizer.special_ids["[PAD]"])
+    arrays = (partitioning.global_batch({"x": a}, self.mesh)["x"] for a in arrays)
+    return self.packed_forward(self.params, *arrays)
 
   def batches(self, lengths: Sequence[int]) -> list[tuple[int, list[int]]]:
     """(bucket, row indices) per model call: the rows sorted by length, longest first, in batches of
@@ -145,9 +265,13 @@ class Embedder:
     return self.forward(self.params, *(partitioning.global_batch({"x": a}, self.mesh)["x"] for a in (ids, mask)))
 
   @staticmethod
-  def _collect(item: tuple[list[int], jax.Array], out: np.ndarray, bar) -> None:
+  def _collect(item: tuple[list, jax.Array], out: np.ndarray, bar) -> None:
     chosen, embeddings = item
-    out[chosen] = np.asarray(jax.device_get(embeddings))[:len(chosen)]
+    embeddings = np.asarray(jax.device_get(embeddings))
+    if embeddings.ndim == 3:  # packed: rows of sentence indices, each row's sentences in its slots
+      rows, slots = zip(*[(r, s) for r, row in enumerate(chosen) for s in range(len(row))])
+      chosen, embeddings = [i for row in chosen for i in row], embeddings[list(rows), list(slots)]
+    out[chosen] = embeddings[:len(chosen)]
     bar.update(len(chosen))
 
 

@@ -40,6 +40,15 @@ class SentenceEncoder(nn.Module):
     out = self.encoder_model(input_ids, attention_mask, deterministic=deterministic)
     return self.pooling(out.last_hidden_state, attention_mask)
 
+  def packed(self, input_ids: Array, document_ids: Array, position_ids: Array, slots: int) -> Array:
+    """Several sentences per row: input_ids, document_ids (1, 2, ... per sentence, 0 on padding) and
+    position_ids (restarting at each sentence) int32[B, T] -> embeddings float32[B, slots, D], slot s the
+    row's sentence s + 1, as `__call__` embeds it alone (attention stays within a sentence)."""
+    mask = (document_ids > 0).astype(input_ids.dtype)
+    out = self.encoder_model(input_ids, mask, position_ids=position_ids, document_ids=document_ids,
+                             deterministic=True)
+    return self.pooling.packed(out.last_hidden_state, document_ids, slots)
+
 
 def default_pooling(config: families.Config) -> Pooling:
   return Pooling(("mean",), False, min(config.max_position_embeddings, 512))
