@@ -99,6 +99,11 @@ def test_commands_start_quietly_on_a_cpu_machine_with_libtpu_and_tpu_variables()
   quiet = subprocess.run(command, env={**env, **LIBTPU_FILLS}, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert quiet.returncode == 0 and "num_params" in quiet.stdout, quiet.stderr
   assert quiet.stderr == ""
+  # A library user (a benchmark, a notebook) importing a jax-using subpackage before jax itself.
+  library = subprocess.run([sys.executable, "-c", "import bert_jax.training.benchmark, jax; print(jax.devices())"],
+                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert library.returncode == 0 and "CpuDevice" in library.stdout, library.stderr
+  assert not any(n in library.stderr for n in NOISE), library.stderr
 
 
 def test_reading_a_workdirs_params_logs_no_checkpoint_metadata_warning(tmp_path, caplog):

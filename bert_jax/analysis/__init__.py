@@ -12,3 +12,5 @@
 The model side (attention probabilities, head masks, pruned heads) is in bert_jax/models/bert.py, and
 the removal of heads from a checkpoint in bert_jax/training/prune.py.
 """
+from bert_jax import startup
+startup.configure()  # before jax loads (bert_jax/startup.py: libtpu stays quiet where there is no TPU)

@@ -7,3 +7,5 @@
   evaluation:  metrics.py                                official metric definitions
   sweeps:      sweep.py                                  grids with successive halving, seed statistics
 """
+from bert_jax import startup
+startup.configure()  # before jax loads (bert_jax/startup.py: libtpu stays quiet where there is no TPU)

@@ -5,6 +5,8 @@ Importing the package registers every family, so `families.get` knows them all w
 `model_config(values)` and `build(config)` (families') go from a saved or configured "model" dict to the
 config object and its Flax module.
 """
+from bert_jax import startup
+startup.configure()  # before jax loads (bert_jax/startup.py: libtpu stays quiet where there is no TPU)
 from bert_jax.models import records  # noqa: F401  (registers the families)
 from bert_jax.models.bert import BertModel, ModelOutput
 from bert_jax.models.config import ModelConfig

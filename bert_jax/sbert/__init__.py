@@ -10,3 +10,5 @@
   embedded.py   a small STS-format set built from the embedded corpus (the data given no files)
 Conversion to and from sentence-transformers folders is bert_jax/conversion/sentence_transformers.py.
 """
+from bert_jax import startup
+startup.configure()  # before jax loads (bert_jax/startup.py: libtpu stays quiet where there is no TPU)
