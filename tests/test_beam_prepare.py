@@ -101,6 +101,7 @@ def _run_script(env_extra, *args):
                         capture_output=True, text=True, timeout=600)
 
 
+@slow  # the launch script run end to end (~25 s in the suite); the pipeline it runs is tested above
 def test_launch_scripts_local_twin_writes_the_in_process_documents(corpus, tmp_path):
   """launch/dataflow_prepare.sh with RUNNER=DirectRunner (several files, a non-UTF-8 line skipped alike)."""
   metadata = prepare.prepare(corpus, str(tmp_path / "in_process"), num_workers=1)

@@ -70,6 +70,7 @@ def _hf_losses(model, inputs, steps):
   return mlm / masked, nsp / rows
 
 
+@slow  # a converted checkpoint pretrained further (~25 s in the suite)
 def test_continued_pretraining_starts_at_transformers_loss_and_lowers_the_domain_loss(tmp_path, capsys):
   model = _hf_folder(tmp_path / "hf", transformers.BertForPreTraining)
   general = _general_text(tmp_path / "general.txt")

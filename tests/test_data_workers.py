@@ -94,6 +94,7 @@ def test_worker_error_reaches_the_caller(tmp_path):
     data.close()
 
 
+@slow  # a fresh interpreter with two workers (~15 s alone, ~25 s in the suite); close() is tested above
 def test_interpreter_exits_cleanly_with_running_workers(corpus):
   # No close(): the workers are blocked on full queues when the interpreter exits.
   script = textwrap.dedent(f"""

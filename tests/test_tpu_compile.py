@@ -277,7 +277,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 @pytest.mark.parametrize("family,feature", [("spanbert", "masked_lm_span_offset"),
                                             ("structbert", "shuffled_positions"), ("ernie", "task_ids"),
-                                            ("ernie_thu", "entity_candidates")])
+                                            pytest.param("ernie_thu", "entity_candidates", marks=slow)])
 def test_steps_are_lowered_with_the_features_the_objective_reads(family, feature):
   """`compile`'s abstract batch is the input pipeline's contract for the config (span and trigram
   features included; before, the spanbert step raised a KeyError): lowered here on the CPU mesh."""

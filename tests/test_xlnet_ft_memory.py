@@ -220,6 +220,7 @@ def test_finetune_with_memory_trains_and_predict_reads_it(tmp_path):
     assert np.allclose(got, logits, atol=1e-5) == same
 
 
+@slow  # the xlnet_stream input and two eval steps (~16 s alone); the train step's carry is test_xlnet_memory's
 def test_pretraining_evaluation_carries_the_memory(tmp_path):
   """The held-out batches of xlnet_stream are streams too: evaluation carries each row's memory from batch to
   batch, from zeros, as training does (each eval step given the previous one's memory), which changes the loss
