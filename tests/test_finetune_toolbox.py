@@ -121,6 +121,7 @@ def test_frozen_parameters_do_not_move_and_trainable_ones_do(mode):
   assert sum(moments) == 2 * modes.trainable_count(before, mask)[0]
 
 
+@slow  # a fine-tuning run, evaluate, predict and export end to end (~15 s in the suite)
 def test_adapter_run_saves_a_delta_that_evaluates_predicts_and_exports_as_the_full_model(tmp_path, capsys):
   import test_finetune_e2e as e2e  # pylint: disable=import-outside-toplevel
   import test_finetune_predict as hf_base  # pylint: disable=import-outside-toplevel

@@ -17,6 +17,7 @@ from bert_jax.finetune import heads, objective as objective_lib, optim
 from bert_jax.models import isobn
 from bert_jax.models.config import ModelConfig
 from bert_jax.config_utils import load_config
+from core_helpers import slow
 
 
 def _sst2_teacher():
@@ -92,6 +93,7 @@ def test_one_step_assigns_the_estimates_and_trains_the_rest_as_without_them():
                {k: v for k, v in grads.items() if k != "head"}, {k: v for k, v in plain_grads.items() if k != "head"})
 
 
+@slow  # a fine-tuning run and predict end to end (~26 s in the suite); the estimates' math is tested above
 def test_a_fine_tuning_run_keeps_the_estimates_and_predict_reads_them(tmp_path, capsys):
   data = data_fixtures.write_first_word_sst2(tmp_path / "sst2", n_train=64, n_dev=32)
   workdir = str(tmp_path / "run")
