@@ -1,7 +1,9 @@
 """Test setup: 8 host CPU devices for mesh tests (set before JAX starts), TF kept off accelerators, and one
 persistent XLA compilation cache per session, shared by the xdist workers, so that runs differing only in
 workdir or seed (and the processes tests start, which inherit it) compile each program once."""
+import fcntl
 import os
+import shutil
 
 import pytest
 
@@ -12,12 +14,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _shared_tmp(tmp_path_factory):
+  """This run's temporary folder that every xdist worker sees (the workers' folders share a parent)."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
   import jax  # pylint: disable=import-outside-toplevel
-  shared = tmp_path_factory.getbasetemp()  # under pytest-xdist, the workers' folders share a parent
-  shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
-  directory = str(shared / "xla_cache")
+  directory = str(_shared_tmp(tmp_path_factory) / "xla_cache")
   os.makedirs(directory, exist_ok=True)
   options = {"jax_compilation_cache_dir": directory, "jax_persistent_cache_min_compile_time_secs": 0.5}
   previous = {k: getattr(jax.config, k) for k in options}
@@ -48,11 +54,19 @@ SST2_TEACHER = ["--config.model.num_layers=2", "--config.model.hidden_size=32", 
 @pytest.fixture(scope="session")
 def sst2_finetuned(tmp_path_factory):
   """One fine-tuned model of the first-word sst2 task for the tests that need one (fine-tuning's own,
-  compression's teacher): (data_dir, workdir, the overrides of its run, data_dir included)."""
+  compression's teacher): (data_dir, workdir, the overrides of its run, data_dir included). Shared by the
+  xdist workers of a run, so read it only: tests write into their own tmp_path."""
   import data_fixtures  # pylint: disable=import-outside-toplevel
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
-  data = data_fixtures.write_first_word_sst2(tmp_path_factory.mktemp("sst2"), n_dev=64)
-  workdir = str(tmp_path_factory.mktemp("sst2-finetuned"))
+  root = _shared_tmp(tmp_path_factory) / "sst2-finetuned"  # built once per run, by whichever worker asks first
+  root.mkdir(exist_ok=True)
+  data, workdir = str(root / "data"), str(root / "workdir")
   overrides = SST2_TEACHER + [f"--config.data.data_dir={data}"]
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
+  with open(root / "lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while the first one builds
+    if not (root / "built").exists():
+      shutil.rmtree(workdir, ignore_errors=True)  # what a failed build in the other worker left
+      data_fixtures.write_first_word_sst2(data, n_dev=64)
+      assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *overrides]) == 0
+      (root / "built").write_text("ok")
   return data, workdir, overrides
