@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -36,6 +37,7 @@ def queue_depth(rows: int, seq_length: int) -> int:
   """Pieces of `rows` rows a worker may build ahead: _QUEUE_BYTES' worth, within _QUEUE_BATCHES."""
   low, high = _QUEUE_BATCHES
   return max(low, min(high, _QUEUE_BYTES // max(1, rows * seq_length * _BYTES_PER_TOKEN)))
+_TF_THREAD_VARIABLES = ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
 _POLL_SECONDS = 0.1  # how often a blocked queue call checks that the other side is still there
 _JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
 
@@ -66,8 +68,13 @@ def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_sh
     yield RuntimeError(f"data worker for shards {shards} failed:\n{traceback.format_exc()}")
 
 
-def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, out, stop):
+def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, out, stop, tf_threads: int):
   """A worker process's main: sends its messages until stopped, or until the last one (an error)."""
+  # Before TensorFlow starts here: its thread pools would each get a thread per core this process may use,
+  # but the workers share those cores, and an idle pool thread spins before it sleeps. Unless the environment
+  # sets them, a worker's pools get its share of the cores (with one worker per core: one thread each).
+  for name in _TF_THREAD_VARIABLES:
+    os.environ.setdefault(name, str(tf_threads))
   # Ctrl-C and preemption signals reach the whole process group; the main process owns the shutdown
   # (the trainer keeps reading batches after SIGTERM until the agreed stop step).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -86,9 +93,11 @@ class WorkerPool:
     self._stop = mp.Event()
     seq_length = context_args["data_cfg"]["max_seq_length"]
     self._queues = [mp.Queue(queue_depth(len(g) * rows_per_shard, seq_length)) for g in groups]
+    tf_threads = max(1, len(os.sched_getaffinity(0)) // len(groups))
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
-                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, q, self._stop))
+                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, q, self._stop,
+                         tf_threads))
         for g, q in zip(groups, self._queues)]
     for p in self._processes:
       p.start()

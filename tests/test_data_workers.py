@@ -60,6 +60,27 @@ def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
   assert not set(multiprocessing.active_children()) & set(children)
 
 
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+@pytest.mark.skipif(_CORES < 2 or not os.path.isdir("/proc/self/task"),
+                    reason="needs 2 cores (one worker's default pool size is the cores) and Linux's /proc")
+def test_workers_share_the_cores_between_their_tensorflow_thread_pools(corpus):
+  # TensorFlow sizes a process's inter-op pool (threads named tf_Compute) to every core it may use; each worker
+  # gets its share instead (the 4 shards of _cfg cap the workers at 4).
+  data = _input(_cfg(corpus, _CORES))
+  try:
+    next(data)
+    children = multiprocessing.active_children()
+    assert len(children) == min(_CORES, 4)
+    for child in children:
+      names = [open(f"/proc/{child.pid}/task/{tid}/comm", encoding="utf-8").read().strip()
+               for tid in os.listdir(f"/proc/{child.pid}/task")]
+      assert names.count("tf_Compute") == _CORES // len(children), (child.name, names)
+  finally:
+    data.close()
+
+
 @slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_save_with_workers_restore_with_another_count(corpus, tmp_path):
   reference = _input(_cfg(corpus, 0))
