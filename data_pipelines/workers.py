@@ -1,16 +1,18 @@
 """Where rows get built: a prefetch thread in this process, or worker processes (`data.num_workers`).
 
 Worker processes each run a contiguous group of this host's shards (rebuilding the context from the
-picklable config), mask their rows (a row's mask depends on its own key only: masking.py) and send
-their piece of every batch, with their shards' positions, through a bounded queue; the main process
-only joins the pieces in shard order. So the whole text input (tokenizing, building rows, masking)
-runs on as many cores as there are workers. Shards are independent streams, so the batches are the
-same for any number of workers.
+picklable config), mask their rows (a row's mask depends on its own key only: masking.py) and write
+their piece of every batch into a ring of slots in shared memory, sending only its key and their
+shards' positions through a pipe; the main process only copies the pieces out in shard order. So the
+whole text input (tokenizing, building rows, masking) runs on as many cores as there are workers.
+Shards are independent streams, so the batches are the same for any number of workers.
 """
 from __future__ import annotations
 
 import atexit
+import math
 import multiprocessing
+import os
 import queue
 import signal
 import threading
@@ -20,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.data_pipelines.errors import DataError
-from bert_jax.data_pipelines.features import Featurizer
+from bert_jax.data_pipelines.features import Featurizer, feature_shapes
 from bert_jax.data_pipelines.shards import make_context, shard_batches
 
 # How far ahead a worker builds. A batch needs every worker's piece, and a worker's work is lumpy: reading
@@ -29,52 +31,98 @@ from bert_jax.data_pipelines.shards import make_context, shard_batches
 # instead of running side by side. They get up to _QUEUE_BYTES of pieces ahead, 2 to 32 of them.
 _QUEUE_BYTES = 64 * 2 ** 20
 _QUEUE_BATCHES = (2, 32)
-_BYTES_PER_TOKEN = 40  # a masked row's features: ~10 int32 values per position
+_ALIGN = 64  # bytes; each feature of a slot starts on a cache line
 
 
-def queue_depth(rows: int, seq_length: int) -> int:
-  """Pieces of `rows` rows a worker may build ahead: _QUEUE_BYTES' worth, within _QUEUE_BATCHES."""
+def queue_depth(piece_bytes: int) -> int:
+  """Pieces of `piece_bytes` a worker may build ahead: _QUEUE_BYTES' worth, within _QUEUE_BATCHES."""
   low, high = _QUEUE_BATCHES
-  return max(low, min(high, _QUEUE_BYTES // max(1, rows * seq_length * _BYTES_PER_TOKEN)))
-_POLL_SECONDS = 0.1  # how often a blocked queue call checks that the other side is still there
+  return max(low, min(high, _QUEUE_BYTES // max(1, piece_bytes)))
+_TF_THREAD_VARIABLES = ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
+_POLL_SECONDS = 0.1  # how often a blocked call checks that the other side is still there
 _JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
 
 
-def _put(out, message, stop) -> bool:
-  """Blocks while the queue is full; False when the main process asked to stop or is gone."""
+class Slots:
+  """One worker's pieces in shared memory: `count` slots of one piece each (every feature of its rows).
+
+  The worker writes its n-th piece into slot n % count once `free` lets it, and sends only the piece's key
+  and shard positions; the main process copies slot n % count into the batch and releases it. A piece so
+  crosses processes in one copy in and one out: no pickling, no pipe full of arrays, and no queue feeder
+  thread (whose GIL hand-offs against the worker's main thread cost CPU once the processes run side by side).
+  """
+
+  def __init__(self, mp, shapes: dict):
+    """`shapes`: name -> (dtype, shape) of a piece (features.feature_shapes); as many slots as queue_depth."""
+    self._layout, offset = [], 0
+    for name, (dtype, shape) in shapes.items():
+      self._layout.append((name, np.dtype(dtype), tuple(shape), offset))
+      offset += -(-np.dtype(dtype).itemsize * math.prod(shape) // _ALIGN) * _ALIGN
+    self.piece_bytes, self.count = offset, queue_depth(offset)
+    self._buffer = mp.RawArray("B", offset * self.count)
+    self.free = mp.Semaphore(self.count)
+
+  def views(self, slot: int) -> dict:
+    """name -> the array in slot `slot` (a view of the shared memory)."""
+    flat, base = np.frombuffer(self._buffer, np.uint8), slot * self.piece_bytes
+    return {name: flat[base + offset:base + offset + dtype.itemsize * math.prod(shape)].view(dtype).reshape(shape)
+            for name, dtype, shape, offset in self._layout}
+
+  def write(self, slot: int, piece: dict) -> None:
+    views = self.views(slot)
+    if piece.keys() != views.keys():
+      raise RuntimeError(f"a piece has features {sorted(piece)}; the slots hold {sorted(views)}")
+    for name, view in views.items():
+      if (piece[name].dtype, piece[name].shape) != (view.dtype, view.shape):
+        raise RuntimeError(f"feature {name}: {piece[name].dtype}{list(piece[name].shape)} does not fit its slot "
+                           f"{view.dtype}{list(view.shape)} (features.feature_shapes)")
+      view[...] = piece[name]
+
+
+def _acquire(semaphore, stop) -> bool:
+  """Blocks until `semaphore` is acquired; False when the main process asked to stop or is gone."""
   parent = multiprocessing.parent_process()
   while not stop.is_set() and parent.is_alive():
-    try:
-      out.put(message, timeout=_POLL_SECONDS)
+    if semaphore.acquire(timeout=_POLL_SECONDS):
       return True
-    except queue.Full:
-      pass
   return False
 
 
-def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int):
-  """(key, masked piece, states, stats) for every batch; if building fails, the error as the last message."""
+def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, stop):
+  """(key, states, stats) for every batch, its piece written to the next slot; if building fails, the error as
+  the last message. Ends when stopped."""
   try:
     ctx = make_context(ml_collections.ConfigDict(context_args["data_cfg"]),
                        **{k: v for k, v in context_args.items() if k != "data_cfg"})
     featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
     for key, piece, shard_states in shard_batches(ctx, shards, states, rows_per_shard):
-      yield key, featurize(piece), shard_states, dict(ctx.stats)
+      piece = featurize(piece)
+      if not _acquire(slots.free, stop):
+        return
+      slots.write(key % slots.count, piece)
+      yield key, shard_states, dict(ctx.stats)
   except DataError as e:
     yield e
   except Exception:  # pylint: disable=broad-except  # any failure must reach the caller, with its trace
     yield RuntimeError(f"data worker for shards {shards} failed:\n{traceback.format_exc()}")
 
 
-def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, out, stop):
+def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, out, stop,
+            tf_threads: int):
   """A worker process's main: sends its messages until stopped, or until the last one (an error)."""
+  # Before TensorFlow starts here: its thread pools would each get a thread per core this process may use,
+  # but the workers share those cores, and an idle pool thread spins before it sleeps. Unless the environment
+  # sets them, a worker's pools get its share of the cores (with one worker per core: one thread each).
+  for name in _TF_THREAD_VARIABLES:
+    os.environ.setdefault(name, str(tf_threads))
   # Ctrl-C and preemption signals reach the whole process group; the main process owns the shutdown
   # (the trainer keeps reading batches after SIGTERM until the agreed stop step).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  for message in _worker_messages(context_args, shards, states, rows_per_shard):
-    if not _put(out, message, stop):
-      out.cancel_join_thread()  # nobody will read what is still buffered: exit without flushing it
+  for message in _worker_messages(context_args, shards, states, rows_per_shard, slots, stop):
+    try:
+      out.send(message)  # small, and at most slots.count + 1 of them unread: never blocks for long
+    except (BrokenPipeError, ConnectionResetError):  # the main process is gone
       return
 
 
@@ -84,14 +132,21 @@ class WorkerPool:
   def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int):
     mp = multiprocessing.get_context("spawn")  # forking a process that runs TF threads can deadlock
     self._stop = mp.Event()
-    seq_length = context_args["data_cfg"]["max_seq_length"]
-    self._queues = [mp.Queue(queue_depth(len(g) * rows_per_shard, seq_length)) for g in groups]
+    data_cfg = ml_collections.ConfigDict(context_args["data_cfg"])
+    self._slots = [Slots(mp, feature_shapes(data_cfg, len(g) * rows_per_shard)) for g in groups]
+    pipes = [mp.Pipe(duplex=False) for _ in groups]
+    self._pipes = [reader for reader, _ in pipes]
+    tf_threads = max(1, len(os.sched_getaffinity(0)) // len(groups))
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
-                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, q, self._stop))
-        for g, q in zip(groups, self._queues)]
+                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, slots, writer, self._stop,
+                         tf_threads))
+        for g, slots, (_, writer) in zip(groups, self._slots, pipes)]
     for p in self._processes:
       p.start()
+    for _, writer in pipes:
+      writer.close()  # the worker holds its own end now: a dead worker reads as EOF here
+    self._taken = 0
     self.stats = [{} for _ in groups]
     self._closed = False
     # Registered after multiprocessing's own exit hook, so it runs first: workers ignore SIGTERM,
@@ -99,28 +154,36 @@ class WorkerPool:
     atexit.register(self.close)
 
   def _get(self, i: int):
-    while True:
-      try:
-        message = self._queues[i].get(timeout=_POLL_SECONDS)
-      except queue.Empty:
-        if not self._processes[i].is_alive() and self._queues[i].empty():
-          raise RuntimeError(f"{self._processes[i].name} exited (code {self._processes[i].exitcode}) "
-                             "without a batch or an error; was it killed (out of memory)?") from None
-        continue
-      if isinstance(message, Exception):
-        raise message
-      return message
+    process, pipe = self._processes[i], self._pipes[i]
+    try:
+      while not pipe.poll(_POLL_SECONDS):
+        if not process.is_alive() and not pipe.poll():
+          raise EOFError
+      message = pipe.recv()
+    except EOFError:
+      process.join(_JOIN_SECONDS)
+      raise RuntimeError(f"{process.name} exited (code {process.exitcode}) "
+                         "without a batch or an error; was it killed (out of memory)?") from None
+    if isinstance(message, Exception):
+      raise message
+    return message
 
   def next(self) -> tuple[dict, dict]:
     """(this host's masked batch, its shards' states after it): the workers' pieces in shard order."""
-    pieces = [self._get(i) for i in range(len(self._processes))]
-    if len({key for key, *_ in pieces}) != 1:
-      raise RuntimeError(f"data workers are out of step: batch keys {[key for key, *_ in pieces]}")
+    messages = [self._get(i) for i in range(len(self._processes))]
+    if {key for key, *_ in messages} != {self._taken}:
+      raise RuntimeError(f"data workers are out of step: batch keys {[key for key, *_ in messages]}, "
+                         f"expected {self._taken}")
     states = {}
-    for i, (_, _, shard_states, stats) in enumerate(pieces):
+    for i, (_, shard_states, stats) in enumerate(messages):
       states.update(shard_states)
       self.stats[i] = stats
-    return {name: np.concatenate([piece[name] for _, piece, _, _ in pieces]) for name in pieces[0][1]}, states
+    pieces = [slots.views(self._taken % slots.count) for slots in self._slots]
+    batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}  # copies them out
+    for slots in self._slots:
+      slots.free.release()
+    self._taken += 1
+    return batch, states
 
   def close(self) -> None:
     if self._closed:  # at exit: once from the atexit hook, again from PretrainInput.__del__
@@ -134,8 +197,9 @@ class WorkerPool:
       if p.is_alive():
         p.kill()  # still building a block; it holds nothing but open input files
         p.join()
-    for q in self._queues:
-      q.close()
+    for pipe in self._pipes:
+      pipe.close()
+    self._slots = []  # frees the shared memory
 
 
 class Prefetcher:

@@ -60,6 +60,51 @@ def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
   assert not set(multiprocessing.active_children()) & set(children)
 
 
+@pytest.mark.parametrize("kw", [dict(example_builder="ernie"),  # labels built with the rows
+                                dict(packing=True, example_builder="full_sentences", trigram_shuffle_rate=0.1)])
+def test_every_feature_crosses_the_shared_memory_slots(corpus, kw):
+  # A worker's piece travels through slots laid out by features.feature_shapes: every optional feature must fit.
+  reference, pool = _input(_cfg(corpus, 0, **kw)), _input(_cfg(corpus, 1, **kw))
+  try:
+    for _ in range(3):
+      _assert_same(next(reference), next(pool))
+  finally:
+    pool.close()
+
+
+def test_a_piece_that_does_not_fit_its_slot_is_an_error():
+  slots = workers.Slots(multiprocessing.get_context("spawn"), {"ids": ("int32", (2, 3)), "w": ("float32", (2,))})
+  assert slots.piece_bytes == 2 * workers._ALIGN and slots.count == workers._QUEUE_BATCHES[1]
+  piece = {"ids": np.arange(6, dtype=np.int32).reshape(2, 3), "w": np.array([0.5, 1.0], np.float32)}
+  slots.write(1, piece)
+  assert np.array_equal(slots.views(1)["ids"], piece["ids"]) and not slots.views(0)["ids"].any()
+  with pytest.raises(RuntimeError, match=r"feature ids: int64\[2, 3\] does not fit its slot int32\[2, 3\]"):
+    slots.write(0, {**piece, "ids": piece["ids"].astype(np.int64)})
+  with pytest.raises(RuntimeError, match="the slots hold"):
+    slots.write(0, {"ids": piece["ids"]})
+
+
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+@pytest.mark.skipif(_CORES < 2 or not os.path.isdir("/proc/self/task"),
+                    reason="needs 2 cores (one worker's default pool size is the cores) and Linux's /proc")
+def test_workers_share_the_cores_between_their_tensorflow_thread_pools(corpus):
+  # TensorFlow sizes a process's inter-op pool (threads named tf_Compute) to every core it may use; each worker
+  # gets its share instead (the 4 shards of _cfg cap the workers at 4).
+  data = _input(_cfg(corpus, _CORES))
+  try:
+    next(data)
+    children = multiprocessing.active_children()
+    assert len(children) == min(_CORES, 4)
+    for child in children:
+      names = [open(f"/proc/{child.pid}/task/{tid}/comm", encoding="utf-8").read().strip()
+               for tid in os.listdir(f"/proc/{child.pid}/task")]
+      assert names.count("tf_Compute") == _CORES // len(children), (child.name, names)
+  finally:
+    data.close()
+
+
 @slow  # an end-to-end chain; its parts are tested in the suite (BERT_JAX_SLOW_TESTS=1)
 def test_save_with_workers_restore_with_another_count(corpus, tmp_path):
   reference = _input(_cfg(corpus, 0))
