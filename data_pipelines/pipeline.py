@@ -20,8 +20,6 @@ saved as JSON and restored by re-reading one block; see `PretrainInput.save`.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from bert_jax.data_pipelines import corpora, xlnet_stream
@@ -29,7 +27,7 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer, feature_spec
 from bert_jax.data_pipelines.shards import (Context, check_model_fit, make_context, make_tokenizer, masking_config,
                                             read_states, seeds, shard_batches, write_state)
-from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool
+from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, usable_cores
 
 def _masked(rows, featurize):
   """(masked batch, states) from a row stage's (key, rows, states) batches."""
@@ -190,7 +188,7 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   context_args = {"split": split, "max_position_embeddings": max_position_embeddings,
                   "model_vocab_size": model_vocab_size}
   ctx = make_context(data_cfg, **context_args)
-  workers = len(os.sched_getaffinity(0)) if data_cfg.num_workers == -1 else data_cfg.num_workers
+  workers = usable_cores() if data_cfg.num_workers == -1 else data_cfg.num_workers
   return PretrainInput(ctx, shards, global_batch_size // num_shards, process_index, workers,
                        {"data_cfg": data_cfg.to_dict(), **context_args})
 

@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import time
 
-from bert_jax.data_pipelines import pipeline
+from bert_jax.data_pipelines import pipeline, workers
 from bert_jax.data_pipelines.errors import DataError
 
 _WARMUP_BATCHES = 3  # traces the TF functions and fills the prefetch queues
@@ -43,5 +43,5 @@ def measure(config, batches: int) -> dict:
   examples = batches * config.train.batch_size
   return {"examples_per_sec": examples / wall, "real_tokens_per_sec": tokens / wall,
           "real_tokens_per_cpu_sec": tokens / cpu, "batches": batches, "batch_size": config.train.batch_size,
-          "seconds": wall, "cpu_seconds": cpu, "cores": len(os.sched_getaffinity(0)),
+          "seconds": wall, "cpu_seconds": cpu, "cores": workers.usable_cores(),
           "mean_real_tokens_per_row": tokens / examples}

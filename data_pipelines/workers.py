@@ -34,10 +34,17 @@ _QUEUE_BATCHES = (2, 32)
 _ALIGN = 64  # bytes; each feature of a slot starts on a cache line
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity where the OS has one, as under `taskset`; macOS has none)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def queue_depth(piece_bytes: int) -> int:
   """Pieces of `piece_bytes` a worker may build ahead: _QUEUE_BYTES' worth, within _QUEUE_BATCHES."""
   low, high = _QUEUE_BATCHES
   return max(low, min(high, _QUEUE_BYTES // max(1, piece_bytes)))
+
+
 _TF_THREAD_VARIABLES = ("TF_NUM_INTEROP_THREADS", "TF_NUM_INTRAOP_THREADS")
 _POLL_SECONDS = 0.1  # how often a blocked call checks that the other side is still there
 _JOIN_SECONDS = 1.0  # grace before close() kills a worker still busy building a block
@@ -136,7 +143,7 @@ class WorkerPool:
     self._slots = [Slots(mp, feature_shapes(data_cfg, len(g) * rows_per_shard)) for g in groups]
     pipes = [mp.Pipe(duplex=False) for _ in groups]
     self._pipes = [reader for reader, _ in pipes]
-    tf_threads = max(1, len(os.sched_getaffinity(0)) // len(groups))
+    tf_threads = max(1, usable_cores() // len(groups))
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
                    args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, slots, writer, self._stop,
