@@ -84,6 +84,38 @@ def test_dot_is_the_explicit_softmax_over_the_hand_mask():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_heads_first_is_dot_in_the_other_layout(window):
+  q, k, v, segments = _inputs()
+  want = attention.attend(q, k, v, segments, backend="dot", window=window)
+  heads_first = [jnp.swapaxes(x, 1, 2) for x in (q, k, v)]
+  got = jnp.swapaxes(attention.attend_heads_first(*heads_first, segments, window), 1, 2)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=0)
+  assert float(jnp.abs(want).max()) > 0.5  # not a comparison of zeros
+
+
+def test_bert_inference_path_equals_the_explicit_path():
+  """BertModel's deterministic forward (heads-first) against the same model asked for its attentions
+  (the explicit probabilities path), on packed rows with padding."""
+  from bert_jax.models import bert  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
+  config = ModelConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                       max_position_embeddings=T, hidden_dropout=0.0, attention_dropout=0.0)
+  _, _, _, segments = _inputs(length=T)
+  ids = np.asarray(segments.ids)
+  input_ids = jnp.asarray(np.random.RandomState(1).randint(1, 50, ids.shape) * (ids > 0), jnp.int32)
+  positions = jnp.asarray(np.arange(T)[None].repeat(B, 0), jnp.int32)
+  model = bert.BertModel(config)
+  mask = jnp.asarray(ids > 0, jnp.int32)
+  params = model.init(jax.random.key(0), input_ids, mask)["params"]
+  run = lambda attentions: model.apply({"params": params}, input_ids, mask, position_ids=positions,  # noqa: E731
+                                       document_ids=segments.ids, output_attentions=attentions).last_hidden_state
+  want, got = np.asarray(run(True)), np.asarray(run(False))
+  real = ids > 0
+  np.testing.assert_allclose(got[real], want[real], atol=1e-5, rtol=0)
+  assert np.abs(want[real]).max() > 0.5
+
+
 HEADS = (("batch", ("data", "fsdp")), ("heads", "tensor"), ("length", None))
 SEQUENCE = (("batch", ("data", "fsdp")), ("heads", None), ("length", "tensor"))
 

@@ -106,6 +106,24 @@ def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, wi
                                       implementation="cudnn" if backend == "cudnn" else "xla")
 
 
+def attend_heads_first(q: Array, k: Array, v: Array, segments: Segments, window: Window = None) -> Array:
+  """dot's attention in the heads-first layout: q, k, v [B, N, T, D] -> [B, N, T, D] (q unscaled), for
+  inference (BertModel's deterministic forward).
+
+  The same attention as `attend(..., backend="dot")` up to float rounding, cheaper on CPU (BENCHMARKS.md,
+  "Sentence embeddings", runs 10-): the heads lead, so both matmuls are batched over (B, N) with no
+  transposes; q is scaled (T x D products) rather than the logits (T x T); and the softmax's division
+  comes after the weighted sum, T x D divisions instead of T x T: exp(l - max) @ v / sum exp(l - max).
+  """
+  scale = jnp.asarray(q.shape[-1] ** -0.5, q.dtype)
+  logits = jnp.einsum("bntd,bnsd->bnts", q * scale, k, preferred_element_type=jnp.float32)
+  logits = jnp.where(segments.dense_mask(window), logits, jnp.finfo(jnp.float32).min)
+  weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  total = jnp.sum(weights, axis=-1, keepdims=True)
+  out = jnp.einsum("bnts,bnsd->bntd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  return (out / total).astype(v.dtype)
+
+
 def _splash_block(length: int) -> int:
   for block in _SPLASH_BLOCKS:
     if length % block == 0:

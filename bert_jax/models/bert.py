@@ -182,6 +182,8 @@ class SelfAttention(nn.Module):
   and head mask, zero for pruned heads, when `keep_attentions`. Without dropout, a head mask or
   attentions, `attention.attend` does the work with the configured backend (the fast path of every
   train step); those three need the probabilities, so they take the explicit path (dot's masks).
+  Deterministic (inference) with the dot backend, q, k and v are projected heads-first and
+  `attention.attend_heads_first` does the work (the same numbers up to rounding, faster on CPU).
   """
   config: ModelConfig
   layer: Optional[int] = None
@@ -197,6 +199,13 @@ class SelfAttention(nn.Module):
     dtype = cfg.compute_dtype
     kernel = jnp.stack([w for w, _ in qkv_weights], axis=1)
     bias = jnp.stack([b for _, b in qkv_weights])
+    out_weights = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")
+    if deterministic and cfg.attention == "dot" and head_mask is None and not keep_attentions:
+      # Inference: q, k and v projected straight into heads-first [B, N, T, D] (attend_heads_first).
+      qkv = jnp.einsum("bth,hcnd->cbntd", x.astype(dtype), kernel) + bias[:, None, :, None, :]
+      y = attention.attend_heads_first(qkv[0], qkv[1], qkv[2], segments)
+      out_kernel, out_bias = out_weights()
+      return jnp.einsum("bntd,ndh->bth", y, out_kernel) + out_bias, None
     qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     dropout = cfg.attention_dropout > 0 and not deterministic
@@ -211,7 +220,7 @@ class SelfAttention(nn.Module):
     else:
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
       y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
-    out_kernel, out_bias = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")()
+    out_kernel, out_bias = out_weights()
     return jnp.einsum("btnd,ndh->bth", y, out_kernel) + out_bias, (probs if keep_attentions else None)
 
   def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
