@@ -17,7 +17,8 @@ compiled shapes allow, in one of two ways:
   holds its longest row (powers of two from 16 up to max_seq_length).
 
 Either way the last call is filled up with copies of a row, so the jitted forward has one shape per bucket
-and compiles at most once for each. The embeddings are put back in the input's order.
+and compiles at most once for each. The embeddings are put back in the input's order. On CPU two calls run
+at once, each from a thread of its own (`concurrent_calls`).
 
 The forward is jitted over a data-parallel mesh of the local devices (the batch is rounded up to a
 multiple of their count); the embedder holds its parameters so one `load` serves many calls, while the
@@ -26,7 +27,9 @@ model stays a pure function (`SentenceEncoder.apply`).
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -54,6 +57,10 @@ PACK_WIDTH = 128  # packed rows' width for sentences up to this long
 # embeddings"); accelerators keep about what 32 sentences a call padded to a bucket gave (not measured).
 TOKENS_PER_CALL = {"cpu": 512}
 ACCELERATOR_TOKENS_PER_CALL = 4096
+# Model calls run at once, each from a thread of its own: on CPU two overlap (one call's single-threaded
+# elementwise fusions run beside the other's matmuls; BENCHMARKS.md, "Sentence embeddings", run 11);
+# elsewhere one, its successors dispatched while it runs.
+CONCURRENT_CALLS = {"cpu": 2}
 
 
 def buckets_for(max_seq_length: int) -> tuple[int, ...]:
@@ -154,20 +161,25 @@ class Embedder:
   # one sentence per row.
   packed_forward: Callable | None = None
   tokens_per_call: int = ACCELERATOR_TOKENS_PER_CALL
+  concurrent_calls: int = 1  # > 1: model calls run from this many threads at once (CONCURRENT_CALLS)
 
   @classmethod
   def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None, *, pack: bool = True,
-           tokens_per_call: int | None = None) -> "Embedder":
+           tokens_per_call: int | None = None, concurrent_calls: int | None = None) -> "Embedder":
     """From any checkpoint (a bi-encoder workdir, a converted sentence-transformers folder, a HF or
     bert_jax model: mean pooling where none is recorded). pack: several sentences per row where the
     family can (module docstring); buckets: the packed rows' widths (default `pack_widths_for`), or
     without packing the padded lengths (default `buckets_for(max_seq_length)`); batch_size: sentences per
     call without packing; tokens_per_call: about this many tokens of packed rows per call (default
-    TOKENS_PER_CALL for the backend)."""
+    TOKENS_PER_CALL for the backend); concurrent_calls: model calls run at once, each from a thread
+    (default CONCURRENT_CALLS for the backend, else 1)."""
     if tokens_per_call is None:
       tokens_per_call = TOKENS_PER_CALL.get(jax.default_backend(), ACCELERATOR_TOKENS_PER_CALL)
-    if batch_size <= 0 or tokens_per_call <= 0:
-      raise UserError(f"batch size {batch_size} and tokens per call {tokens_per_call} must be positive")
+    if concurrent_calls is None:
+      concurrent_calls = CONCURRENT_CALLS.get(jax.default_backend(), 1)
+    if batch_size <= 0 or tokens_per_call <= 0 or concurrent_calls <= 0:
+      raise UserError(f"batch size {batch_size}, tokens per call {tokens_per_call} and concurrent calls "
+                      f"{concurrent_calls} must be positive")
     model, params, tokenizer, notes = model_lib.from_checkpoint(path)
     for note in notes:
       print(note, file=sys.stderr, flush=True)
@@ -197,7 +209,7 @@ class Embedder:
                forward=jax.jit(partitioning.in_mesh(forward, mesh, rules), in_shardings=(shardings, data, data),
                                out_shardings=data),
                mesh=mesh, batch_size=-(-batch_size // devices) * devices, buckets=buckets,
-               packed_forward=packed_forward, tokens_per_call=tokens_per_call)
+               packed_forward=packed_forward, tokens_per_call=tokens_per_call, concurrent_calls=concurrent_calls)
 
   def tokenize(self, sentence: str) -> list[int]:
     """[CLS] the sentence's tokens [SEP], at most max_seq_length ids."""
@@ -211,17 +223,22 @@ class Embedder:
         raise UserError(f"sentence {i + 1}: expected a string, got {sentence!r:.80}")
     rows = [self.tokenize(s) for s in sentences]
     out = np.zeros((len(rows), self.dimension), np.float32)
-    pending = []
+    if self.packed_forward is None:
+      calls = [(chosen, functools.partial(self._run, [rows[i] for i in chosen], length))
+               for length, chosen in self.batches([len(r) for r in rows])]
+    else:
+      calls = [(packed, functools.partial(self._run_packed, [[rows[i] for i in row] for row in packed], width))
+               for width, packed in self.packed_calls([len(r) for r in rows])]
     with tqdm.tqdm(total=len(rows), disable=not progress, delay=2.0, file=sys.stderr, unit="sentence",
                    desc="embed") as bar:
-      if self.packed_forward is None:
-        calls = ((chosen, self._run([rows[i] for i in chosen], length))
-                 for length, chosen in self.batches([len(r) for r in rows]))
-      else:
-        calls = ((packed, self._run_packed([[rows[i] for i in row] for row in packed], width))
-                 for width, packed in self.packed_calls([len(r) for r in rows]))
-      for call in calls:
-        pending.append(call)  # dispatched, not waited for
+      if self.concurrent_calls > 1:  # each thread runs a call to its end, so calls overlap (CONCURRENT_CALLS)
+        with concurrent.futures.ThreadPoolExecutor(self.concurrent_calls) as pool:
+          for chosen, embeddings in zip([c for c, _ in calls], pool.map(lambda call: _fetch(call[1]()), calls)):
+            self._collect((chosen, embeddings), out, bar)
+        return out
+      pending = []
+      for chosen, run in calls:
+        pending.append((chosen, run()))  # dispatched, not waited for
         if len(pending) > 2:
           self._collect(pending.pop(0), out, bar)
       for item in pending:
@@ -265,14 +282,19 @@ class Embedder:
     return self.forward(self.params, *(partitioning.global_batch({"x": a}, self.mesh)["x"] for a in (ids, mask)))
 
   @staticmethod
-  def _collect(item: tuple[list, jax.Array], out: np.ndarray, bar) -> None:
+  def _collect(item: tuple[list, jax.Array | np.ndarray], out: np.ndarray, bar) -> None:
     chosen, embeddings = item
-    embeddings = np.asarray(jax.device_get(embeddings))
+    embeddings = _fetch(embeddings)
     if embeddings.ndim == 3:  # packed: rows of sentence indices, each row's sentences in its slots
       rows, slots = zip(*[(r, s) for r, row in enumerate(chosen) for s in range(len(row))])
       chosen, embeddings = [i for row in chosen for i in row], embeddings[list(rows), list(slots)]
     out[chosen] = embeddings[:len(chosen)]
     bar.update(len(chosen))
+
+
+def _fetch(embeddings: jax.Array | np.ndarray) -> np.ndarray:
+  """A call's result on the host (waits for the call)."""
+  return np.asarray(jax.device_get(embeddings))
 
 
 def read_lines(path: str) -> list[str]:
