@@ -16,7 +16,7 @@ import bert_jax  # noqa: E402
 from bert_jax.conversion import hf  # noqa: E402
 from bert_jax.conversion.params import relayout  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
-from bert_jax.models import bert  # noqa: E402
+from bert_jax.models import attention, bert  # noqa: E402
 from bert_jax.models.config import ModelConfig  # noqa: E402
 from bert_jax.training import prune  # noqa: E402
 
@@ -118,9 +118,9 @@ def test_head_mask_of_one_row_is_every_layer_and_differentiable():
 def test_fast_path_stays_the_default(monkeypatch):
   config, params = tiny(scan_layers=False)
   ids, mask = inputs()
-  calls = []
-  fast = jax.nn.dot_product_attention
-  monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: calls.append(1) or fast(*a, **k))
+  calls = []  # inference's fast path: heads-first attention, no probabilities kept
+  fast = attention.attend_heads_first
+  monkeypatch.setattr(attention, "attend_heads_first", lambda *a, **k: calls.append(1) or fast(*a, **k))
   model = bert.BertModel(config)
   plain = model.apply({"params": params}, ids, mask).last_hidden_state
   assert len(calls) == 3
