@@ -233,7 +233,7 @@ class Embedder:
                    desc="embed") as bar:
       if self.concurrent_calls > 1:  # each thread runs a call to its end, so calls overlap (CONCURRENT_CALLS)
         with concurrent.futures.ThreadPoolExecutor(self.concurrent_calls) as pool:
-          for chosen, embeddings in zip([c for c, _ in calls], pool.map(lambda call: _fetch(call[1]()), calls)):
+          for (chosen, _), embeddings in zip(calls, pool.map(lambda call: _fetch(call[1]()), calls)):
             self._collect((chosen, embeddings), out, bar)
         return out
       pending = []
