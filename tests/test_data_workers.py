@@ -47,15 +47,18 @@ def _assert_same(want, got):
 
 
 def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
+  # Each worker masks its pieces of 2 consecutive batches in one call (its pieces are small: chunk_batches),
+  # which must not change a row's mask.
+  assert workers.chunk_batches(2 * (BATCH // 4) * 64, 2) == 2
   reference = _input(_cfg(corpus, 0, masking="span"))
-  workers = _input(_cfg(corpus, 3, masking="span"))  # shard groups [0, 1], [2], [3]
+  pool = _input(_cfg(corpus, 3, masking="span"))  # shard groups [0, 1], [2], [3]
   try:
     for _ in range(6):
-      _assert_same(next(reference), next(workers))
+      _assert_same(next(reference), next(pool))
     children = multiprocessing.active_children()
     assert len(children) == 3
   finally:
-    workers.close()
+    pool.close()
   assert not any(c.is_alive() for c in children)
   assert not set(multiprocessing.active_children()) & set(children)
 
@@ -70,6 +73,22 @@ def test_every_feature_crosses_the_shared_memory_slots(corpus, kw):
       _assert_same(next(reference), next(pool))
   finally:
     pool.close()
+
+
+def test_chunk_sizes_and_an_error_after_good_pieces():
+  tokens = workers._FEATURIZE_TOKENS
+  assert workers.chunk_batches(tokens, 32) == 1 and workers.chunk_batches(2 * tokens, 32) == 1
+  assert workers.chunk_batches(tokens // 2, 32) == 2 and workers.chunk_batches(tokens // 2 - 1, 32) == 3
+  assert workers.chunk_batches(1, 32) == workers._CHUNK_BATCHES and workers.chunk_batches(1, 2) == 2
+
+  def batches():
+    yield from range(5)
+    raise DataError("broken")
+
+  chunks = list(workers._chunks(batches(), 2))
+  assert [c for c, _ in chunks] == [[0, 1], [2, 3], [4]]  # the pieces built before the error still go out
+  assert [e is None for _, e in chunks] == [True, True, False] and str(chunks[-1][1]) == "broken"
+  assert [(c, e) for c, e in workers._chunks(iter(range(4)), 2)] == [([0, 1], None), ([2, 3], None), ([], None)]
 
 
 def test_a_piece_that_does_not_fit_its_slot_is_an_error():
