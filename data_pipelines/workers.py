@@ -10,7 +10,6 @@ Shards are independent streams, so the batches are the same for any number of wo
 from __future__ import annotations
 
 import atexit
-import gc
 import itertools
 import math
 import multiprocessing
@@ -136,11 +135,6 @@ def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_sh
       pieces = [piece for _, piece, _ in chunk]
       masked = featurize(pieces[0] if len(pieces) == 1 else
                          {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}) if pieces else {}
-      if not gc.get_freeze_count():
-        # Once, after the first call traced the masking graph: the ~0.5M objects of TensorFlow and the context
-        # leave the collector's view, so a full collection (one per ~100 pieces of 4 shards x 32 rows) no longer
-        # walks them all (0.26 s each, ~9% of a worker's CPU; the building's garbage is collected as before).
-        gc.freeze()
       for i, (key, _, shard_states) in enumerate(chunk):
         if not _acquire(slots.free, stop):
           return
