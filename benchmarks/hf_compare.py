@@ -11,6 +11,10 @@ jitted (both JAX frameworks, state donated) or eager (PyTorch; `--torch-compile`
 torch.compile). Each framework runs in its own worker process, built and warmed up once; the driver
 then asks them in turn (A, B, C, A, B, C, ...) for `--steps` timed steps, so the three see about the
 same machine load, and reports the median tokens/s and the ratios (median of per-round ratios).
+PyTorch's worker runs with OMP_WAIT_POLICY=PASSIVE (unless set): its OpenMP threads otherwise spin
+after each step, into the next worker's turn (2026-11-28: bert_jax 0.53-0.69 s per step beside the
+spinning torch worker, 0.46-0.51 s beside the passive one, 0.53-0.57 s alone; torch itself 1.20-1.41 s
+against 0.96-1.06 s).
 
 The Hugging Face models compute MLM logits at every position (their implementation); the loss is
 then taken at the masked positions only, for all three.
@@ -152,7 +156,8 @@ def torch_worker(args, batch):
 
   return step, {"torch": torch.__version__, "transformers": transformers.__version__,
                 "threads": torch.get_num_threads(), "attention": config._attn_implementation,
-                "compiled": args.torch_compile, "device": device}
+                "compiled": args.torch_compile, "device": device,
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
 
 
 def serve(args) -> None:
@@ -182,6 +187,8 @@ def _start(framework, args, batch_file):
   cmd += [f"--jax-override={o}" for o in args.jax_override]
   cmd += ["--torch-compile"] if args.torch_compile else []
   env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if framework == "torch":  # idle OpenMP threads sleep rather than spin into the next worker's turn
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
   return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                           cwd=env["PYTHONPATH"])
 

@@ -10,7 +10,7 @@ LAMB paper's 32k-batch recipe (lr 5/(2^0.5 * 10^3), 15,625 steps, warmup 2,000 s
 `demo` is the `tiny` model with a schedule sized for the embedded corpus on two CPU cores.
 
 `large` fits as shipped on a v4-32 slice (16 chips), the smallest v4 slice in BENCHMARKS.md's table:
-bf16 compute, data-parallel, no remat, 32 micro-batches of 64 rows per chip (26.0 of 32 GiB of HBM
+bf16 compute, data-parallel, no remat, 32 micro-batches of 64 rows per chip (25.0 of 32 GiB of HBM
 per chip), evaluation in batches of 1,024; check with
 
   bert-jax compile --config configs/bert.py:large --topology v4-32

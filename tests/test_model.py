@@ -56,6 +56,34 @@ def test_masked_position_head_equals_full_logits_then_gather():
   np.testing.assert_allclose(at, np.take_along_axis(np.asarray(full), positions[..., None], 1), atol=1e-5)
 
 
+@pytest.mark.parametrize("cfg,packed", [(CFG, True), (CFG.replace(scan_layers=False, remat="dots"), False),
+                                        (CFG.replace(share_layers="all", attention_dropout=1e-9), False)])
+def test_heads_only_last_layer_gives_the_full_models_heads_and_gradients(cfg, packed):
+  """heads_only runs the last layer at [CLS] and the masked positions only: the same MLM and NSP logits
+  and parameter gradients as the full model (the reference), scanned (stacked parameters sliced) or
+  unrolled, over packed documents or padding, and through the dropout path at a vanishing rate."""
+  ids, types = _inputs(seed=2, seq=12)
+  params = _init(cfg, ids)
+  mask = np.ones_like(ids)
+  mask[1, 8:] = 0
+  docs = np.array([[1] * 6 + [2] * 6, [1] * 8 + [0] * 4, [1] * 3 + [2] * 9], np.int32) if packed else None
+  positions = np.array([[1, 7, 0], [2, 5, 0], [3, 11, 4]], np.int32)
+  model = BertModel(cfg)
+
+  def loss(params, heads_only):
+    out = model.apply({"params": params}, ids, mask, types, document_ids=docs, masked_positions=positions,
+                      heads_only=heads_only, deterministic=not heads_only, rngs={"dropout": jax.random.key(1)})
+    return jnp.sum(jnp.sin(out.mlm_logits)) + jnp.sum(out.nsp_logits ** 2), out
+
+  grad = jax.jit(jax.grad(loss, has_aux=True), static_argnums=1)
+  (full_grads, full), (grads, out) = grad(params, False), grad(params, True)
+  assert out.last_hidden_state is None and out.mlm_logits.shape == (3, 3, cfg.vocab_size)
+  np.testing.assert_allclose(out.mlm_logits, full.mlm_logits, atol=2e-5)
+  np.testing.assert_allclose(out.nsp_logits, full.nsp_logits, atol=2e-5)
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(full_grads))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4 * scale), grads, full_grads)
+
+
 def test_tied_output_layer_uses_word_embeddings():
   ids, types = _inputs()
   params = _init(CFG, ids)

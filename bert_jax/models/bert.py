@@ -17,7 +17,7 @@ compares 1 device with a 2x2x2 mesh for rolled and unrolled layer scans.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 import flax
 import flax.linen as nn
@@ -58,13 +58,13 @@ _REMAT_POLICIES = {
 class ModelOutput:
   """What the encoder returns; heads that the model does not have are None.
 
-  last_hidden_state: [B, T, H]; pooled_output: [B, H]; mlm_logits: [B, P, V] at the masked positions
-  (or [B, T, V] when none are given); nsp_logits / sop_logits: [B, 2]; rtd_logits: [B, T];
+  last_hidden_state: [B, T, H] (None when BertModel ran with heads_only); pooled_output: [B, H];
+  mlm_logits: [B, P, V] at the masked positions (or [B, T, V] when none are given); nsp_logits / sop_logits: [B, 2]; rtd_logits: [B, T];
   hidden_states: the embedding output and each layer's output, [L + 1, B, T, H], when asked for;
   attentions: float32 [L, B, N, T, T], each layer's attention probabilities (softmax, before dropout
   and head mask; zero for pruned heads), when asked for.
   """
-  last_hidden_state: Array
+  last_hidden_state: Optional[Array]
   pooled_output: Optional[Array] = None
   mlm_logits: Optional[Array] = None
   nsp_logits: Optional[Array] = None
@@ -190,7 +190,10 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, segments: attention.Segments, deterministic: bool,
-               head_mask: Optional[Array] = None, keep_attentions: bool = False) -> tuple[Array, Optional[Array]]:
+               head_mask: Optional[Array] = None, keep_attentions: bool = False,
+               queries: Optional[Array] = None) -> tuple[Array, Optional[Array]]:
+    """queries: int32[B, Q] or None: the positions whose outputs to compute ([B, Q, H]; keys and values
+    stay at every position): BertModel's `heads_only` last layer, which always takes dot's path."""
     cfg = self.config
     heads = cfg.kept_heads(self.layer)
     n, d, h = len(heads), cfg.head_dim, cfg.hidden_size
@@ -200,20 +203,28 @@ class SelfAttention(nn.Module):
     kernel = jnp.stack([w for w, _ in qkv_weights], axis=1)
     bias = jnp.stack([b for _, b in qkv_weights])
     out_weights = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")
-    if deterministic and cfg.attention == "dot" and head_mask is None and not keep_attentions:
+    if deterministic and cfg.attention == "dot" and head_mask is None and not keep_attentions and queries is None:
       # Inference: q, k and v projected straight into heads-first [B, N, T, D] (attend_heads_first).
       qkv = jnp.einsum("bth,hcnd->cbntd", x.astype(dtype), kernel) + bias[:, None, :, None, :]
       y = attention.attend_heads_first(qkv[0], qkv[1], qkv[2], segments)
       out_kernel, out_bias = out_weights()
       return jnp.einsum("bntd,ndh->bth", y, out_kernel) + out_bias, None
-    qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    if queries is None:
+      qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
+      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+      q = jnp.einsum("bqh,hnd->bqnd", gather_positions(x, queries).astype(dtype), kernel[:, 0]) + bias[0]
+      kv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel[:, 1:]) + bias[1:]
+      k, v = kv[:, :, 0], kv[:, :, 1]
     dropout = cfg.attention_dropout > 0 and not deterministic
     probs = None
-    if dropout or head_mask is not None or keep_attentions:
+    if dropout or head_mask is not None or keep_attentions or queries is not None:
       if head_mask is not None and n != cfg.num_heads:
         head_mask = head_mask[jnp.asarray(heads)]
-      y, probs = self._explicit_attention(q, k, v, segments.dense_mask(), head_mask, dropout)
+      mask = segments.dense_mask()
+      if queries is not None and mask.shape[2] > 1:  # the rows of the queries kept
+        mask = jnp.take_along_axis(mask, queries[:, None, :, None].astype(jnp.int32), axis=2)
+      y, probs = self._explicit_attention(q, k, v, mask, head_mask, dropout)
       if n != cfg.num_heads:
         probs = jnp.zeros(probs.shape[:1] + (cfg.num_heads,) + probs.shape[2:], probs.dtype
                           ).at[:, jnp.asarray(heads)].set(probs)
@@ -284,7 +295,8 @@ class TransformerLayer(nn.Module):
 
   `attention`/`feed_forward` may be passed in to share them across layers (ALBERT). Returns
   (x, (x or None, attention probabilities or None)): the (carry, output) pair that nn.scan expects;
-  the outputs are kept only when the caller asked for them. head_mask: [N] or None.
+  the outputs are kept only when the caller asked for them. head_mask: [N] or None. queries: int32[B, Q]
+  or None: the output only at those positions ([B, Q, H]; BertModel's `heads_only` last layer).
   """
   config: ModelConfig
   keep_output: bool = False
@@ -294,12 +306,15 @@ class TransformerLayer(nn.Module):
   feed_forward: Optional[nn.Module] = None
 
   @nn.compact
-  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool,
+               queries: Optional[Array] = None):
     cfg = self.config
     drop = Dropout(cfg.hidden_dropout)
     self_attention = self.attention or SelfAttention(cfg, self.layer, name="attention")
     feed_forward = self.feed_forward or FeedForward(cfg, name="feed_forward")
-    y, probs = self_attention(x, segments, deterministic, head_mask, self.keep_attentions)
+    y, probs = self_attention(x, segments, deterministic, head_mask, self.keep_attentions, queries)
+    if queries is not None:
+      x = gather_positions(x, queries)
     y = drop(y, deterministic=deterministic)
     x = layer_norm(cfg, "attention_layer_norm")(x + adapted(cfg, "attention_adapter")(y))
     y = drop(feed_forward(x), deterministic=deterministic)
@@ -312,19 +327,25 @@ class Encoder(nn.Module):
   """num_layers TransformerLayers, scanned (params stacked on a leading `layers` axis) or unrolled.
 
   Returns (x, each layer's output [L, B, T, H] or None, attention probabilities [L, B, N, T, T] or
-  None). head_mask: [L, N] or None.
+  None). head_mask: [L, N] or None. queries: int32[B, Q] or None: the last layer runs at those
+  positions only and x is theirs ([B, Q, H]; BertModel's `heads_only`), with no outputs, attentions or
+  head mask.
   """
   config: ModelConfig
   keep_outputs: bool = False
   keep_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, segments: attention.Segments, head_mask: Optional[Array], deterministic: bool,
+               queries: Optional[Array] = None):
     cfg = self.config
+    if queries is not None and (self.keep_outputs or self.keep_attentions or head_mask is not None):
+      raise ValueError("the last layer at queries only keeps no layer outputs, attentions or head masks")
     if cfg.sublayer_order:
       if self.keep_outputs or self.keep_attentions or head_mask is not None:
         raise ValueError("model.sublayer_order has no layers to return outputs, attentions or head masks of")
-      return SandwichSublayers(cfg, cfg.sublayer_order, name="sandwich")(x, segments, deterministic), None, None
+      x = SandwichSublayers(cfg, cfg.sublayer_order, name="sandwich")(x, segments, deterministic)
+      return (x if queries is None else gather_positions(x, queries)), None, None
     layer_cls = TransformerLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
@@ -332,22 +353,28 @@ class Encoder(nn.Module):
     shared = self._shared_submodules()
     keep = (self.keep_outputs, self.keep_attentions)
     if cfg.scan_layers:
-      share_all = cfg.share_layers == "all"
-      scanned = nn.scan(layer_cls, variable_axes={} if share_all else {"params": 0},
-                        variable_broadcast="params" if share_all else False,
-                        split_rngs={"params": not share_all, "dropout": True},
-                        in_axes=(nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
-                        unroll=min(cfg.scan_unroll, cfg.num_layers),
-                        metadata_params={nn.PARTITION_NAME: "layers"})
-      x, (outputs, probs) = scanned(cfg, *keep, name="layers", **shared)(x, segments, head_mask, deterministic)
-      return x, outputs, probs
+      if queries is not None and not self.is_initializing():
+        # The stacked parameters as init made them, sliced into the first L-1 layers' and the last's.
+        share_all = cfg.share_layers == "all"
+        def split(variables):  # {"params": the stacked layers'}
+          params = nn.meta.unbox(variables["params"])
+          if share_all:
+            return {"params": {"first": params, "last": params}}
+          return {"params": {"first": jax.tree.map(lambda a: a[:-1], params),
+                             "last": jax.tree.map(lambda a: a[-1], params)}}
+        stack = nn.map_variables(_LastAtQueries, "params", trans_in_fn=split, init=False)
+        return stack(cfg, layer_cls, shared, name="layers")(x, segments, deterministic, queries), None, None
+      x, (outputs, probs) = _scan(layer_cls, cfg, cfg.num_layers)(cfg, *keep, name="layers", **shared)(
+          x, segments, head_mask, deterministic)
+      return (x if queries is None else gather_positions(x, queries)), outputs, probs
     if cfg.share_layers == "all":
       layers = [layer_cls(cfg, *keep, name="layer")] * cfg.num_layers
     else:
       layers = [layer_cls(cfg, *keep, i, name=f"layer_{i}", **shared) for i in range(cfg.num_layers)]
     outputs = []
     for i, layer in enumerate(layers):
-      x, out = layer(x, segments, None if head_mask is None else head_mask[i], deterministic)
+      last = queries if i == cfg.num_layers - 1 else None
+      x, out = layer(x, segments, None if head_mask is None else head_mask[i], deterministic, last)
       outputs.append(out)
     stacked = [jnp.stack(column) if keep_it else None for keep_it, column in zip(keep, zip(*outputs))]
     return x, *stacked
@@ -359,6 +386,35 @@ class Encoder(nn.Module):
     if cfg.share_layers == "ffn":
       return {"feed_forward": FeedForward(cfg, name="shared_feed_forward")}
     return {}
+
+
+def _scan(layer_cls, cfg: ModelConfig, length: int):
+  """nn.scan of `length` layers of layer_cls: parameters stacked on a leading `layers` axis (one set
+  broadcast to every layer when config.share_layers='all')."""
+  share_all = cfg.share_layers == "all"
+  return nn.scan(layer_cls, variable_axes={} if share_all else {"params": 0},
+                 variable_broadcast="params" if share_all else False,
+                 split_rngs={"params": not share_all, "dropout": True},
+                 in_axes=(nn.broadcast, 0, nn.broadcast), length=length, unroll=min(cfg.scan_unroll, length),
+                 metadata_params={nn.PARTITION_NAME: "layers"})
+
+
+class _LastAtQueries(nn.Module):
+  """A scanned Encoder's layers with the last one at `queries`: one scan over the first L-1 layers
+  (`first`), then the last (`last`). Encoder hands it the parameters of the plain scan, sliced, so
+  checkpoints do not change."""
+  config: ModelConfig
+  layer_cls: Any
+  shared: dict
+
+  @nn.compact
+  def __call__(self, x: Array, segments: attention.Segments, deterministic: bool, queries: Array) -> Array:
+    cfg = self.config
+    if cfg.num_layers > 1:
+      x, _ = _scan(self.layer_cls, cfg, cfg.num_layers - 1)(cfg, name="first", **self.shared)(
+          x, segments, None, deterministic)
+    x, _ = self.layer_cls(cfg, name="last", **self.shared)(x, segments, None, deterministic, queries)
+    return x
 
 
 class SandwichSublayers(nn.Module):
@@ -521,13 +577,16 @@ class BertModel(nn.Module):
                deterministic: bool = True, output_hidden_states: bool = False,
                output_attentions: bool = False, head_mask: Optional[Array] = None,
                task_ids: Optional[Array] = None, entity_vectors: Optional[Array] = None,
-               entity_mask: Optional[Array] = None) -> ModelOutput:
+               entity_mask: Optional[Array] = None, heads_only: bool = False) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids, document_ids: int32[B, T];
     entity_vectors: float[B, T, entity_dim], entity_mask: int32[B, T] (config.entity_layers > 0): the frozen
     vector of the entity aligned to each token (a mention's first one), 1 in the mask there; none when None;
     masked_positions: int32[B, P] (MLM logits only there; every position when None);
     task_ids: int32[B], each row's task embedding (config.num_tasks > 0; task 0 when None);
-    head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities."""
+    head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities;
+    heads_only (with masked_positions): the last layer runs only where the pooler and MLM head read,
+    [CLS] and the masked positions (a pretraining step's work; the same outputs), and last_hidden_state
+    is None. Without masked_positions, or with an RTD head or entity layers, it changes nothing but that."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -548,16 +607,21 @@ class BertModel(nn.Module):
       raise ValueError("model.entity_layers: the fusion layers return no hidden states, attentions or head masks")
     encoder = Encoder(cfg.text_config() if cfg.entity_layers else cfg, output_hidden_states, output_attentions,
                       name="encoder")
-    h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic)
+    queries = None
+    if heads_only and masked_positions is not None and not (cfg.rtd_head or cfg.entity_layers):
+      # [CLS] (the pooler's) and the masked positions; h is [B, 1 + P, H] at them.
+      queries = jnp.concatenate([jnp.zeros_like(masked_positions[:, :1]), masked_positions], axis=1)
+    h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic,
+                                           None if queries is None else queries.astype(jnp.int32))
     if cfg.entity_layers:
       h = KnowledgeEncoder(cfg, name="knowledge_encoder")(h, entity_vectors, entity_mask, segments, deterministic)
-    out = {"last_hidden_state": h, "attentions": attentions}
+    out = {"last_hidden_state": None if heads_only else h, "attentions": attentions}
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)
     if cfg.use_pooler:
       out["pooled_output"] = jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(h[:, 0]))
     if cfg.mlm_head:
-      at = h if masked_positions is None else gather_positions(h, masked_positions)
+      at = h if masked_positions is None else h[:, 1:] if queries is not None else gather_positions(h, masked_positions)
       out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(at, embeddings)
     if cfg.sentence_head != "none":
       if not cfg.use_pooler:

@@ -158,7 +158,7 @@ def _model_flops(config: ml_collections.ConfigDict, setup) -> float | None:
   if model is None:
     return None
   return benchmark.train_flops_per_step(model, config.train.batch_size, config.data.max_seq_length,
-                                        config.data.max_predictions_per_seq)
+                                        config.data.max_predictions_per_seq, heads_only=True)
 
 
 def kernel_flops(config: ml_collections.ConfigDict, model_config) -> float | None:
@@ -170,7 +170,9 @@ def kernel_flops(config: ml_collections.ConfigDict, model_config) -> float | Non
     return 0.0
   if model_config is None:
     return None
-  forward = benchmark.attention_forward_flops(model_config, config.train.batch_size, config.data.max_seq_length)
+  # The pretraining objective runs BERT's last layer at the heads' positions with dot's attention.
+  forward = benchmark.attention_forward_flops(model_config, config.train.batch_size, config.data.max_seq_length,
+                                              last_layer=not benchmark.heads_only_applies(model_config))
   return forward * (SPLASH_TRAIN_FACTOR + (config.model.get("remat", "none") != "none"))
 
 

@@ -47,22 +47,39 @@ def _attention_widths(cfg: ModelConfig) -> list[int]:
   return [len(cfg.kept_heads(layer)) * head_dim for layer in range(cfg.num_layers)]
 
 
-def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int) -> float:
-  """The scores and the weighted sum (q k^T and p v) of one forward pass, every layer: what a fused attention
-  kernel (splash) computes, so what a cost analysis of the compiled step cannot see."""
+def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int,
+                            last_layer: bool = True) -> float:
+  """The scores and the weighted sum (q k^T and p v) of one forward pass, every layer (but the last when
+  not `last_layer`): what a fused attention kernel (splash) computes, so what a cost analysis of the
+  compiled step cannot see."""
   if isinstance(cfg, ModernBertConfig):
     return modernbert.attention_forward_flops(cfg, batch, seq)
-  return float(batch * seq * sum(2 * 2 * seq * w for w in _attention_widths(cfg)))
+  widths = _attention_widths(cfg)
+  return float(batch * seq * sum(2 * 2 * seq * w for w in (widths if last_layer else widths[:-1])))
 
 
-def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int) -> float:
+def heads_only_applies(cfg: ModelConfig | ModernBertConfig) -> bool:
+  """Whether the pretraining objective runs this model's last layer at the heads' positions only, with
+  dot's attention (models/bert.py, BertModel's heads_only)."""
+  return isinstance(cfg, ModelConfig) and not (cfg.rtd_head or cfg.entity_layers or cfg.sublayer_order)
+
+
+def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int,
+                         heads_only: bool = False) -> float:
+  """heads_only: BertModel's last layer counted where the pretraining objective runs it, at [CLS] and the
+  predictions only (models/bert.py, BertModel's heads_only)."""
   if isinstance(cfg, ModernBertConfig):
     return 3.0 * modernbert.forward_flops(cfg, batch, seq, predictions)
   h, i, e, v = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size
   tokens = batch * seq
+  widths = _attention_widths(cfg)
   # Per layer: q,k,v,out over the kept heads' columns; FFN; then the attention itself.
-  forward = tokens * sum(2 * 4 * h * w + 2 * 2 * h * i for w in _attention_widths(cfg))
+  forward = tokens * sum(2 * 4 * h * w + 2 * 2 * h * i for w in widths)
   forward += attention_forward_flops(cfg, batch, seq)
+  if heads_only and heads_only_applies(cfg):
+    # The last layer's q, output projection, FFN and attention rows at 1 + predictions positions of each row.
+    w = widths[-1]
+    forward -= (tokens - batch * (1 + predictions)) * (2 * 2 * h * w + 2 * 2 * h * i + 2 * 2 * seq * w)
   if e != h:
     forward += tokens * 2 * e * h
   if cfg.use_pooler:
@@ -120,7 +137,7 @@ class TimedStep:
       config.data.max_predictions_per_seq = self.predictions
     setup = build_train_setup(config)
     self.model_config = setup.objective.config
-    self.flops = train_flops_per_step(self.model_config, batch, seq, self.predictions)
+    self.flops = train_flops_per_step(self.model_config, batch, seq, self.predictions, heads_only=True)
     self._step = setup.train_step
     self._state = setup.init_state(jax.random.key(0))
     self._data = partitioning.global_batch(

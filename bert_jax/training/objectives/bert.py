@@ -1,6 +1,7 @@
 """BERT's pretraining objective: masked LM, plus NSP or SOP (ALBERT) when the model has a sentence head."""
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import jax
@@ -22,6 +23,8 @@ class BertPretraining:
     self.config = model_config
     self.model = families.build(model_config)
     self.sentence = model_config.sentence_head
+    # The model can run its last layer at the heads' positions only (BertModel's heads_only).
+    self.heads_only = "heads_only" in inspect.signature(self.model.__call__).parameters
 
   def init(self, rng: jax.Array, batch: Batch) -> Any:
     params_rng, dropout_rng = jax.random.split(rng)
@@ -29,10 +32,14 @@ class BertPretraining:
                                 deterministic=True)
     return variables["params"]
 
-  def apply(self, params: Any, batch: Batch, rng: jax.Array | None, deterministic: bool) -> ModelOutput:
+  def apply(self, params: Any, batch: Batch, rng: jax.Array | None, deterministic: bool,
+            heads_only: bool = False) -> ModelOutput:
+    """The model's outputs; heads_only: only the heads' (last_hidden_state None), the last layer run at
+    their positions where the model can (less work, the same outputs)."""
     rngs = None if deterministic else {"dropout": rng}
+    extra = {"heads_only": True} if heads_only and self.heads_only else {}
     return self.model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic,
-                            rngs=rngs)
+                            rngs=rngs, **extra)
 
   def backbone(self, params: Any) -> Any:
     """The parameters the papers count as the model's size: embeddings, encoder, pooler."""
@@ -44,7 +51,7 @@ class BertPretraining:
 
   def sums(self, params: Any, batch: Batch, rng: jax.Array | None, deterministic: bool
            ) -> dict[str, jax.Array]:
-    return self.output_sums(self.apply(params, batch, rng, deterministic), batch)
+    return self.output_sums(self.apply(params, batch, rng, deterministic, heads_only=True), batch)
 
   def output_sums(self, out: ModelOutput, batch: Batch) -> dict[str, jax.Array]:
     """sums() of the model's outputs."""

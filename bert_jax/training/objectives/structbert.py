@@ -49,7 +49,7 @@ class StructBertPretraining(BertPretraining):
     num_masked = batch["masked_lm_positions"].shape[1]
     positions = jnp.concatenate([batch["masked_lm_positions"], batch["shuffled_positions"]], axis=1)
     out = self.apply({k: v for k, v in params.items() if k != "sso_head"},
-                     {**batch, "masked_lm_positions": positions}, rng, deterministic)
+                     {**batch, "masked_lm_positions": positions}, rng, deterministic, heads_only=True)
     wso_nll, wso_correct = token_nll_and_correct(out.mlm_logits[:, num_masked:], batch["shuffled_ids"])
     weights = batch["shuffled_weights"].astype(jnp.float32)
     sso_logits = self.head.apply({"params": params["sso_head"]}, out.pooled_output)
