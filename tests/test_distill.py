@@ -179,7 +179,7 @@ def test_an_int8_teacher_is_refused_before_anything_else(tmp_path, capsys, confi
                    f"--config.distill.teacher={tmp_path / 'int8'}"])
   err = capsys.readouterr().err.strip()
   assert code == 2 and err.endswith(f"distill.teacher={tmp_path / 'int8'} holds int8 weights (bert-jax quantize); "
-                                    "distil from the float model it came from (runs/float)"), err
+                                    "distil from the float model it came from: distill.teacher=runs/float"), err
 
 
 def _pd_command(teacher, data):

@@ -39,7 +39,7 @@ class Teacher:
     quantized = saved.get("quantization")
     if quantized:
       raise UserError(f"distill.teacher={location} holds {quantized.get('weights')} weights (bert-jax quantize); "
-                      f"distil from the float model it came from ({quantized.get('source')})")
+                      f"distil from the float model it came from: distill.teacher={quantized.get('source')}")
     return cls(location, saved, families.model_config(saved["model"]))
 
   @classmethod
