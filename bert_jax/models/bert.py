@@ -59,7 +59,8 @@ class ModelOutput:
   """What the encoder returns; heads that the model does not have are None.
 
   last_hidden_state: [B, T, H] (None when BertModel ran with heads_only); pooled_output: [B, H];
-  mlm_logits: [B, P, V] at the masked positions (or [B, T, V] when none are given); nsp_logits / sop_logits: [B, 2]; rtd_logits: [B, T];
+  mlm_logits: [B, P, V] at the masked positions (or [B, T, V] when none are given); nsp_logits /
+  sop_logits: [B, 2]; rtd_logits: [B, T];
   hidden_states: the embedding output and each layer's output, [L + 1, B, T, H], when asked for;
   attentions: float32 [L, B, N, T, T], each layer's attention probabilities (softmax, before dropout
   and head mask; zero for pruned heads), when asked for.
@@ -621,7 +622,10 @@ class BertModel(nn.Module):
     if cfg.use_pooler:
       out["pooled_output"] = jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(h[:, 0]))
     if cfg.mlm_head:
-      at = h if masked_positions is None else h[:, 1:] if queries is not None else gather_positions(h, masked_positions)
+      if queries is not None:  # h is already at [CLS] and the masked positions
+        at = h[:, 1:]
+      else:
+        at = h if masked_positions is None else gather_positions(h, masked_positions)
       out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(at, embeddings)
     if cfg.sentence_head != "none":
       if not cfg.use_pooler:
