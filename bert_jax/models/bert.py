@@ -555,6 +555,12 @@ def default_position_ids(config: ModelConfig, input_ids: Array, attention_mask: 
   return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
 
+def runs_heads_only(config: ModelConfig) -> bool:
+  """Whether BertModel(config)(..., heads_only=True) runs its last layer at the heads' positions only: not
+  with an RTD head or entity layers (they read every position), nor a sandwich order (no last layer)."""
+  return not (config.rtd_head or config.entity_layers or config.sublayer_order)
+
+
 def layer_head_mask(config: ModelConfig, head_mask: Optional[Array]) -> Optional[Array]:
   """head_mask [N] (the same for every layer) or [L, N] -> [L, N], or None."""
   if head_mask is None:
@@ -587,7 +593,7 @@ class BertModel(nn.Module):
     head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities;
     heads_only (with masked_positions): the last layer runs only where the pooler and MLM head read,
     [CLS] and the masked positions (a pretraining step's work; the same outputs), and last_hidden_state
-    is None. Without masked_positions, or with an RTD head or entity layers, it changes nothing but that."""
+    is None. Without masked_positions, or where `runs_heads_only` says no, it changes nothing but that."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -609,7 +615,7 @@ class BertModel(nn.Module):
     encoder = Encoder(cfg.text_config() if cfg.entity_layers else cfg, output_hidden_states, output_attentions,
                       name="encoder")
     queries = None
-    if heads_only and masked_positions is not None and not (cfg.rtd_head or cfg.entity_layers):
+    if heads_only and masked_positions is not None and runs_heads_only(cfg):
       # [CLS] (the pooler's) and the masked positions; h is [B, 1 + P, H] at them.
       queries = jnp.concatenate([jnp.zeros_like(masked_positions[:, :1]), masked_positions], axis=1)
     h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic,

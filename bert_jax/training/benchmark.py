@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import modernbert
+from bert_jax.models import bert, modernbert
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.modernbert import ModernBertConfig
 from bert_jax.training import partitioning
@@ -61,7 +61,7 @@ def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq
 def heads_only_applies(cfg: ModelConfig | ModernBertConfig) -> bool:
   """Whether the pretraining objective runs this model's last layer at the heads' positions only, with
   dot's attention (models/bert.py, BertModel's heads_only)."""
-  return isinstance(cfg, ModelConfig) and not (cfg.rtd_head or cfg.entity_layers or cfg.sublayer_order)
+  return isinstance(cfg, ModelConfig) and bert.runs_heads_only(cfg)
 
 
 def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int,

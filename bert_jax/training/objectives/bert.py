@@ -24,7 +24,7 @@ class BertPretraining:
     self.model = families.build(model_config)
     self.sentence = model_config.sentence_head
     # The model can run its last layer at the heads' positions only (BertModel's heads_only).
-    self.heads_only = "heads_only" in inspect.signature(self.model.__call__).parameters
+    self.model_takes_heads_only = "heads_only" in inspect.signature(self.model.__call__).parameters
 
   def init(self, rng: jax.Array, batch: Batch) -> Any:
     params_rng, dropout_rng = jax.random.split(rng)
@@ -37,7 +37,7 @@ class BertPretraining:
     """The model's outputs; heads_only: only the heads' (last_hidden_state None), the last layer run at
     their positions where the model can (less work, the same outputs)."""
     rngs = None if deterministic else {"dropout": rng}
-    extra = {"heads_only": True} if heads_only and self.heads_only else {}
+    extra = {"heads_only": True} if heads_only and self.model_takes_heads_only else {}
     return self.model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic,
                             rngs=rngs, **extra)
 
