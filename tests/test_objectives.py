@@ -50,6 +50,21 @@ def test_large_logits_lose_no_precision():
   np.testing.assert_array_equal(correct, [0.0, 1.0])
 
 
+def test_labels_outside_the_vocab_stay_finite_for_weight_zero_slots():
+  """Padding slots may carry a label outside [0, V); at weight 0 they add nothing and no NaN."""
+  logits, labels = _case(3, (2, 4, 11))
+  labels[0, 1], labels[1, 3] = -1, 11
+  weights = np.ones(labels.shape, np.float32)
+  weights[0, 1] = weights[1, 3] = 0.0
+  loss, grad = jax.value_and_grad(lambda z: jnp.sum(token_nll_and_correct(z, jnp.asarray(labels))[0] * weights))(
+      jnp.asarray(logits))
+  keep = weights > 0
+  ref_nll, _, softmax = _reference(logits[keep], labels[keep])
+  np.testing.assert_allclose(loss, ref_nll.sum(), rtol=1e-6)
+  np.testing.assert_allclose(grad[keep], softmax - np.eye(11)[labels[keep]], atol=1e-6)
+  np.testing.assert_array_equal(grad[~keep], 0.0)
+
+
 def test_vocab_sharded_over_the_mesh_gathers_locally():
   """Logits split along the vocab: same numbers, and no all-gather of the logits (only [rows] reduced)."""
   logits, labels = _case(2, (8, 4, 64))

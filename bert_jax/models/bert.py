@@ -17,7 +17,7 @@ compares 1 device with a 2x2x2 mesh for rolled and unrolled layer scans.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import flax.linen as nn
@@ -514,7 +514,19 @@ class MaskedLMHead(nn.Module):
     h = activation(cfg)(dense(cfg, cfg.embed_dim, ("mlp", "embed"), "transform")(x))
     h = layer_norm(cfg, "layer_norm")(h)
     bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
-    return embeddings.attend(h).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), h.shape[:-1])
+    return tied_logits(embeddings.attend, h, bias)
+
+
+def tied_logits(attend: Callable[[Array], Array], h: Array, bias: Array) -> Array:
+  """h [..., E] -> float32 [..., V]: attend(rows) (the tied word embeddings) plus the output bias [V].
+
+  The rows are flattened first, so the decoder is one 2-D matmul [N, E] x [E, V]: XLA:CPU then takes the
+  [N, V] gradient as it is for both of its matmuls and the bias's, where the 3-D einsum's gradient went
+  through a transposed copy (BENCHMARKS.md, "2026-11-28 evening").
+  """
+  rows = h.reshape(-1, h.shape[-1])
+  logits = attend(rows).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), rows.shape[:1])
+  return logits.reshape(h.shape[:-1] + logits.shape[-1:])
 
 
 def rows_of(v: Array, lead_shape: tuple[int, ...]) -> Array:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from bert_jax.errors import UserError
 from bert_jax.models import attention
 from bert_jax.models.bert import (ModelOutput, activation, constrain_hidden, gather_positions, layer_head_mask,
-                                  lookup, rows_of, zeros_init, kernel_init)
+                                  lookup, tied_logits, zeros_init, kernel_init)
 from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
@@ -341,13 +341,18 @@ class MaskedLMHead(nn.Module):
     h = activation(cfg)(_dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(x))
     h = _norm(cfg, "layer_norm", kind="layer_norm")(h)
     e = cfg.embedding_size
-    logits = embeddings.attend(h[..., :e]).astype(jnp.float32)
+    extra = None
     if cfg.hidden_size > e:
       extra = self.param("extra_decoder", kernel_init(cfg, ("mlp", "vocab")), (cfg.hidden_size - e, cfg.vocab_size),
                          cfg.weight_dtype)
-      logits = logits + jnp.einsum("...k,kv->...v", h[..., e:], extra.astype(h.dtype)).astype(jnp.float32)
+
+    def decode(rows: Array) -> Array:
+      logits = embeddings.attend(rows[:, :e]).astype(jnp.float32)
+      if extra is None:
+        return logits
+      return logits + jnp.einsum("nk,kv->nv", rows[:, e:], extra.astype(rows.dtype)).astype(jnp.float32)
     bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
-    return logits + rows_of(bias.astype(jnp.float32), h.shape[:-1])
+    return tied_logits(decode, h, bias)
 
 
 class MobileBertModel(nn.Module):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from bert_jax.errors import UserError
 from bert_jax.models import attention, rope
 from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, layer_head_mask, lookup,
-                                  rows_of)
+                                  tied_logits)
 from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
@@ -363,7 +363,7 @@ class MaskedLMHead(nn.Module):
     h = PredictionHead(cfg, name="transform")(x)
     bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                       (cfg.vocab_size,), cfg.weight_dtype)
-    return embeddings.attend(h).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), h.shape[:-1])
+    return tied_logits(embeddings.attend, h, bias)
 
 
 class ModernBertModel(nn.Module):

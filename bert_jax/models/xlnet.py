@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, rows_of
+from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, tied_logits
 from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
@@ -405,7 +405,7 @@ class LMHead(nn.Module):
   def __call__(self, x: Array, embeddings: Embeddings) -> Array:
     cfg = self.config
     bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
-    return embeddings.attend(x).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), x.shape[:-1])
+    return tied_logits(embeddings.attend, x, bias)
 
 
 class XLNetModel(nn.Module):

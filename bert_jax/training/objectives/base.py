@@ -158,13 +158,15 @@ def refuse_structbert_inputs(config: ml_collections.ConfigDict) -> None:
 def token_nll_and_correct(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
   """logits: f32[..., V], labels: int[...] -> (negative log-likelihood, label logit == max logit).
 
-  One-hot products rather than gathers/argmax along V: the vocab axis may be sharded over the mesh.
+  The label logit is a gather along V, no argmax: with V sharded over the mesh, GSPMD gathers locally
+  under a mask and all-reduces one value per row (the 2x2x2 mesh tests run it). A one-hot product was one
+  more pass over [..., V] on XLA:CPU, forward and backward (BENCHMARKS.md, "2026-11-28 evening").
   The loss is (max - label logit) + log(sum(exp(logits - max))): no cancellation between two large
   log-sum-exp and label terms, and exactly the log-sum-exp term when the label is the max.
   """
   logits = logits.astype(jnp.float32)
-  one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
-  label_logit = jnp.sum(logits * one_hot, axis=-1)
+  # mode="clip": a label outside [0, V) (a padding slot, weight 0) reads an end logit, finite (fill: NaN).
+  label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1, mode="clip")[..., 0]
   top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
   nll = (top - label_logit) + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
   correct = (label_logit >= top).astype(jnp.float32)
