@@ -211,11 +211,11 @@ class SelfAttention(nn.Module):
       out_kernel, out_bias = out_weights()
       return jnp.einsum("bntd,ndh->bth", y, out_kernel) + out_bias, None
     if queries is None:
-      qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel) + bias
+      qkv = _project_rows(x.astype(dtype), kernel) + bias
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = jnp.einsum("bqh,hnd->bqnd", gather_positions(x, queries).astype(dtype), kernel[:, 0]) + bias[0]
-      kv = jnp.einsum("bth,hcnd->btcnd", x.astype(dtype), kernel[:, 1:]) + bias[1:]
+      q = _project_rows(gather_positions(x, queries).astype(dtype), kernel[:, 0]) + bias[0]
+      kv = _project_rows(x.astype(dtype), kernel[:, 1:]) + bias[1:]
       k, v = kv[:, :, 0], kv[:, :, 1]
     dropout = cfg.attention_dropout > 0 and not deterministic
     probs = None
@@ -233,7 +233,8 @@ class SelfAttention(nn.Module):
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
       y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
     out_kernel, out_bias = out_weights()
-    return jnp.einsum("btnd,ndh->bth", y, out_kernel) + out_bias, (probs if keep_attentions else None)
+    out = y.reshape(-1, n * d) @ out_kernel.reshape(n * d, h)
+    return out.reshape(y.shape[:2] + (h,)) + out_bias, (probs if keep_attentions else None)
 
   def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
                           dropout: bool) -> tuple[Array, Array]:
@@ -246,14 +247,21 @@ class SelfAttention(nn.Module):
     return jnp.einsum("bnts,bsnd->btnd", weights, v), probs
 
 
+def _project_rows(x: Array, kernel: Array) -> Array:
+  """x [B, T, H] against kernel [H, ...] -> [B, T, ...], as one 2-D matmul over the rows flattened."""
+  y = x.reshape(-1, x.shape[-1]) @ kernel.reshape(kernel.shape[0], -1)
+  return y.reshape(x.shape[:-1] + kernel.shape[1:])
+
+
 class FeedForward(nn.Module):
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    h = activation(cfg)(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x))
-    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+    rows = x.reshape(-1, x.shape[-1])
+    h = activation(cfg)(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(rows))
+    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h).reshape(x.shape)
 
 
 def constrain_hidden(x: Array) -> Array:
