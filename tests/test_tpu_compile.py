@@ -456,3 +456,24 @@ def test_a_long_dot_step_that_does_not_fit_is_told_to_use_splash():
   assert "--config.model.attention=splash" in aot.suggest_fix(config, 2e9, 32 * 2 ** 30, 255 * 2 ** 30)
   config.data.max_seq_length = 512
   assert "splash" not in aot.suggest_fix(config, 2e9, 32 * 2 ** 30, 255 * 2 ** 30)
+
+
+@needs_libtpu
+def test_matmuls_take_flattened_rows_off_tpu_only():
+  """models/bert.py's on_rows: 2-D rows for XLA:CPU; on TPU (also a topology compiled from this CPU host,
+  as `bert-jax compile` does) the N-D input as it is, where [B, 20, H] -> [B * 20, H] is a relayout copy."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import Mesh
+  from bert_jax.models.bert import on_rows
+  seen = []
+  fn = lambda rows: seen.append(rows.shape) or jnp.ones(rows.shape[:-1] + (3,))  # noqa: E731
+  x = jnp.zeros((2, 20, 8))
+  tpu = Mesh(np.asarray(slices.compile_only_devices(slices.parse("v4-8"))), ("data",))
+  with jax.sharding.use_abstract_mesh(tpu.abstract_mesh):
+    assert on_rows(fn, x).shape == (2, 20, 3)
+  cpu = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  with jax.sharding.use_abstract_mesh(cpu.abstract_mesh):
+    assert on_rows(fn, x).shape == (2, 20, 3)
+  assert on_rows(fn, x).shape == (2, 20, 3)
+  assert seen == [(2, 20, 8), (40, 8), (40, 8)]

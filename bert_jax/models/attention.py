@@ -177,6 +177,13 @@ def _auto_axes(mesh) -> tuple[str, ...]:
   return () if mesh.empty else tuple(a for a in mesh.axis_names if a not in set(mesh.manual_axes))
 
 
+def target_platform() -> str:
+  """The platform being compiled for: the mesh in context's devices (abstract, so also a TPU topology
+  compiled on a CPU host: `bert-jax compile`), else JAX's default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+
+
 def _mesh_axes(logical: str, mesh) -> tuple[str, ...]:
   """The mesh axes left to XLA that the logical axis `logical` is split over (the flax logical rules in
   context)."""
@@ -194,7 +201,7 @@ def _splash(q: Array, k: Array, v: Array, segments: Array, window: Optional[int]
   if batch % size(rows) or heads % size(head_axes) or length % size(seq_axes):
     raise UserError(f"model.attention='splash': {batch} rows, {heads} heads and {length} positions must split "
                     f"evenly over the mesh axes {rows}, {head_axes} and {seq_axes}")
-  interpret = (jax.default_backend() if mesh.empty else mesh.abstract_device.platform) != "tpu"
+  interpret = target_platform() != "tpu"
   windows = (window,) if is_global is None else (window, None)  # the second: is_global's
   kernels = [splash_kernel(length, heads, w, size(seq_axes), interpret) for w in windows]
   flag = () if is_global is None else (jnp.asarray(is_global),)

@@ -210,12 +210,13 @@ class SelfAttention(nn.Module):
       y = attention.attend_heads_first(qkv[0], qkv[1], qkv[2], segments)
       out_kernel, out_bias = out_weights()
       return jnp.einsum("bntd,ndh->bth", y, out_kernel) + out_bias, None
+    project = lambda x, kernel: on_rows(lambda r: jnp.tensordot(r, kernel, axes=1), x)  # noqa: E731
     if queries is None:
-      qkv = _project_rows(x.astype(dtype), kernel) + bias
+      qkv = project(x.astype(dtype), kernel) + bias
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
-      q = _project_rows(gather_positions(x, queries).astype(dtype), kernel[:, 0]) + bias[0]
-      kv = _project_rows(x.astype(dtype), kernel[:, 1:]) + bias[1:]
+      q = project(gather_positions(x, queries).astype(dtype), kernel[:, 0]) + bias[0]
+      kv = project(x.astype(dtype), kernel[:, 1:]) + bias[1:]
       k, v = kv[:, :, 0], kv[:, :, 1]
     dropout = cfg.attention_dropout > 0 and not deterministic
     probs = None
@@ -233,8 +234,11 @@ class SelfAttention(nn.Module):
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
       y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
     out_kernel, out_bias = out_weights()
-    out = y.reshape(-1, n * d) @ out_kernel.reshape(n * d, h)
-    return out.reshape(y.shape[:2] + (h,)) + out_bias, (probs if keep_attentions else None)
+    if attention.target_platform() == "tpu":  # [.., N, D] -> [.., N * D] would be a relayout there (on_rows)
+      out = jnp.einsum("btnd,ndh->bth", y, out_kernel)
+    else:
+      out = on_rows(lambda r: r @ out_kernel.reshape(n * d, h), y.reshape(y.shape[:2] + (n * d,)))
+    return out + out_bias, (probs if keep_attentions else None)
 
   def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
                           dropout: bool) -> tuple[Array, Array]:
@@ -247,10 +251,18 @@ class SelfAttention(nn.Module):
     return jnp.einsum("bnts,bsnd->btnd", weights, v), probs
 
 
-def _project_rows(x: Array, kernel: Array) -> Array:
-  """x [B, T, H] against kernel [H, ...] -> [B, T, ...], as one 2-D matmul over the rows flattened."""
-  y = x.reshape(-1, x.shape[-1]) @ kernel.reshape(kernel.shape[0], -1)
-  return y.reshape(x.shape[:-1] + kernel.shape[1:])
+def on_rows(fn: Callable[[Array], Array], x: Array) -> Array:
+  """fn (a matmul over the last axis, [N, H] -> [N, ...]) applied to x [..., H] -> [..., ...].
+
+  Off TPU fn gets the rows flattened to 2-D: XLA:CPU then runs the weight gradient (x^T g) on x and g as
+  they are, where the N-D dot's gradient went through a transposed copy of one of them; on the BERT
+  train step 1.2x (BENCHMARKS.md, "2026-11-28 evening"). On TPU x goes as it is: a [B, 20, H] -> [B * 20, H]
+  reshape there is a relayout copy (20 is not a multiple of the 8-row tile), and more bytes per step.
+  """
+  if attention.target_platform() == "tpu":
+    return fn(x)
+  y = fn(x.reshape(-1, x.shape[-1]))
+  return y.reshape(x.shape[:-1] + y.shape[1:])
 
 
 class FeedForward(nn.Module):
@@ -259,9 +271,9 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    rows = x.reshape(-1, x.shape[-1])
-    h = activation(cfg)(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(rows))
-    return dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h).reshape(x.shape)
+    intermediate = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")
+    output = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")
+    return on_rows(lambda rows: output(activation(cfg)(intermediate(rows))), x)
 
 
 def constrain_hidden(x: Array) -> Array:
@@ -526,15 +538,11 @@ class MaskedLMHead(nn.Module):
 
 
 def tied_logits(attend: Callable[[Array], Array], h: Array, bias: Array) -> Array:
-  """h [..., E] -> float32 [..., V]: attend(rows) (the tied word embeddings) plus the output bias [V].
-
-  The rows are flattened first, so the decoder is one 2-D matmul [N, E] x [E, V]: XLA:CPU then takes the
-  [N, V] gradient as it is for both of its matmuls and the bias's, where the 3-D einsum's gradient went
-  through a transposed copy (BENCHMARKS.md, "2026-11-28 evening").
-  """
-  rows = h.reshape(-1, h.shape[-1])
-  logits = attend(rows).astype(jnp.float32) + rows_of(bias.astype(jnp.float32), rows.shape[:1])
-  return logits.reshape(h.shape[:-1] + logits.shape[-1:])
+  """h [..., E] -> float32 [..., V]: attend(h) (the tied word embeddings) plus the output bias [V], over
+  the rows flattened off TPU (on_rows: there the [N, V] gradient then feeds both matmuls and the bias's
+  as it is, where the N-D einsum's went through a transposed copy)."""
+  bias = bias.astype(jnp.float32)
+  return on_rows(lambda rows: attend(rows).astype(jnp.float32) + rows_of(bias, rows.shape[:-1]), h)
 
 
 def rows_of(v: Array, lead_shape: tuple[int, ...]) -> Array:
