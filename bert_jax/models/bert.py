@@ -234,11 +234,7 @@ class SelfAttention(nn.Module):
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
       y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
     out_kernel, out_bias = out_weights()
-    if attention.target_platform() == "tpu":  # [.., N, D] -> [.., N * D] would be a relayout there (on_rows)
-      out = jnp.einsum("btnd,ndh->bth", y, out_kernel)
-    else:
-      out = on_rows(lambda r: r @ out_kernel.reshape(n * d, h), y.reshape(y.shape[:2] + (n * d,)))
-    return out + out_bias, (probs if keep_attentions else None)
+    return heads_out(y, out_kernel) + out_bias, (probs if keep_attentions else None)
 
   def _explicit_attention(self, q: Array, k: Array, v: Array, mask: Array, head_mask: Optional[Array],
                           dropout: bool) -> tuple[Array, Array]:
@@ -258,11 +254,23 @@ def on_rows(fn: Callable[[Array], Array], x: Array) -> Array:
   they are, where the N-D dot's gradient went through a transposed copy of one of them; on the BERT
   train step 1.2x (BENCHMARKS.md, "2026-11-28 evening"). On TPU x goes as it is: a [B, 20, H] -> [B * 20, H]
   reshape there is a relayout copy (20 is not a multiple of the 8-row tile), and more bytes per step.
+  fn's matmuls are einsum, tensordot or flax layers, not `@`: jnp.matmul's cached trace kept the int8
+  dots of a QAT trace (qwix) for the float step traced after it (tests/test_quantize.py).
   """
   if attention.target_platform() == "tpu":
     return fn(x)
   y = fn(x.reshape(-1, x.shape[-1]))
   return y.reshape(x.shape[:-1] + y.shape[1:])
+
+
+def heads_out(y: Array, kernel: Array) -> Array:
+  """The attention output projection: y [B, T, N, D] against kernel [N, D, H] -> [B, T, H]; off TPU over
+  rows [B * T, N * D] (on_rows), on TPU as the 4-D einsum (the [.., N * D] reshape would be a relayout)."""
+  if attention.target_platform() == "tpu":
+    return jnp.einsum("btnd,ndh->bth", y, kernel)
+  n, d, h = kernel.shape
+  return on_rows(lambda rows: jnp.einsum("rk,kh->rh", rows, kernel.reshape(n * d, h)),
+                 y.reshape(y.shape[:2] + (n * d,)))
 
 
 class FeedForward(nn.Module):

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 
 from bert_jax.errors import UserError
 from bert_jax.models import attention, rope
-from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, layer_head_mask, lookup,
-                                  tied_logits)
+from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, heads_out, layer_head_mask,
+                                  lookup, on_rows, tied_logits)
 from bert_jax.models.config import FamilyConfig
 from bert_jax.models.dropout import Dropout
 
@@ -198,8 +198,8 @@ class Attention(nn.Module):
                keep_attentions: bool, deterministic: bool) -> tuple[Array, Optional[Array]]:
     cfg = self.config
     n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-    qkv = jnp.einsum("bth,hcnd->btcnd", x.astype(cfg.compute_dtype),
-                     _weight(self, cfg, "qkv", (h, 3, n, d), ("embed", None, "heads", "kv")))
+    qkv_kernel = _weight(self, cfg, "qkv", (h, 3, n, d), ("embed", None, "heads", "kv"))
+    qkv = on_rows(lambda rows: jnp.tensordot(rows, qkv_kernel, axes=1), x.astype(cfg.compute_dtype))
     static = isinstance(layer, int)
     is_global = cfg.is_global(layer)
     theta = (cfg.global_rope_theta if is_global else cfg.local_rope_theta) if static else None
@@ -226,8 +226,7 @@ class Attention(nn.Module):
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
       backend = "dot" if self.is_initializing() else cfg.attention
       y = attention.attend(q, k, v, segments, backend=backend, window=window, is_global=flag)
-    out = jnp.einsum("btnd,ndh->bth", y, _weight(self, cfg, "out", (n, d, h), ("heads", "kv", "embed"),
-                                                  _out_std(cfg)))
+    out = heads_out(y, _weight(self, cfg, "out", (n, d, h), ("heads", "kv", "embed"), _out_std(cfg)))
     return Dropout(cfg.attention_dropout)(out, deterministic=deterministic), (probs if keep_attentions else None)
 
 
@@ -239,11 +238,12 @@ class GeGLU(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     cfg = self.config
     h, f = cfg.hidden_size, cfg.intermediate_size
-    both = jnp.einsum("bth,hcf->btcf", x.astype(cfg.compute_dtype),
-                      _weight(self, cfg, "wi", (h, 2, f), ("embed", None, "mlp")))
+    wi = _weight(self, cfg, "wi", (h, 2, f), ("embed", None, "mlp"))
+    wo = _weight(self, cfg, "wo", (f, h), ("mlp", "embed"), _out_std(cfg))
+    both = on_rows(lambda rows: jnp.tensordot(rows, wi, axes=1), x.astype(cfg.compute_dtype))
     y = _ACTIVATIONS[cfg.hidden_act](both[:, :, 0]) * both[:, :, 1]
     y = Dropout(cfg.mlp_dropout)(y, deterministic=deterministic)
-    return jnp.einsum("btf,fh->bth", y, _weight(self, cfg, "wo", (f, h), ("mlp", "embed"), _out_std(cfg)))
+    return on_rows(lambda rows: jnp.einsum("...f,fh->...h", rows, wo), y)
 
 
 class Layer(nn.Module):
