@@ -6,7 +6,10 @@ tokenizer files. A pretraining workdir or a checkpoint step directory serves as 
 are the `params` of the latest train state.
 
 `load_params_into` restores straight into the target's shardings (each host reads only its shards);
-`load_params` restores the whole tree onto one device, for conversion and inspection.
+`load_params` restores the whole tree onto one device, for conversion and inspection; `check_intact`
+reads a checkpoint whole before a job writes anything. Every reader here ends a damaged checkpoint
+(arrays cut short, _METADATA or other files missing) or one holding NaN in one line naming it (UserError),
+whichever command reads it.
 
 A *delta* checkpoint (fine-tuning with train.mode=adapters) holds only the parameters that trained;
 config.json's `base_checkpoint` names the checkpoint that holds the rest. Every reader here completes
@@ -14,6 +17,7 @@ it from there, so a delta serves wherever a full checkpoint does (init_from, pre
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 from typing import Any, Callable, Iterable
@@ -92,10 +96,25 @@ def save_params(directory: epath.PathLike, params: Any, config: dict,
     workdir.write_tokenizer(directory, tokenizer_files)
 
 
+@contextlib.contextmanager
+def _reading(location: epath.PathLike):
+  """orbax's and tensorstore's errors while reading the checkpoint at `location` as one line naming it."""
+  try:
+    yield
+  except (UserError, MemoryError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # FileNotFoundError, tensorstore's ValueError, ...
+    cause = " ".join(str(e).split()) or type(e).__name__
+    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    raise UserError(f"{location}: the checkpoint cannot be read ({cause}): it is damaged or incomplete (files "
+                    "missing or cut short); copy it again or give another checkpoint") from None
+
+
 def _latest_step_dir(managed: epath.Path) -> epath.Path:
-  manager = ocp.CheckpointManager(managed)
-  step = manager.latest_step()
-  manager.close()
+  with _reading(managed.parent):
+    manager = ocp.CheckpointManager(managed)
+    step = manager.latest_step()
+    manager.close()
   if step is None:
     raise UserError(f"{managed.parent}: the workdir has no checkpoint yet")
   return managed / str(step)
@@ -170,7 +189,9 @@ def load_params(location: epath.PathLike) -> tuple[Any, dict]:
   """(params, config) from a params checkpoint, a workdir (latest step) or a step directory; int8
   weights (an int8 checkpoint) come back as float32 on their int8 grid."""
   config = workdir.read_config(location)
-  params = _restore_on_host(*params_location(location))
+  tree_path, keys = params_location(location)
+  with _reading(location):
+    params = _restore_on_host(tree_path, keys)
   finite.check_params_finite(params, str(location))
   if config.get("quantization"):  # `bert-jax quantize`'s int8 or packed weights, back on their grid in float32
     params = lowbit.dequantize_params(params)
@@ -190,7 +211,18 @@ def _saved_tree(tree_path: epath.Path) -> Any:
 
 def _own_metadata(location: epath.PathLike) -> Any:
   tree_path, keys = params_location(location)
-  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(_saved_tree(tree_path), keys))
+  with _reading(location):
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), _subtree(_saved_tree(tree_path), keys))
+
+
+def check_intact(location: epath.PathLike, what: str) -> dict:
+  """The config.json of the checkpoint at `location`, once its parameters have all been read and found
+  finite: a job checks what it will read (`what`: the setting that names it) before it writes anything.
+  The arrays are read on the host and dropped; the job reads them again where it needs them."""
+  try:
+    return load_params(location)[1]
+  except UserError as e:
+    raise UserError(f"{what}: {e}") from None
 
 
 def params_metadata(location: epath.PathLike) -> Any:
@@ -234,14 +266,54 @@ def load_params_into(location: epath.PathLike, target: Any, keep: Iterable[str] 
   target: the model's params tree; its leaves (arrays, or jax.ShapeDtypeStruct with shardings) give
   each restored array's shape, dtype and sharding. keep: the top-level names to take from the
   checkpoint (default: all). A kept parameter the checkpoint lacks (a head it was saved without) keeps
-  the target's value, a fresh init named on stdout; an abstract one is an error. Parameters only the
-  checkpoint has are not read; a shape mismatch is an error naming the tensor and both shapes.
+  the target's value, a fresh init: stdout says how many tensors loaded and which start fresh; an
+  abstract one is an error, and so is a checkpoint holding none of them (another family's). Parameters
+  only the checkpoint has are not read; a shape mismatch is an error naming the tensor and both shapes.
   wanted: which leaves (by jax.tree_util.keystr name) to restore at all; the others keep target's value.
   """
+  keep = None if keep is None else set(keep)
+  leaves = _selected(target, keep, wanted)
+  if leaves:
+    _check_fit(location, _flat(params_metadata(location)), leaves)
   return _load_into(location, target, keep, wanted)
 
 
-def _load_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None,
+def _selected(target: Any, keep: set[str] | None, wanted: Callable[[str], bool]) -> list[tuple[str, tuple, Any]]:
+  """(name, key path, leaf) of target's leaves under the `keep` modules that `wanted` accepts."""
+  return [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(target)
+          if (keep is None or k[0].key in keep) and wanted(jax.tree_util.keystr(k))]
+
+
+def _check_fit(location: epath.PathLike, saved: dict[str, Any], leaves: list[tuple[str, tuple, Any]]) -> None:
+  """UserError when the checkpoint's tensors (`saved`) cannot fill `leaves` (name, key path, leaf): quantized,
+  a shape that differs, none of them there, or an abstract one missing; a line naming those that start fresh."""
+  if any(name.endswith(("['qvalue']", "['packed']")) for name in saved):
+    raise UserError(f"{location} holds quantized weights (bert-jax quantize): predict with it, and fine-tune, "
+                    "distill or quantize from the float model it was made from")
+  mismatched = [f"{name}: checkpoint {tuple(saved[name].shape)} vs model {tuple(v.shape)}"
+                for name, _, v in leaves if name in saved and tuple(saved[name].shape) != tuple(v.shape)]
+  if mismatched:
+    raise UserError(f"{location} does not fit the model: {'; '.join(mismatched[:6])}")
+  modules: dict[str, list[int]] = {}  # top-level module: [tensors missing, tensors]
+  for name, k, _ in leaves:
+    counts = modules.setdefault(jax.tree_util.keystr(k[:1]), [0, 0])
+    counts[0] += name not in saved
+    counts[1] += 1
+  missing = sum(m for m, _ in modules.values())
+  if missing == len(leaves):
+    raise UserError(f"{location} holds none of the model's {len(leaves)} parameter tensors (the model's modules: "
+                    f"{', '.join(modules)}; the checkpoint's: {', '.join(sorted({n.split(']')[0] + ']' for n in saved}))})"
+                    ": it is a checkpoint of another model family or layout")
+  if not missing:
+    return
+  fresh = [key if m == n else f"{key} ({m} of {n} tensors)" for key, (m, n) in sorted(modules.items()) if m]
+  if any(isinstance(v, jax.ShapeDtypeStruct) for _, _, v in leaves):
+    raise UserError(f"{location} does not fit the model: no weights for {', '.join(fresh)}")
+  print(f"{location}: {len(leaves) - missing} of {len(leaves)} parameter tensors loaded; no weights for "
+        f"{', '.join(fresh)}: those {missing} start from a fresh init", flush=True)
+
+
+def _load_into(location: epath.PathLike, target: Any, keep: set[str] | None,
                wanted: Callable[[str], bool]) -> Any:
   """load_params_into for the leaves whose names `wanted` accepts: a delta's own leaves from it, the
   others from its base."""
@@ -253,24 +325,12 @@ def _load_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None
   return _restore_into(location, target, keep, lambda name: wanted(name) and name in own)
 
 
-def _restore_into(location: epath.PathLike, target: Any, keep: Iterable[str] | None,
+def _restore_into(location: epath.PathLike, target: Any, keep: set[str] | None,
                   wanted: Callable[[str], bool]) -> Any:
+  """The leaves `wanted` accepts that the checkpoint at `location` itself holds (load_params_into has
+  checked that they fit)."""
   saved = _flat(_own_metadata(location))
-  if any(name.endswith(("['qvalue']", "['packed']")) for name in saved):
-    raise UserError(f"{location} holds quantized weights (bert-jax quantize): predict with it, and fine-tune, "
-                    "distill or quantize from the float model it was made from")
-  keep = None if keep is None else set(keep)
-  leaves = [(jax.tree_util.keystr(k), k, v) for k, v in jax.tree_util.tree_leaves_with_path(target)
-            if (keep is None or k[0].key in keep) and wanted(jax.tree_util.keystr(k))]
-  mismatched = [f"{name}: checkpoint {tuple(saved[name].shape)} vs model {tuple(v.shape)}"
-                for name, _, v in leaves if name in saved and tuple(saved[name].shape) != tuple(v.shape)]
-  if mismatched:
-    raise UserError(f"{location} does not fit the model: {'; '.join(mismatched[:6])}")
-  missing = sorted({jax.tree_util.keystr(k[:1]) for name, k, _ in leaves if name not in saved})
-  if missing and any(isinstance(v, jax.ShapeDtypeStruct) for _, _, v in leaves):
-    raise UserError(f"{location} does not fit the model: no weights for {', '.join(missing)}")
-  if missing:
-    print(f"{location}: no weights for {', '.join(missing)}; those start from a fresh init", flush=True)
+  leaves = _selected(target, keep, wanted)
   items = _nest((k, jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=getattr(v, "sharding", None)))
                 for name, k, v in leaves if name in saved)
   if not items:
@@ -278,7 +338,7 @@ def _restore_into(location: epath.PathLike, target: Any, keep: Iterable[str] | N
   tree_path, keys = params_location(location)
   for key in reversed(keys):
     items = {key: items}
-  with ocp.PyTreeCheckpointer() as ckptr:
+  with _reading(location), ocp.PyTreeCheckpointer() as ckptr:
     restored = ckptr.restore(tree_path, args=ocp.args.PyTreeRestore(
         item=items, restore_args=ocp.checkpoint_utils.construct_restore_args(items), partial_restore=True))
   restored = _subtree(restored, keys)

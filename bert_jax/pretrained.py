@@ -1,7 +1,7 @@
 """`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints.
 
-`init_from` takes any of them too: `check_init_from` names a missing or unknown one before a run writes
-anything, and `native_init_from` converts a foreign one into the run's workdir (WORKDIR/init_from, what
+`init_from` takes any of them too: `check_init_from` names a missing, unknown, damaged one or one of
+another family than the run's model before a run writes anything (`check_family`), and `native_init_from` converts a foreign one into the run's workdir (WORKDIR/init_from, what
 `bert-jax convert --from hf|tf` writes), once: a rerun finds it there. `with_init_from_model` gives a
 pretraining config the checkpoint's model and tokenizer (continued pretraining, configs/continue.py).
 """
@@ -17,11 +17,12 @@ import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import workdir
+from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
 from bert_jax.errors import UserError
 from bert_jax.models import families
+from bert_jax.models.config import LAYOUT_FAMILIES, ModelConfig
 from bert_jax.ops import finite
 
 
@@ -63,7 +64,9 @@ _FOREIGN = {"hf": "a Hugging Face folder", "tf": "an original TF checkpoint"}
 
 def check_init_from(config: ml_collections.ConfigDict) -> None:
   """UserError naming config.init_from when it is set and not a checkpoint (or not there at all), or unset
-where the config takes its model from it (init_from_model: configs/continue.py)."""
+where the config takes its model from it (init_from_model: configs/continue.py). A bert_jax checkpoint is
+read whole (damaged files, NaN: params_checkpoint.check_intact) and its family checked against the run's
+model (`check_family`); a foreign one is checked when `native_init_from` converts it."""
   if not config.init_from:
     if config.get("init_from_model", False):
       raise UserError("init_from is empty: continued pretraining (init_from_model) needs the checkpoint to continue: "
@@ -75,15 +78,55 @@ where the config takes its model from it (init_from_model: configs/continue.py).
     raise UserError(f"init_from: {location} does not exist; give a bert_jax workdir or "
                     "params checkpoint, a Hugging Face folder or an original TF checkpoint")
   try:
-    source_kind(config.init_from)
+    kind = source_kind(config.init_from)
   except UserError as e:
     raise UserError(f"init_from: {e}") from None
+  if kind == "bert_jax":
+    saved = params_checkpoint.check_intact(config.init_from, "init_from")
+    if "model" not in saved:
+      raise UserError(f"init_from: {config.init_from} has no model section in its config.json")
+    check_family(config, families.model_config(saved["model"]), config.init_from)
+
+
+# The jobs whose model is config.model (init_from fills it); the others take init_from's architecture.
+_MODEL_FROM_CONFIG = ("pretrain", "general_distill")
+
+
+def _layout(model: families.Config) -> str:
+  """What decides a model's parameter tree: its family, or for BertModel's families (ModelConfig) the layout
+  its switches make (CamemBERT and XLM-R are RoBERTa's: models/config.py, ModelConfig.layout_family)."""
+  return model.layout_family() if isinstance(model, ModelConfig) else model.family
+
+
+def check_family(config: ml_collections.ConfigDict, saved: families.Config, location: str) -> None:
+  """UserError when init_from's model (`saved`, from its config.json) is of another family than the run's.
+
+  A pretraining run (general distillation's student too) builds config.model and fills it from init_from:
+  both must have one parameter layout (`_layout`), or the tensors whose names happen to agree would load
+  into a model of another family. The other jobs take init_from's architecture: there only a model.family
+  that the run sets explicitly is checked against it."""
+  ours = config.model.to_dict()
+  if config.get("job", "pretrain") in _MODEL_FROM_CONFIG and not config.get("init_from_model", False):
+    model = families.model_config(ours)
+    if _layout(model) == _layout(saved):
+      return
+    raise UserError(f"init_from: {location} holds a {saved.family} model, and this run trains a {model.family} "
+                    f"model (model.family={ours.get('family', '')!r}): it cannot start from another family's "
+                    "weights; give a checkpoint of the same family, or leave init_from empty for a fresh init")
+  name = ours.get("family") or ""
+  if not name or name == saved.family:
+    return
+  record = families.get(name)
+  if record.config is type(saved) and (name not in LAYOUT_FAMILIES or name == _layout(saved)):
+    return
+  raise UserError(f"init_from: {location} holds a {saved.family} model, and model.family={name!r}: this job takes "
+                  "init_from's architecture; leave model.family empty, or give a checkpoint of that family")
 
 
 def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> ml_collections.ConfigDict:
   """`config` with init_from a bert_jax checkpoint: a Hugging Face folder or an original TF checkpoint is
   converted into run_dir/init_from first, as `bert-jax convert --from hf|tf` does (every process takes
-  part: orbax saves collectively)."""
+  part: orbax saves collectively), and its family checked against the run's (`check_family`)."""
   if not config.init_from:
     return config
   kind = source_kind(config.init_from)
@@ -98,6 +141,7 @@ def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> 
             f"--from {kind} {config.init_from} {target}` does)", flush=True)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("bert_jax init_from converted")
+  check_family(config, families.model_config(workdir.read_config(target)["model"]), config.init_from)
   config = ml_collections.ConfigDict(config.to_dict())  # a copy; locked again below
   config.init_from = os.fspath(target)
   config.lock()

@@ -196,7 +196,7 @@ class Distillation:
     if config.distill.get("require_init_from") and not config.init_from:
       raise UserError("pre-trained distillation distils a pretrained compact student: set --config.init_from to "
                       "its pretraining workdir or checkpoint (e.g. bert-jax pretrain --config configs/bert.py:mini)")
-    self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name)
+    self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name).check_intact()
     self.layers = chosen_layers(config.distill.student_layers, self.teacher.model.num_layers)
     if self.layers is not None and config.init_from:
       raise UserError("set either distill.student_layers (init from the teacher) or init_from, not both")

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-from bert_jax import params_checkpoint, workdir as workdir_lib
+from bert_jax import params_checkpoint, pretrained, workdir as workdir_lib
 from bert_jax.compress.teacher import Teacher, chosen_layers
 from bert_jax.errors import UserError
 from bert_jax.training import loop, trainer
@@ -74,5 +74,7 @@ def distill(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Distils (or resumes distilling) into `workdir`, which it holds locked before it writes the student's
   init; returns what the pretraining job returns (training/trainer.py:pretrain)."""
   trainer.check_run_config(config)
+  Teacher.pretrained(config.distill.teacher).check_intact()  # before anything is written, as init_from's check
+  pretrained.check_init_from(config)
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
     return trainer.pretrain_in(student_config(config, run_dir), run_dir, signals)

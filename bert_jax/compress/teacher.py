@@ -3,7 +3,8 @@ a fine-tuning workdir of the same task) and general (compress/general.py: a pret
 converted checkpoint with an MLM head).
 
 `Teacher.fine_tuned` and `Teacher.pretrained` read and check the teacher's config.json, int8 first (an
-int8 workdir is a model to serve, not to learn from); `check_vocab` holds the student to the teacher's
+int8 workdir is a model to serve, not to learn from); `check_intact` reads its parameters whole before a
+job writes anything (a damaged teacher or one holding NaN is one line); `check_vocab` holds the student to the teacher's
 vocabulary; `chosen_layers` and `take_layers` give DistilBERT's init, a student made of some of the
 teacher's layers; `load_params_into` reads its parameters into the shardings a step wants.
 """
@@ -78,6 +79,12 @@ class Teacher:
     if student_vocab_size is not None and student_vocab_size != self.model.vocab_size:
       raise UserError(f"the student's vocab_size {student_vocab_size} differs from the teacher's "
                       f"{self.model.vocab_size}: the student must use the teacher's vocabulary")
+
+  def check_intact(self) -> "Teacher":
+    """The teacher, once its parameters have been read whole and found finite (not damaged, no NaN): a job
+    calls this before it writes anything."""
+    params_checkpoint.check_intact(self.location, "distill.teacher")
+    return self
 
   def load_params_into(self, abstract: Any) -> Any:
     """The teacher's params, restored into `abstract`'s shapes and shardings."""

@@ -155,7 +155,7 @@ class Theseus(Distillation):
     if config.train.mode != "finetune" or config.init_from:
       raise UserError("Theseus compression starts from the predecessor (distill.teacher): train.mode=finetune "
                       "and no init_from")
-    self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name)
+    self.teacher = Teacher.fine_tuned(config.distill.teacher, config.task.name).check_intact()
     modules = validate(config.distill, self.teacher.model)
     self.layers = tuple(range(modules))
     self.teacher_params: Any = None

@@ -370,8 +370,14 @@ def run_job(config: ml_collections.ConfigDict, workdir: str,
               "score": run.score_name, "stopped_early": run.progress.stopped_early,
               "stopped_by": run.stopped_by, "finished_before": False}
     return {**result, "dev": {} if run.stopped_by else run.finish()}
-  return loop.run_job(config, workdir, validate=validate, train=train,
-                      build=lambda config, run_dir, signals: Run(config, run_dir, make_learner(config), signals))
+
+  learners = []
+
+  def checked(config: ml_collections.ConfigDict) -> None:
+    validate(config)
+    learners.append(make_learner(config))  # before the workdir: a distillation's teacher is read and checked
+  return loop.run_job(config, workdir, validate=checked, train=train,
+                      build=lambda config, run_dir, signals: Run(config, run_dir, learners[0], signals))
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
