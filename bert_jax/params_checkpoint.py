@@ -106,8 +106,8 @@ def _reading(location: epath.PathLike):
   except Exception as e:  # pylint: disable=broad-except  # FileNotFoundError, tensorstore's ValueError, ...
     cause = " ".join(str(e).split()) or type(e).__name__
     cause = cause if len(cause) <= 160 else cause[:157] + "..."
-    raise UserError(f"{location}: the checkpoint cannot be read ({cause}): it is damaged or incomplete (files "
-                    "missing or cut short); copy it again or give another checkpoint") from None
+    raise UserError(f"{location}: the checkpoint cannot be read ({cause}): a damaged or incomplete copy (files "
+                    "missing or cut short)? copy it again, or give another checkpoint") from None
 
 
 def _latest_step_dir(managed: epath.Path) -> epath.Path:

@@ -110,17 +110,17 @@ def check_family(config: ml_collections.ConfigDict, saved: families.Config, loca
     model = families.model_config(ours)
     if _layout(model) == _layout(saved):
       return
-    raise UserError(f"init_from: {location} holds a {saved.family} model, and this run trains a {model.family} "
-                    f"model (model.family={ours.get('family', '')!r}): it cannot start from another family's "
-                    "weights; give a checkpoint of the same family, or leave init_from empty for a fresh init")
+    raise UserError(f"init_from: {location} holds a model of family {saved.family!r}, and this run trains one of "
+                    f"family {model.family!r}: only the tensors whose names agree would load; give a checkpoint of "
+                    "the run's family, or leave init_from empty for a fresh init")
   name = ours.get("family") or ""
   if not name or name == saved.family:
     return
   record = families.get(name)
   if record.config is type(saved) and (name not in LAYOUT_FAMILIES or name == _layout(saved)):
     return
-  raise UserError(f"init_from: {location} holds a {saved.family} model, and model.family={name!r}: this job takes "
-                  "init_from's architecture; leave model.family empty, or give a checkpoint of that family")
+  raise UserError(f"init_from: {location} holds a model of family {saved.family!r}, and model.family={name!r}: this "
+                  "job takes init_from's architecture; leave model.family empty, or give a checkpoint of that family")
 
 
 def native_init_from(config: ml_collections.ConfigDict, run_dir: epath.Path) -> ml_collections.ConfigDict:

@@ -133,7 +133,7 @@ def test_pretraining_from_another_family_is_one_line_and_writes_nothing(request,
   location = request.getfixturevalue(source)
   line = one_error_line(capsys, ["pretrain", "--config", os.path.join(ROOT, config), "--workdir",
                                  str(tmp_path / "run"), f"--config.init_from={location}", *TINY_RUN])
-  assert f"init_from: {location} holds a {theirs} model, and this run trains a {ours} model" in line, line
+  assert f"init_from: {location} holds a model of family {theirs!r}, and this run trains one of family {ours!r}" in line
   assert not (tmp_path / "run").exists()
 
 
@@ -141,15 +141,15 @@ def test_general_distillation_from_another_family_is_one_line(tmp_path, capsys, 
   line = one_error_line(capsys, ["distill", "--config", os.path.join(ROOT, "configs/distill.py:general-tiny"),
                                  "--workdir", str(tmp_path / "run"), f"--config.distill.teacher={bert}",
                                  f"--config.init_from={modernbert}"])
-  assert f"init_from: {modernbert} holds a modernbert model, and this run trains a bert model" in line, line
+  assert f"init_from: {modernbert} holds a model of family 'modernbert', and this run trains one of family 'bert'" in line
   assert not (tmp_path / "run").exists()
 
 
 def test_fine_tuning_takes_the_checkpoints_family_unless_the_run_names_another(tmp_path, capsys, bert):
   line = one_error_line(capsys, [*FINETUNE, "--workdir", str(tmp_path / "run"), f"--config.init_from={bert}",
                                  "--config.model.family=modernbert"])
-  assert line.endswith(f"init_from: {bert} holds a bert model, and model.family='modernbert': this job takes "
-                       "init_from's architecture; leave model.family empty, or give a checkpoint of that family")
+  assert line.endswith(f"init_from: {bert} holds a model of family 'bert', and model.family='modernbert': this job "
+                       "takes init_from's architecture; leave model.family empty, or give a checkpoint of that family")
   assert not (tmp_path / "run").exists()
 
 
@@ -170,9 +170,9 @@ def test_the_family_check_keeps_the_inits_of_one_layout():
     pretrained.check_family(_config("finetune", BERT), saved, "ckpt")
     pretrained.check_family(_config("sbert", BERT), saved, "ckpt")
   pretrained.check_family(_config("finetune", BERT, "camembert"), roberta.replace(family="camembert"), "ckpt")
-  with pytest.raises(UserError, match="holds a electra model, and this run trains a bert model"):
+  with pytest.raises(UserError, match="holds a model of family 'electra', and this run trains one of family 'bert'"):
     pretrained.check_family(_config("pretrain", BERT), electra, "ckpt")
-  with pytest.raises(UserError, match="holds a roberta model, and model.family='bert'"):
+  with pytest.raises(UserError, match="holds a model of family 'roberta', and model.family='bert'"):
     pretrained.check_family(_config("finetune", BERT, "bert"), roberta, "ckpt")
 
 

@@ -159,11 +159,28 @@ def test_sigterm_during_distill_saves_says_where_and_the_same_command_resumes(ta
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6), a, b)
 
 
-@pytest.mark.parametrize("config", ["configs/distill.py:sst2", "configs/distill.py:general-tiny"])
-def test_a_second_distill_in_a_busy_workdir_is_refused(tmp_path, capsys, config):
+@pytest.fixture(scope="module")
+def mlm_teacher(tmp_path_factory):
+  """A pretraining checkpoint (MLM head, zeros) with the embedded vocabulary: general distillation's teacher."""
+  model = TEACHER.replace(mlm_head=True)
+  shapes = jax.eval_shape(lambda: families.build(model).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"])
+  directory = tmp_path_factory.mktemp("distill") / "mlm_teacher"
+  params_checkpoint.save_params(directory, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), nn.meta.unbox(shapes)),
+                                {"objective": "bert", "model": model.to_dict(),
+                                 "data": {"vocab": "vocab.txt", "tokenizer": "wordpiece", "lower_case": True}},
+                                {"vocab.txt": data_fixtures.embedded_paths()[1]})
+  return str(directory)
+
+
+@pytest.mark.parametrize("config, teacher", [("configs/distill.py:sst2", "task_teacher"),
+                                             ("configs/distill.py:general-tiny", "mlm_teacher")])
+def test_a_second_distill_in_a_busy_workdir_is_refused(request, tmp_path, capsys, config, teacher):
+  """The teacher is read and checked first (before anything is written), then the workdir's lock refuses."""
+  location = request.getfixturevalue(teacher)
+  location = location[0] if isinstance(location, tuple) else location
   with run_lock.hold(str(tmp_path)):
     code = cli.main(["distill", "--config", config, "--workdir", str(tmp_path),
-                     f"--config.distill.teacher={tmp_path / 'teacher'}"])
+                     f"--config.distill.teacher={location}"])
   err = capsys.readouterr().err.strip()
   assert code == 2 and f"workdir {tmp_path} is in use by another run (host " in err and "\n" not in err, err
   assert os.listdir(tmp_path) == []  # nothing written; the holder's lock went with it

@@ -358,7 +358,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def run_job(config: ml_collections.ConfigDict, workdir: str,
             make_learner: Callable[[ml_collections.ConfigDict], Any] = lambda config: FineTuning()) -> dict[str, Any]:
   """Fine-tunes (or, with eval_only, evaluates) in `workdir`, which it holds locked before it reads
-  anything, with the learner `make_learner(config)` builds (default: plain fine-tuning). Returns {"dev":
+  anything but the checkpoints it starts from, with the learner `make_learner(config)` builds before the
+  workdir is touched (default: plain fine-tuning; a distillation reads and checks its teacher). Returns {"dev":
   the final dev metrics, "step", "num_steps", "best_step", "best_score", "score", "stopped_early",
   "stopped_by", "finished_before"}: a finished workdir is not trained again (finished_before, with its
   record), unless train.restart."""
