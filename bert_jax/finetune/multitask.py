@@ -50,6 +50,7 @@ from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
 from bert_jax.finetune.trainer import Progress, evaluate, seeds
+from bert_jax.models import attention
 from bert_jax.training import checkpoint, finite, loop, partitioning, step as step_lib
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, sharded_setup
@@ -160,6 +161,7 @@ def task_names(config: ml_collections.ConfigDict) -> list[str]:
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks, then the multi-task fields and what this job does not (yet) do."""
   config_schema.DATASET_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)
   names, m = task_names(config), config.mtdnn
   if not names:
     raise UserError("mtdnn.tasks is empty: name at least one task")

@@ -43,6 +43,7 @@ from bert_jax.conversion import native
 from bert_jax.errors import UserError
 from bert_jax.finetune import init, optim
 from bert_jax.finetune.batching import train_batches
+from bert_jax.models import attention
 from bert_jax.models.pooling import Pooling
 from bert_jax.sbert import data, embed, embedded, evaluate, losses
 from bert_jax.sbert.model import ENCODER_KEYS, SentenceEncoder, encoder_config
@@ -110,6 +111,7 @@ class BiEncoderObjective:
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then the bi-encoder's own fields."""
   config_schema.DATASET_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)
   if config.loss not in LOSSES:
     raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
   pooling(config)
