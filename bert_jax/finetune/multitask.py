@@ -220,6 +220,7 @@ class MultiTaskRun:
     self.p = probabilities(self.sizes, config.mtdnn.sampling, config.mtdnn.temperature)
     self.seeds = seeds(config.train)
     self.setups, self.steps_per_epoch = self._setups()
+    self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, config.train.mode)
     self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
     self.state, self.progress = self._start()
     self.stopped_by: str | None = None
@@ -329,6 +330,7 @@ class MultiTaskRun:
     saved["model"] = self.model_config.to_dict()
     saved["task"]["heads"] = {name: {"head": t.head, "num_labels": t.num_labels, "labels": list(t.labels)}
                               for name, t in zip(self.names, self.tasks)}
+    saved["trainable_parameters"] = self.trainable_parameters
     saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
                          lower_case=self.tokenizer.lower_case)
     if self.tokenizer.kind == "wordpiece":
