@@ -318,8 +318,8 @@ def test_a_wrongly_typed_hf_config_field_is_one_line(tmp_path, capsys, family):
 # exists (before: cudnn's 81-line traceback, splash's length error after config.json, vocab.txt and checkpoints/).
 _BACKEND_REFUSALS = {
     "cudnn": (["--config.model.attention=cudnn", "--config.model.attention_dropout=0"],
-              "model.attention='cudnn' needs a GPU with cuDNN and JAX runs on cpu here: set model.attention to a "
-              "backend that runs here: 'dot'"),
+              "model.attention='cudnn' needs a GPU with cuDNN and the step runs on cpu: set model.attention to a "
+              "backend that runs there: 'dot'"),
     "splash_length": (["--config.model.attention=splash", "--config.model.attention_dropout=0",
                        "--config.data.max_seq_length=100"],
                       "the length 100 is not a multiple of 128"),

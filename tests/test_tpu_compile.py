@@ -268,6 +268,10 @@ def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, 
     (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
     (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
     (["--topology", "v4-16", "--config.train.batch_size=9"], "must be divisible by data-parallel size"),
+    (["--topology", "v4-8", "--config.model.attention=cudnn", "--config.model.attention_dropout=0"],
+     "model.attention='cudnn' needs a GPU with cuDNN and the step runs on tpu"),
+    (["--topology", "v4-8", "--config.model.attention=splash", "--config.model.attention_dropout=0",
+      "--config.data.max_seq_length=100"], "the length 100 is not a multiple of 128"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2

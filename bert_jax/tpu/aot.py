@@ -33,6 +33,7 @@ import ml_collections
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as finetune_features, heads
+from bert_jax.models import attention
 from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, objectives, partitioning
 from bert_jax.training.step import TrainSetup
@@ -274,6 +275,7 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   (bert_jax/jobs.py: `Job.step`); `say` gets a line as each compile starts and ends (a step compiles for
   a minute or more)."""
   tpu = slices.parse(topology)
+  attention.check(config.model, config.data.max_seq_length, platform="tpu")
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
   config, setup = build(config, mesh)
