@@ -75,17 +75,31 @@ def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> di
   return row
 
 
+def _spec(text: str) -> tuple[str, str]:
+  """(file, preset or "") of a name as the listing and --config write it: "xlnet", "configs/xlnet.py" or
+  "configs/xlnet.py:tiny"."""
+  file, _, preset = text.partition(":")
+  file = file.rsplit("/", 1)[-1]
+  return file[:-3] if file.endswith(".py") else file, preset
+
+
 def list_presets(files: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-  """One row per preset of each config file (all of them, or those named: "bert", "glue", ...)."""
+  """One row per preset of each config file (all of them, or those named: "bert", "configs/bert.py", or
+  one preset: "configs/bert.py:tiny")."""
   known = sorted(m.name for m in pkgutil.iter_modules(configs.__path__)
                  if hasattr(importlib.import_module(f"bert_jax.configs.{m.name}"), "PRESETS"))
-  unknown = [f for f in files if f not in known]
+  specs = [_spec(f) for f in files] or [(file, "") for file in known]
+  unknown = [text for text, (file, _) in zip(files, specs) if file not in known]
   if unknown:
-    raise UserError(f"no config file configs/{unknown[0]}.py with presets; choose among {known}")
+    raise UserError(f"{unknown[0]}: no config file with presets by that name; choose among {known} (or "
+                    "configs/FILE.py, configs/FILE.py:PRESET)")
   rows = []
-  for file in files or known:
+  for file, preset in specs:
     module = importlib.import_module(f"bert_jax.configs.{file}")
-    rows += [_row(file, name, purpose, module.get_config(name)) for name, purpose in module.PRESETS.items()]
+    if preset and preset not in module.PRESETS:
+      raise UserError(f"configs/{file}.py has no preset {preset!r}; its presets: {', '.join(module.PRESETS)}")
+    rows += [_row(file, name, purpose, module.get_config(name)) for name, purpose in module.PRESETS.items()
+             if name == preset or not preset]
   return rows
 
 

@@ -280,5 +280,19 @@ def load_tokenizer(path: str):
     return build_tokenizer(common.Tokenizer(kind, True, {"vocab": path}))
   info = _tokenizer_info(path)
   if info is None:
-    raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt) found")
+    family = family_name(path)
+    files = common.tokenizer_file_names(families.get(family).tokenizer if family else None)
+    raise UserError(f"{path}: no tokenizer files found; " + (f"a {family} model reads {files}" if family else
+                    f"bert_jax reads {files}") + ": put its tokenizer there, or give it as data.vocab=PATH")
   return build_tokenizer(info)
+
+
+def family_name(path: str) -> str | None:
+  """The family of the checkpoint at `path` (a bert_jax checkpoint's or a Hugging Face folder's), None where
+  it does not say."""
+  try:
+    if native.is_native(path):
+      return workdir.read_config(path).get("model", {}).get("family") or None
+    return hf.family_of(hf.read_config_json(_hf_dir(path)), path).name
+  except (UserError, OSError):
+    return None

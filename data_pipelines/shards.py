@@ -194,6 +194,11 @@ def make_tokenizer(data_cfg):
   kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
   if data_cfg.tokenizer != kind:
     make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")
+    if kind == "sentencepiece":  # the model may be right and the kind wrong
+      raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a SentencePiece model: "
+                      "read it with data.tokenizer=sentencepiece (ALBERT's ids), camembert_spm or xlmr_spm (fairseq's "
+                      "sentencepiece.bpe.model: CamemBERT's, XLM-R's ids), or give a WordPiece vocab.txt (`bert-jax "
+                      "vocab --type wordpiece --corpus 'text/*.txt' --output vocab/`)")
     raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} vocabulary "
                     f"(*.model is SentencePiece, anything else a WordPiece vocab.txt): make one with `bert-jax "
                     f"vocab {make} --corpus 'text/*.txt' --output vocab/`, or leave data.vocab empty for the "

@@ -284,3 +284,54 @@ def test_init_from_that_does_not_exist_names_it_and_leaves_nothing(tmp_path, cap
   assert line.endswith(f"init_from: {tmp_path}/nowhere/ckpt does not exist; give a bert_jax workdir or params "
                        "checkpoint, a Hugging Face folder or an original TF checkpoint")
   assert not os.path.exists(tmp_path / "run")
+
+
+_HF_SIZES = {"vocab_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
+# family's config.json with one wrongly typed field: (its keys, the field, the type the message names)
+_MISTYPED_HF = {
+    "bert": ({**_HF_SIZES, "hidden_size": "64"}, "hidden_size", "an integer"),
+    "albert": ({**_HF_SIZES, "hidden_size": 64, "num_attention_heads": 4.0}, "num_attention_heads", "an integer"),
+    "electra": ({**_HF_SIZES, "hidden_size": 64, "layer_norm_eps": "1e-12"}, "layer_norm_eps", "a number"),
+    "camembert": ({**_HF_SIZES, "hidden_size": 64, "hidden_dropout_prob": "0.1"}, "hidden_dropout_prob", "a number"),
+    "xlnet": ({"vocab_size": 100, "d_model": "64", "n_layer": 2, "n_head": 4, "d_inner": 37}, "d_model",
+              "an integer"),
+    "modernbert": ({**_HF_SIZES, "hidden_size": "64"}, "hidden_size", "an integer"),
+    "mobilebert": ({**_HF_SIZES, "hidden_size": 64, "use_bottleneck": "yes"}, "use_bottleneck", "true or false"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_MISTYPED_HF))
+def test_a_wrongly_typed_hf_config_field_is_one_line(tmp_path, capsys, family):
+  """Before: a TypeError in the family's config class (ModernBertConfig.__post_init__ comparing '64' <= 0)."""
+  import safetensors.numpy  # pylint: disable=import-outside-toplevel
+  keys, field, expected = _MISTYPED_HF[family]
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": family, **keys}))
+  (tmp_path / "hf" / "model.safetensors").write_bytes(safetensors.numpy.save({}))
+  line = one_error_line(capsys, ["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "out")])
+  assert line.endswith(f"{tmp_path}/hf/config.json: {field} is {keys[field]!r} "
+                       f"({'a float' if isinstance(keys[field], float) else 'a string'}); expected {expected}"), line
+  assert not (tmp_path / "out").exists()
+
+
+# Attention backends that cannot run here or at this length, for each kind of job: one line before the workdir
+# exists (before: cudnn's 81-line traceback, splash's length error after config.json, vocab.txt and checkpoints/).
+_BACKEND_REFUSALS = {
+    "cudnn": (["--config.model.attention=cudnn", "--config.model.attention_dropout=0"],
+              "model.attention='cudnn' needs a GPU with cuDNN and the step runs on cpu: set model.attention to a "
+              "backend that runs there: 'dot'"),
+    "splash_length": (["--config.model.attention=splash", "--config.model.attention_dropout=0",
+                       "--config.data.max_seq_length=100"],
+                      "the length 100 is not a multiple of 128"),
+}
+
+
+@pytest.mark.parametrize("config", ["configs/bert.py:demo", "configs/modernbert.py:tiny", "configs/glue.py:embedded"])
+@pytest.mark.parametrize("refusal", sorted(_BACKEND_REFUSALS))
+def test_an_attention_backend_that_cannot_run_is_refused_before_the_workdir(tmp_path, capsys, config, refusal):
+  overrides, message = _BACKEND_REFUSALS[refusal]
+  command = "finetune" if "glue" in config else "pretrain"
+  line = one_error_line(capsys, [command, "--config", os.path.join(ROOT, config), "--workdir",
+                                 str(tmp_path / "run"), *overrides])
+  assert message in line, line
+  assert not (tmp_path / "run").exists()

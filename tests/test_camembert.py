@@ -270,3 +270,34 @@ def test_a_tokenizer_of_symbols_alone_loads_as_transformers_saves_it(tmp_path):
   assert ours.vocab_size == len(reference)
   for line in ["Le chat dort.", "a <mask> b", "<s>x</s>", ""]:
     assert ours.encode(line) == reference(line, add_special_tokens=False)["input_ids"], line
+
+
+def test_a_folder_without_tokenizer_names_its_files_and_takes_its_model_as_data_vocab(hf, tmp_path):
+  """Before: "no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt)" without the family's two
+  names, and the folder's sentencepiece.bpe.model as data.vocab read as ALBERT's layout (refused for lacking
+  [PAD] [CLS] [SEP] [MASK], with advice to train a vocabulary)."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import shards  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines.errors import DataError  # pylint: disable=import-outside-toplevel
+  from bert_jax.errors import UserError  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune import init  # pylint: disable=import-outside-toplevel
+  family, folder, _, reference = hf
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    shutil.copy(folder / name, bare / name)
+  with pytest.raises(UserError, match=f"no tokenizer files found; a {family} model reads tokenizer.json or "
+                                      "sentencepiece.bpe.model: put its tokenizer there, or give it as data.vocab"):
+    bert_jax.load_tokenizer(str(bare))
+  for source in ("sentencepiece.bpe.model", "tokenizer.json"):
+    config = ml_collections.ConfigDict({"init_from": str(bare), "data": {"vocab": str(folder / source),
+                                                                          "lower_case": True}})
+    tokenizer = init.load_tokenizer(config)
+    assert tokenizer.kind == VARIANTS[family][1]
+    assert [tokenizer.encode(line) for line in HELD_OUT[:20]] == [
+        reference(line, add_special_tokens=False)["input_ids"] for line in HELD_OUT[:20]]
+  # pretraining's data.tokenizer left at wordpiece: told which kinds read the model
+  data = ml_collections.ConfigDict({"vocab": str(folder / "sentencepiece.bpe.model"), "tokenizer": "wordpiece",
+                                    "lower_case": True})
+  with pytest.raises(DataError, match="read it with data.tokenizer=sentencepiece .*camembert_spm or xlmr_spm"):
+    shards.make_tokenizer(data)

@@ -115,6 +115,19 @@ def test_preset_parameter_counts_agree_with_the_built_model(spec):
   assert presets.backbone_params(config.model) == info.model_info(*built)["num_params"]
 
 
+@pytest.mark.parametrize("spec, presets", [("xlnet", None), ("configs/xlnet.py", None),
+                                           ("configs/xlnet.py:tiny", ["tiny"]), ("configs/bert.py:demo", ["demo"])])
+def test_presets_takes_the_names_its_listing_prints(capsys, spec, presets):
+  """Before: `presets configs/xlnet.py` looked for configs/configs/xlnet.py.py."""
+  import importlib
+  assert main(["presets", "--json", spec]) == 0
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  file = spec.split(":")[0].rsplit("/", 1)[-1].removesuffix(".py")
+  assert [r["preset"] for r in rows] == (presets or list(importlib.import_module(f"bert_jax.configs.{file}").PRESETS))
+  assert main(["presets", "configs/xlnet.py:huge"]) == 2
+  assert "configs/xlnet.py has no preset 'huge'; its presets: tiny" in capsys.readouterr().err
+
+
 def test_presets_table_and_help_point_at_each_other(capsys):
   assert main(["presets", "bert"]) == 0
   out = capsys.readouterr().out.splitlines()

@@ -93,13 +93,17 @@ def test_the_first_row_after_a_resume_says_it_averages_fewer_steps():
   assert steps.logger.rows == [(8, 3, 5)] and actions == [("save", 8)]  # the end is saved (pretraining's)
 
 
-def test_a_second_ctrl_c_stops_at_once():
+def test_a_second_ctrl_c_stops_at_once(capsys):
   with loop.StopRequests() as requests:
     os.kill(os.getpid(), signal.SIGINT)
     assert requests.reached(7) and requests.name == "Ctrl-C" and requests.exit_code == 130
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  # said, not silent (before: it exited without saying that nothing was saved)
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      "Ctrl-C again: stopped at once, nothing saved (the checkpoint at step 7 was not written); the workdir keeps "
+      "its last checkpoint, which the same command resumes from")
 
 
 def test_time_left_after_a_resume_counts_from_the_resume():

@@ -217,3 +217,13 @@ def test_each_task_reaches_its_single_task_score_within_noise(trained, tmp_path)
     assert cli.main(["finetune", *args, *SIZES, "--config.train.num_steps=40", "--workdir", str(out)]) == 0
     single = json.loads((out / "eval_results.json").read_text())["accuracy"]
     assert multi[task]["accuracy"] >= single - 0.05, (task, multi[task]["accuracy"], single)
+
+
+def test_config_json_records_the_trainable_parameters_as_fine_tuning_does(trained):
+  """Before: MT-DNN's config.json had no trainable_parameters (fine-tuning's has): every parameter trains."""
+  from bert_jax.training import checkpoint  # pylint: disable=import-outside-toplevel
+  _, workdir, _ = trained
+  record = json.loads((workdir / "config.json").read_text())["trainable_parameters"]
+  params, _ = checkpoint.load_params(workdir)
+  assert record == {"count": sum(x.size for x in jax.tree.leaves(params)),
+                    "total": sum(x.size for x in jax.tree.leaves(params)), "share": 1.0}

@@ -37,6 +37,10 @@ def test_each_loss_trains_to_a_workdir_that_embed_reads(preset, tmp_path, capsys
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["sentence_embedding"] == {"modes": ["mean"], "normalize": False, "max_seq_length": 16}
   embedder = bert_jax.Embedder.load(str(workdir), batch_size=8)
+  # recorded as fine-tuning records it: everything trains (the encoder saved, and the NLI loss's classifier)
+  trainable, saved_size = saved["trainable_parameters"], sum(x.size for x in jax.tree.leaves(embedder.params))
+  assert trainable["count"] == trainable["total"] == saved_size + (3 * (3 * 32 + 1) if preset == "nli" else 0)
+  assert trainable["share"] == 1.0 and f"{trainable['count']:,} of {trainable['total']:,} parameters train" in out
   assert embedder.dimension == 32 and "head" not in embedder.params  # the NLI classifier is not saved
   _, dev = embedded.splits(160, 48)
   u, v = embedder(dev.columns[0]), embedder(dev.columns[1])
@@ -143,6 +147,10 @@ def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_
   results = json.loads((workdir / "eval_results.json").read_text())
   assert results["initial/spearman"] == pytest.approx(baseline, abs=1e-5)
   assert results["spearman"] > baseline + 0.1, (results, baseline)
+  # config.json records what trained, as fine-tuning's does (before: not recorded): the whole encoder
+  trainable = json.loads((workdir / "config.json").read_text())["trainable_parameters"]
+  size = sum(x.size for x in jax.tree.leaves(bert_jax.Embedder.load(str(workdir)).params))
+  assert trainable == {"count": size, "total": size, "share": 1.0}
 
 
 @slow  # two runs (stopped + uninterrupted); the loop's own signal tests stay in the default suite

@@ -268,6 +268,10 @@ def test_input_workers_per_host_at_the_estimated_step_rate(overrides, topology, 
     (["--topology", "v9-8"], "unknown TPU topology 'v9-8'"),
     (["--topology", "v4-8", "--config.mesh.data=3"], "v4-8 has 4 devices"),
     (["--topology", "v4-16", "--config.train.batch_size=9"], "must be divisible by data-parallel size"),
+    (["--topology", "v4-8", "--config.model.attention=cudnn", "--config.model.attention_dropout=0"],
+     "model.attention='cudnn' needs a GPU with cuDNN and the step runs on tpu"),
+    (["--topology", "v4-8", "--config.model.attention=splash", "--config.model.attention_dropout=0",
+      "--config.data.max_seq_length=100"], "the length 100 is not a multiple of 128"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
   assert main(["compile", "--config", "configs/bert.py:tiny", *TINY, *argv]) == 2
@@ -477,3 +481,17 @@ def test_matmuls_take_flattened_rows_off_tpu_only():
     assert on_rows(fn, x).shape == (2, 20, 3)
   assert on_rows(fn, x).shape == (2, 20, 3)
   assert seen == [(2, 20, 8), (40, 8), (40, 8)]
+
+
+def test_a_step_that_does_not_fit_is_not_said_to_have_compiled():
+  """Before: "compiled the train step in 2.7 s" for a step the compiler ran out of memory on."""
+  from bert_jax.tpu import aot
+  oom = {"compile_seconds": 2.7, "oom": True, "device_bytes": 40 * 2 ** 30, "available_bytes": 16 * 2 ** 30}
+  assert aot.compiled_line("train step", oom, 2, 32 * 2 ** 30) == (
+      "the train step does not fit: the compiler ran out of memory after 2.7 s (it needs 80.00 GiB per chip, "
+      "32.00 GiB available)")
+  too_big = {"compile_seconds": 3.1, "oom": False, "device_bytes": 20 * 2 ** 30}
+  assert aot.compiled_line("eval step", too_big, 2, 32 * 2 ** 30) == (
+      "compiled the eval step in 3.1 s: it does not fit (it needs 40.00 GiB per chip of 32.00 GiB)")
+  assert aot.compiled_line("eval step", {**too_big, "device_bytes": 2 ** 30}, 2, 32 * 2 ** 30) == (
+      "compiled the eval step in 3.1 s")

@@ -51,6 +51,39 @@ def test_extend_adds_words_keeps_old_ids_and_exports(tmp_path, capsys):
   assert tokenizer("the proteinase sat", add_special_tokens=False)["input_ids"] == [5, 101, 7]
 
 
+def _saved(family, path):
+  """A tiny Hugging Face `family` model saved to `path`: (its vocabulary size)."""
+  if family == "modernbert":
+    import test_modernbert  # pylint: disable=import-outside-toplevel
+    test_modernbert._hf_dir(path, transformers.ModernBertForMaskedLM)  # pylint: disable=protected-access
+    return test_modernbert.VOCAB
+  build_hf(family).save_pretrained(path)
+  return 100
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_padded_table_gives_its_padding_rows_first(tmp_path, capsys, family):
+  """Pretraining pads vocab_size to a multiple (runs/demo: 8192 rows, 7716 entries): before, refused; now the
+  first new word takes the padding row after the vocabulary, the second grows the table."""
+  rows = _saved(family, tmp_path / "hf")
+  words = VOCAB[:rows - 1]  # one padding row
+  (tmp_path / "hf" / "vocab.txt").write_text("\n".join(words) + "\n")
+  (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+  (tmp_path / "domain.txt").write_text("\n".join(DOMAIN) + "\n")
+  assert main(["vocab", "extend", str(tmp_path / "hf"), str(tmp_path / "ext"), "--corpus",
+               str(tmp_path / "domain.txt"), "--count", "2"]) == 0
+  assert f"added 2 words (ids {rows - 1}..{rows})" in capsys.readouterr().out
+  assert bert_jax.load_tokenizer(str(tmp_path / "ext")).vocab == words + ["kinase", "proteinase"]
+  _, before = bert_jax.load_pretrained(str(tmp_path / "hf"))
+  encoder, after = bert_jax.load_pretrained(str(tmp_path / "ext"))
+  old, new = (np.asarray(p["embeddings"]["word_embeddings"]["embedding"]) for p in (before, after))
+  assert new.shape == (rows + 1, old.shape[1]) and encoder.config.vocab_size == rows + 1
+  np.testing.assert_array_equal(new[:rows - 1], old[:rows - 1])
+  np.testing.assert_allclose(new[rows - 1], old[[15, 14]].mean(0), rtol=1e-6)  # kin ##ase, in the padding row
+  np.testing.assert_allclose(new[rows], old[[12, 13, 14]].mean(0), rtol=1e-6)  # pro ##tein ##ase, a new row
+  assert np.asarray(after["mlm_head"]["output_bias"]).shape == (rows + 1,)
+
+
 def test_a_checkpoint_without_tokenizer_is_refused_in_one_line(tmp_path, capsys):
   model = build_hf("bert")
   model.save_pretrained(tmp_path / "hf")

@@ -8,12 +8,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.special
 import torch
 import transformers
 
 import bert_jax
 from bert_jax import cli, params_checkpoint
+from bert_jax.errors import UserError
 from bert_jax.finetune import heads
 from bert_jax.models import xlnet
 from bert_jax.models.xlnet import XLNetConfig, XLNetModel
@@ -273,3 +275,22 @@ def test_fine_tuned_heads_export_to_transformers(tmp_path, capsys):
     at = mask.astype(bool) if kind == "token" else slice(None)
     np.testing.assert_allclose(got[at], want[at], atol=1e-5)
     assert np.abs(want).max() > 0.1
+
+
+def test_model_attention_takes_dot_and_refuses_the_others_in_one_line(tmp_path, capsys):
+  """README's backends are "for every family": XLNet's config has model.attention; only dot runs its relative
+  attention. Before: `--config.model.attention=...` was an unknown key."""
+  from bert_jax.cli import main  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  assert load_config("configs/xlnet.py:tiny").model.attention == "dot"
+  assert XLNetConfig(attention="dot").attention == "dot"
+  with pytest.raises(UserError, match="model.attention='cudnn': XLNet's relative attention"):
+    XLNetConfig(attention="cudnn", attention_dropout=0.0)
+  backend = "splash"
+  capsys.readouterr()
+  assert main(["pretrain", "--config", "configs/xlnet.py:tiny", "--workdir", str(tmp_path / "run"),
+               f"--config.model.attention={backend}", "--config.model.attention_dropout=0"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"bert-jax pretrain: error: model.attention='{backend}': XLNet's relative attention adds position "
+                 "and segment scores that only the 'dot' backend takes; set model.attention='dot'"]
+  assert not (tmp_path / "run").exists()

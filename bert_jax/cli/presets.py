@@ -14,6 +14,7 @@ def _presets(args) -> int:
 def register(subparsers) -> None:
   p = subparsers.add_parser("presets", help="list the configs' presets: family, layers, hidden size, parameters, "
                                             "sequence length, schedule and what each is for")
-  p.add_argument("files", nargs="*", help="config files to list (bert, glue, ...; default: all)")
+  p.add_argument("files", nargs="*", help="config files to list: bert, configs/bert.py, or one preset: "
+                                           "configs/bert.py:tiny (default: all)")
   p.add_argument("--json", action="store_true", help="one JSON object per preset")
   p.set_defaults(handler=_presets)

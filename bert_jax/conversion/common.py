@@ -17,6 +17,17 @@ TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model"
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
 FAIRSEQ_FILES = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
 FAIRSEQ_KINDS = fairseq_spm.KINDS
+# The files a folder holds for each kind, as a message names them.
+_FILE_NAMES = {"wordpiece": "vocab.txt", "sentencepiece": "spiece.model (any *.model)",
+               "bpe": "vocab.json + merges.txt", "xlnet_spm": f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
+               **{kind: " or ".join(FAIRSEQ_FILES) for kind in FAIRSEQ_KINDS}}
+
+
+def tokenizer_file_names(kind: str | None = None) -> str:
+  """The tokenizer files bert_jax reads for `kind` (a family's tokenizer kind), or for every kind (None)."""
+  if kind in _FILE_NAMES:
+    return _FILE_NAMES[kind]
+  return ", ".join(dict.fromkeys(_FILE_NAMES.values()))
 
 
 @dataclasses.dataclass(frozen=True)

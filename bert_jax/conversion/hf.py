@@ -19,7 +19,7 @@ from bert_jax.conversion import sentence_transformers
 from bert_jax.conversion import params as params_lib
 from bert_jax.conversion.torch_zip import load_torch_zip
 from bert_jax.errors import UserError
-from bert_jax.models import families, head_kinds
+from bert_jax.models import families, head_kinds, hf_config as hf_config_lib
 from bert_jax.models.families import Family
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -35,9 +35,15 @@ _TOKENIZER_JSON = {
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 
 
-def family_of(hf_config: dict, source: str) -> Family:
-  archs = hf_config.get("architectures") or ["?"]
-  family = families.by_model_type(hf_config.get("model_type"), source, archs[0])
+def read_config_json(directory: str) -> hf_config_lib.HFConfig:
+  """A HF directory's config.json, read through the typed reader (models/hf_config.py)."""
+  path = epath.Path(directory) / "config.json"
+  return hf_config_lib.HFConfig(workdir.read_json(path), str(path))
+
+
+def family_of(hf_config: hf_config_lib.HFConfig, source: str) -> Family:
+  archs = hf_config.list("architectures", None) or ["?"]
+  family = families.by_model_type(hf_config.str("model_type", None), source, str(archs[0]))
   if family.hf is None:
     raise UserError(f"{source}: the {family.name} family has no Hugging Face layout")
   return family
@@ -140,7 +146,7 @@ def _read_task_head(hf_config: dict, family: Family, tensors, config, source: st
 
 def read(directory: str, scan_layers: bool = True) -> common.Converted:
   """A HF model directory as bert_jax params (the heads it has) plus its tokenizer files."""
-  hf_config = workdir.read_json(epath.Path(directory) / "config.json")
+  hf_config = read_config_json(directory)
   family = family_of(hf_config, directory)
   tensors = read_weights(directory)
   base = family.hf.base_prefix
@@ -168,11 +174,10 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
 
 def tokenizer(directory: str) -> common.Tokenizer | None:
   """The tokenizer files of a HF directory; tokenizer_config.json says whether it lower-cases."""
-  hf_config = workdir.read_json(epath.Path(directory) / "config.json")
+  family = family_of(read_config_json(directory), directory)
   path = epath.Path(directory) / "tokenizer_config.json"
-  settings = workdir.read_json(path) if path.exists() else {}
-  family = family_of(hf_config, directory)
-  found = common.tokenizer_from_files(directory, settings.get("do_lower_case", family.hf.lower_case),
+  settings = hf_config_lib.HFConfig(workdir.read_json(path) if path.exists() else {}, str(path))
+  found = common.tokenizer_from_files(directory, settings.bool("do_lower_case", family.hf.lower_case),
                                       family.tokenizer)
   return _with_word_limit(found, directory)
 

@@ -4,7 +4,8 @@ The N most frequent words of a domain corpus that the vocabulary splits into sev
 tokens of their own, appended after the old ones (old ids unchanged). Each new row of every
 vocabulary-sized parameter (the word embeddings; the MLM output bias) starts as the mean of the word's
 old pieces' rows, and model.vocab_size grows to match, so the extended model predicts and exports as
-before for old tokens.
+before for old tokens. A table padded past its vocabulary (pretraining rounds vocab_size up: 8192 rows
+for the embedded 7716-entry vocabulary) gives its padding rows to the new words first.
 
 - WordPiece: the whole word is appended to vocab.txt (greedy longest-match finds it first).
 - SentencePiece (ALBERT's layout, a unigram `spiece.model`): the word, `▁`-marked, is appended to the
@@ -67,35 +68,46 @@ def _has_vocab_axis(path) -> bool:
   return any(getattr(k, "key", None) in ("word_embeddings", "output_bias") for k in path)
 
 
-def grow(params, old_size: int, pieces: list[list[int]]):
-  """`params` with the word embeddings and the MLM output bias grown by one row per new word (along their
-  vocabulary axis, of size old_size): the mean of its pieces' rows."""
+def grow(params, table_size: int, first: int, pieces: list[list[int]]):
+  """`params` with the word embeddings' and the MLM output bias' rows `first`, `first` + 1, ... (along their
+  vocabulary axis, of size table_size) set to the mean of each new word's pieces' rows: padding rows past the
+  vocabulary (`first` < table_size) are taken first, then the tables grow."""
+  end = first + len(pieces)
+
   def grown(path, x):
     x = np.asarray(x)
-    if not _has_vocab_axis(path) or old_size not in x.shape:
+    if not _has_vocab_axis(path) or table_size not in x.shape:
       return x
-    axis = x.shape.index(old_size)
+    axis = x.shape.index(table_size)
     rows = np.stack([np.take(x, p, axis=axis).mean(axis=axis) for p in pieces], axis=axis)
-    return np.concatenate([x, rows.astype(x.dtype)], axis=axis)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, max(end - table_size, 0))
+    x = np.pad(x, widths)
+    where = [slice(None)] * x.ndim
+    where[axis] = slice(first, end)
+    x[tuple(where)] = rows.astype(x.dtype)
+    return x
   return jax.tree_util.tree_map_with_path(grown, params)
 
 
 def extended(converted: common.Converted, tokenizer, words: list[tuple[str, list[int], int]],
              directory: str) -> common.Converted:
-  """`converted` with `words` (from `candidates`) appended to its vocabulary (written into `directory`:
-  see the module docstring) and its parameters grown to match."""
+  """`converted` with `words` (from `candidates`) added to its vocabulary (written into `directory`: see
+  the module docstring) and its parameters set to match: a table padded past the vocabulary (vocab_size
+  rounded up to a multiple) gives its padding rows to the new words first, and grows only past them."""
   info, config = converted.tokenizer, converted.config
   if info is None or info.kind not in KINDS:
     raise UserError(f"a {info.kind if info else 'missing'} vocabulary; `bert-jax vocab extend` extends "
                     f"{', '.join(KINDS)} vocabularies")
-  if config.vocab_size != tokenizer.vocab_size:
+  if config.vocab_size < tokenizer.vocab_size:
     raise UserError(f"the model has {config.vocab_size} token embeddings but its vocabulary {tokenizer.vocab_size} "
-                    "entries; extend a model whose sizes agree")
+                    "entries: the vocabulary's last ids have no embedding; extend a model whose table covers it")
   tokens = [new_token(tokenizer, w) for w, _, _ in words]
   write = {"wordpiece": _wordpiece, "sentencepiece": _sentencepiece}.get(info.kind, _fairseq)
   name = write(tokenizer, tokens, directory)
-  params = grow(converted.params, config.vocab_size, [p for _, p, _ in words])
-  return common.Converted(converted.family, config.replace(vocab_size=config.vocab_size + len(words)), params,
+  params = grow(converted.params, config.vocab_size, tokenizer.vocab_size, [p for _, p, _ in words])
+  size = max(config.vocab_size, tokenizer.vocab_size + len(words))
+  return common.Converted(converted.family, config.replace(vocab_size=size), params,
                           common.Tokenizer(info.kind, info.lower_case, {name: os.path.join(directory, name)},
                                            info.max_chars_per_word), pooling=converted.pooling)
 

@@ -22,6 +22,8 @@ from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
+_OWN_SENTENCEPIECE = ("xlnet_spm", "camembert_spm", "xlmr_spm")  # SentencePiece in a family's own id layout
+
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
 MULTITASK_HEADS = params_checkpoint.MULTITASK_HEADS  # a multi-task workdir's heads by task name
 
@@ -40,15 +42,28 @@ def model_config(config: ml_collections.ConfigDict, saved: dict | None) -> famil
 
 def load_tokenizer(config: ml_collections.ConfigDict):
   """data.vocab when set; else the tokenizer that travels with init_from; else the embedded vocabulary
-  (what a pretraining run with data.vocab="" used). WordPiece or SentencePiece: `.path` is its file."""
+  (what a pretraining run with data.vocab="" used). WordPiece or SentencePiece: `.path` is its file. A
+  SentencePiece model (or tokenizer.json) as data.vocab for a family with its own SentencePiece layout
+  (CamemBERT's and XLM-R's fairseq ids, XLNet's) is read in that layout."""
   from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
   if config.data.vocab:
-    return load_vocab(config.data.vocab, config.data.lower_case)
+    return load_vocab(config.data.vocab, config.data.lower_case, kind=_vocab_kind(config))
   if config.init_from:
     import bert_jax  # pylint: disable=import-outside-toplevel
     return bert_jax.load_tokenizer(config.init_from)
   from bert_jax.data_pipelines import embedded  # pylint: disable=import-outside-toplevel
   return load_vocab(embedded.ensure_embedded()[1], config.data.lower_case)
+
+
+def _vocab_kind(config: ml_collections.ConfigDict) -> str | None:
+  """init_from's family's tokenizer kind where it is a SentencePiece layout of its own and data.vocab is a
+  SentencePiece model or a tokenizer.json; None (the kind the file's name says) otherwise."""
+  import bert_jax.pretrained  # pylint: disable=import-outside-toplevel
+  vocab = config.data.vocab
+  family = bert_jax.pretrained.family_name(config.init_from) if config.init_from else None
+  kind = families.get(family).tokenizer if family else None
+  spm_file = vocab.endswith(".model") or vocab.endswith(".json")
+  return kind if spm_file and kind in _OWN_SENTENCEPIECE else None
 
 
 def _head_compatible(fresh_head: Any, saved_head: Any) -> bool:

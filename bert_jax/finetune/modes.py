@@ -75,6 +75,14 @@ def trainable_count(params: Any, mask: Any) -> tuple[int, int]:
   return sum(s for s, t in zip(sizes, jax.tree.leaves(mask)) if t), sum(sizes)
 
 
+def trainable_parameters(params: Any, mode: str) -> dict[str, Any]:
+  """What a fine-tuning-style run records in config.json and says at its start: {"count", "total", "share"} of
+  the parameters that train in `mode`."""
+  count, total = trainable_count(params, trainable_mask(params, mode))
+  print(f"train.mode={mode}: {count:,} of {total:,} parameters train ({100 * count / total:.2f}%)", flush=True)
+  return {"count": count, "total": total, "share": count / total}
+
+
 def trainable_subtree(params: Any, mask: Any) -> dict:
   """The nested dict of the trainable leaves only (what an adapter workdir keeps)."""
   out: dict = {}

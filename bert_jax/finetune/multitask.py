@@ -50,6 +50,7 @@ from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
 from bert_jax.finetune.trainer import Progress, evaluate, seeds
+from bert_jax.models import attention
 from bert_jax.training import checkpoint, finite, loop, partitioning, step as step_lib
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, sharded_setup
@@ -160,6 +161,7 @@ def task_names(config: ml_collections.ConfigDict) -> list[str]:
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks, then the multi-task fields and what this job does not (yet) do."""
   config_schema.DATASET_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)
   names, m = task_names(config), config.mtdnn
   if not names:
     raise UserError("mtdnn.tasks is empty: name at least one task")
@@ -218,6 +220,7 @@ class MultiTaskRun:
     self.p = probabilities(self.sizes, config.mtdnn.sampling, config.mtdnn.temperature)
     self.seeds = seeds(config.train)
     self.setups, self.steps_per_epoch = self._setups()
+    self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, config.train.mode)
     self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
     self.state, self.progress = self._start()
     self.stopped_by: str | None = None
@@ -327,6 +330,7 @@ class MultiTaskRun:
     saved["model"] = self.model_config.to_dict()
     saved["task"]["heads"] = {name: {"head": t.head, "num_labels": t.num_labels, "labels": list(t.labels)}
                               for name, t in zip(self.names, self.tasks)}
+    saved["trainable_parameters"] = self.trainable_parameters
     saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
                          lower_case=self.tokenizer.lower_case)
     if self.tokenizer.kind == "wordpiece":

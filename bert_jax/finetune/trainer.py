@@ -46,6 +46,7 @@ from bert_jax.finetune.features import input_length
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
+from bert_jax.models import attention
 from bert_jax.ops import int8
 from bert_jax.training import checkpoint, finite, loop, partitioning
 from bert_jax.training.metrics import MetricsLogger
@@ -340,6 +341,7 @@ class Run:
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then fine-tuning's own fields."""
   config_schema.DATASET_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)
   if config.predict_split not in ("", "dev", "test"):
     raise UserError(f"predict_split={config.predict_split!r} is not one of ('', 'dev', 'test')")
   if config.head.pooling not in heads.POOLINGS:

@@ -124,6 +124,25 @@ def attend_heads_first(q: Array, k: Array, v: Array, segments: Segments, window:
   return (out / total).astype(v.dtype)
 
 
+def check(model, length: int | None = None, platform: str | None = None) -> None:
+  """UserError, before anything is built or written, when `model.attention` (a model config or its config
+  section) cannot run on `platform` (default: JAX's here) or at `length` tokens: cudnn off a GPU, splash at a
+  length that is not a multiple of 128 or with causal attention. A family without the field attends with dot."""
+  backend = getattr(model, "attention", "dot")
+  if backend not in BACKENDS:
+    raise UserError(f"model.attention={backend!r} is not one of {BACKENDS}")
+  platform = platform or jax.default_backend()
+  if backend == "cudnn" and platform != "gpu":
+    here = "'dot' and 'splash'" if platform == "tpu" else "'dot' ('splash' too, in Pallas' slow interpret mode)"
+    raise UserError(f"model.attention='cudnn' needs a GPU with cuDNN and the step runs on {platform}: set "
+                    f"model.attention to a backend that runs there: {here}")
+  if backend == "splash":
+    if getattr(model, "causal", False):
+      raise UserError("model.causal=True masks with 'dot' or 'cudnn': set model.attention='dot'")
+    if length is not None:
+      _splash_block(length)
+
+
 def _splash_block(length: int) -> int:
   for block in _SPLASH_BLOCKS:
     if length % block == 0:

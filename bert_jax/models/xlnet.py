@@ -82,6 +82,9 @@ class XLNetConfig(FamilyConfig):
     task.memory_segments (finetune/memory.py); the memory of windows keeps whole windows (reuse_len is
     pretraining's).
   remat, scan_layers, scan_unroll, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
+  attention: the backend, as for every family (bert_jax/models/attention.py); XLNet's relative two-stream
+    attention adds position and segment scores to the content scores, which only 'dot' (XLA) takes: splash
+    and cudnn are refused.
   """
   FAMILY_NAME = "XLNet"  # not a field (no annotation): the name its config errors use
   vocab_size: int = 32000
@@ -109,6 +112,7 @@ class XLNetConfig(FamilyConfig):
   remat: str = "none"
   scan_layers: bool = True
   scan_unroll: int = 1
+  attention: str = "dot"
   family: str = "xlnet"
 
   # What code shared with BERT's family asks of a config (its objectives, fine-tuning's layer-wise rates).
@@ -135,6 +139,9 @@ class XLNetConfig(FamilyConfig):
                       f"(here {self.mem_len}) must be > 0: the memory the windows pass on")
     if self.family != "xlnet":
       raise UserError(f"model.family={self.family!r}: this is XLNet's config")
+    if self.attention != "dot":
+      raise UserError(f"model.attention={self.attention!r}: XLNet's relative attention adds position and segment "
+                      "scores that only the 'dot' backend takes; set model.attention='dot'")
 
 
   @property

@@ -41,8 +41,9 @@ from jax.sharding import Mesh
 from bert_jax import config_schema, workdir as workdir_lib
 from bert_jax.conversion import native
 from bert_jax.errors import UserError
-from bert_jax.finetune import init, optim
+from bert_jax.finetune import init, modes, optim
 from bert_jax.finetune.batching import train_batches
+from bert_jax.models import attention
 from bert_jax.models.pooling import Pooling
 from bert_jax.sbert import data, embed, embedded, evaluate, losses
 from bert_jax.sbert.model import ENCODER_KEYS, SentenceEncoder, encoder_config
@@ -110,6 +111,7 @@ class BiEncoderObjective:
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then the bi-encoder's own fields."""
   config_schema.DATASET_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)
   if config.loss not in LOSSES:
     raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
   pooling(config)
@@ -188,6 +190,8 @@ class Training:
     self.model = SentenceEncoder(model_config, pooling(config))
     self.objective = BiEncoderObjective(self.model, config.loss, len(config.softmax.labels), config.ranking.scale)
     self.setup, self.steps_per_epoch = build_setup(config, self.objective, len(train.columns), len(train))
+    # The whole encoder trains (and the softmax loss's classifier, which is not saved).
+    self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, "finetune")
     self.embedder = self._embedder()
     self.progress: dict[str, Any] = {}
     self.state = self._start()  # before the job writes this run's config: a paused state is checked against its own
@@ -260,6 +264,7 @@ class Training:
     if self.tokenizer.kind == "wordpiece":
       saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
     saved[native.SENTENCE_EMBEDDING] = self.model.pooling.to_dict()
+    saved["trainable_parameters"] = self.trainable_parameters
     return saved
 
   def finish(self, outcome: loop.Outcome) -> dict[str, float]:

@@ -33,6 +33,7 @@ import ml_collections
 from bert_jax.data_pipelines import features
 from bert_jax.errors import UserError
 from bert_jax.finetune import features as finetune_features, heads
+from bert_jax.models import attention
 from bert_jax.ops import int8 as int8_lib
 from bert_jax.training import benchmark, info, objectives, partitioning
 from bert_jax.training.step import TrainSetup
@@ -274,6 +275,7 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   (bert_jax/jobs.py: `Job.step`); `say` gets a line as each compile starts and ends (a step compiles for
   a minute or more)."""
   tpu = slices.parse(topology)
+  attention.check(config.model, config.data.max_seq_length, platform="tpu")
   devices = slices.compile_only_devices(tpu)
   mesh = _slice_mesh(config, tpu, devices)
   config, setup = build(config, mesh)
@@ -288,7 +290,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   train = _compile(setup.train_step, mesh.size, state, _abstract_batch(config, config.train.batch_size, mesh, setup.objective), rng,
                    *setup.frozen, say=say, what="train step", chip=tpu.chip)
   eval_batch = config.train.eval_batch_size or config.train.batch_size
-  say(f"compiled the train step in {train['compile_seconds']:.1f} s; compiling the eval step: "
+  per_chip, capacity = tpu.chip.devices_per_chip, tpu.chip.hbm_bytes
+  say(f"{compiled_line('train step', train, per_chip, capacity)}; compiling the eval step: "
       f"{_batch_words(eval_batch, dp, config)}")
   eval_inputs = _abstract_batch(config, eval_batch, mesh, setup.objective)
   if state.carry is not None:  # a CarryingObjective's evaluation carries its state in the batch (XLNet's memory)
@@ -296,10 +299,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
         lambda a: jax.ShapeDtypeStruct((eval_batch, *a.shape[1:]), a.dtype, sharding=partitioning.batch_sharding(mesh)),
         state.carry)
   evaluation = _compile(setup.eval_step, mesh.size, state.params, eval_inputs, say=say, what="eval step")
-  say(f"compiled the eval step in {evaluation['compile_seconds']:.1f} s")
-  per_chip = tpu.chip.devices_per_chip
+  say(compiled_line("eval step", evaluation, per_chip, capacity))
   used = max(train["device_bytes"], evaluation["device_bytes"]) * per_chip
-  capacity = tpu.chip.hbm_bytes
   fits = not train["oom"] and not evaluation["oom"] and used <= capacity
   state_bytes = info.bytes_per_device(setup.abstract_state, setup.state_shardings) * per_chip
   train_fits = not train["oom"] and train["device_bytes"] * per_chip <= capacity
@@ -325,6 +326,18 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
   }
 
 
+def compiled_line(what: str, step: dict[str, Any], per_chip: int, capacity: float) -> str:
+  """How the compile of one step (`_compile`'s result) ended: compiled, or that it does not fit (the
+  compiler ran out of memory, or what it compiled needs more HBM than a chip has)."""
+  seconds, needed = step["compile_seconds"], _gib(step["device_bytes"] * per_chip)
+  if step["oom"]:
+    return (f"the {what} does not fit: the compiler ran out of memory after {seconds:.1f} s (it needs {needed} "
+            f"per chip, {_gib(step['available_bytes'] * per_chip)} available)")
+  if step["device_bytes"] * per_chip > capacity:
+    return f"compiled the {what} in {seconds:.1f} s: it does not fit (it needs {needed} per chip of {_gib(capacity)})"
+  return f"compiled the {what} in {seconds:.1f} s"
+
+
 def _per_chip(step: dict[str, Any], per_chip: int) -> dict[str, Any]:
   return {k: (v * per_chip if k.endswith("_bytes") else v) for k, v in step.items()
           if k not in ("collectives", "time")}
@@ -343,6 +356,10 @@ def _step_line(name: str, step: dict[str, Any], arguments: str) -> str:
           f"code {_gib(step['code_bytes'])}")
 
 
+def _compile_time(step: dict[str, Any]) -> str:
+  return f"{step['compile_seconds']:.1f} s" + (": out of memory, not compiled" if step["oom"] else "")
+
+
 def format_report(r: dict[str, Any]) -> str:
   mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
   collectives = ", ".join(f"{c['kind']} x{c['count']} {c['bytes'] / 1e9:.3f} GB" for c in r["collectives"])
@@ -357,8 +374,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       _step_line("train step", r["train_step"], "params, optimizer state, batch"),
       _step_line("eval step", r["eval_step"], "params, batch"),
-      f"compile           {r['compile_seconds']:.1f} s (train {r['train_step']['compile_seconds']:.1f} s, "
-      f"eval {r['eval_step']['compile_seconds']:.1f} s)",
+      f"compile           {r['compile_seconds']:.1f} s (train {_compile_time(r['train_step'])}, "
+      f"eval {_compile_time(r['eval_step'])})",
       f"collectives/step  {collectives or 'none'} (bytes each device sends)" if not r["train_step"]["oom"] else
       "collectives/step  not known: the train step did not compile",
   ]

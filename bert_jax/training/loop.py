@@ -76,6 +76,10 @@ class StopRequests:
   def _handle(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGINT and self.received == signal.SIGINT:
+      unsaved = (f"the checkpoint at step {self.stopped_at} was not written" if self.stopped_at is not None
+                 else "no checkpoint was written for this stop")
+      print(f"Ctrl-C again: stopped at once, nothing saved ({unsaved}); the workdir keeps its last checkpoint, "
+            "which the same command resumes from", flush=True)
       raise KeyboardInterrupt
     self.received = self.received or signum
     if self._multi:

@@ -17,6 +17,7 @@ import ml_collections
 from bert_jax import config_schema, config_utils, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
+from bert_jax.models import attention
 from bert_jax.training import checkpoint, finite, loop, memory, objectives, partitioning
 from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, eval_carry, summarize_eval
@@ -233,5 +234,6 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
   """The shared blocks of a corpus job's config (bert_jax/config_schema.py; the model's are checked where
-  built)."""
+  built; its attention backend here, before the workdir is written)."""
   config_schema.CORPUS_JOBS.check(config)
+  attention.check(config.model, config.data.max_seq_length)

@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import families, hf_config as hf_config_lib
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.families import Architecture, Row, dense_rows, norm_rows
@@ -46,10 +46,11 @@ def identity_projection(config: ModelConfig) -> list[tuple[Row, np.ndarray]]:
   return [(row, eye if row.ours.endswith("kernel") else zeros) for row in _GLOBAL if row.part == "projection"]
 
 
-def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> ModelConfig:
-  if (hf_config.get("num_hidden_groups", 1), hf_config.get("inner_group_num", 1)) != (1, 1):
+def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> ModelConfig:
+  hf = hf_config_lib.of(hf_config, f"{source}/config.json")
+  if (hf.int("num_hidden_groups", 1), hf.int("inner_group_num", 1)) != (1, 1):
     raise UserError(f"{source}: ALBERT with num_hidden_groups/inner_group_num != 1 has no bert_jax layout")
-  return bl.read_hf_config(hf_config, heads, scan_layers, source, with_heads=with_heads, factorised=True,
+  return bl.read_hf_config(hf, heads, scan_layers, source, with_heads=with_heads, factorised=True,
                            defaults={"hidden_act": "gelu_new", "hidden_dropout_prob": 0.0,
                                      "attention_probs_dropout_prob": 0.0}, share_layers="all")
 

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from bert_jax.errors import UserError
+from bert_jax.models import hf_config as hf_config_lib
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.families import LayerSlot, Row, dense_rows, hf_only, norm_rows
 
@@ -165,37 +166,36 @@ def hf_activation(name: str, source: str) -> str:
   return _ACTS_TO_OURS[name]
 
 
-def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, source: str, *,
+def read_hf_config(hf_config: Mapping, heads: tuple[str, ...], scan_layers: bool, source: str, *,
                    with_heads: Callable, defaults: Mapping[str, Any] | None = None, factorised: bool = False,
                    gelu_mlm: str = "", **fixed) -> ModelConfig:
   """The ModelConfig of a BERT-layout config.json with `heads` on. defaults: the family's own defaults of
   HF keys; factorised: it has embedding_size; gelu_mlm: the family's name when its HF MLM head hard-codes
   GELU (other activations are refused); fixed: ModelConfig fields the family sets."""
-  def get(key):
-    if key in hf_config:
-      return hf_config[key]
-    if key in _HF_REQUIRED:
-      raise UserError(f"{source}: config.json lacks {key}")
-    return (defaults or {}).get(key, _HF_DEFAULTS[key])
+  hf = hf_config_lib.of(hf_config, f"{source}/config.json")
 
-  if hf_config.get("position_embedding_type", "absolute") != "absolute":
-    raise UserError(f"{source}: position_embedding_type={hf_config['position_embedding_type']!r}; "
+  def get(key, kind=int):
+    return hf.typed(key, kind, hf_config_lib.REQUIRED if key in _HF_REQUIRED
+                    else (defaults or {}).get(key, _HF_DEFAULTS[key]))
+
+  if hf.str("position_embedding_type", "absolute") != "absolute":
+    raise UserError(f"{source}: position_embedding_type={hf['position_embedding_type']!r}; "
                     "only 'absolute' position embeddings convert")
-  act = hf_activation(get("hidden_act"), source)
+  act = hf_activation(get("hidden_act", str), source)
   if gelu_mlm and "mlm" in heads and act != "gelu":
     # Their HF MLM heads hard-code exact GELU; bert_jax's head uses the encoder's activation.
-    raise UserError(f"{source}: the {gelu_mlm} MLM head uses GELU but hidden_act={get('hidden_act')!r}")
+    raise UserError(f"{source}: the {gelu_mlm} MLM head uses GELU but hidden_act={get('hidden_act', str)!r}")
   embedding_size = get("embedding_size") if factorised else 0
   # Pruned layers differ in width, so they cannot be stacked: such a model comes unrolled.
-  pruned = hf_config.get("pruned_heads") or {}
+  pruned = hf.dict("pruned_heads", {})
   config = ModelConfig(
       vocab_size=get("vocab_size"), hidden_size=get("hidden_size"), num_layers=get("num_hidden_layers"),
       num_heads=get("num_attention_heads"), intermediate_size=get("intermediate_size"),
       max_position_embeddings=get("max_position_embeddings"), type_vocab_size=get("type_vocab_size"),
       embedding_size=0 if embedding_size == get("hidden_size") else embedding_size,
-      hidden_dropout=get("hidden_dropout_prob"), attention_dropout=get("attention_probs_dropout_prob"),
-      layer_norm_eps=get("layer_norm_eps"), initializer_range=get("initializer_range"), hidden_act=act,
-      pad_token_id=get("pad_token_id") or 0, scan_layers=scan_layers and not pruned, pruned_heads=pruned,
+      hidden_dropout=get("hidden_dropout_prob", float), attention_dropout=get("attention_probs_dropout_prob", float),
+      layer_norm_eps=get("layer_norm_eps", float), initializer_range=get("initializer_range", float), hidden_act=act,
+      pad_token_id=hf.int("pad_token_id", 0) if "pad_token_id" in hf else get("pad_token_id"), scan_layers=scan_layers and not pruned, pruned_heads=pruned,
       **fixed)
   return with_heads(config, heads)
 

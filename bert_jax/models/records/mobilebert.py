@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import families, hf_config as hf_config_lib
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
 from bert_jax.models import mobilebert
 from bert_jax.models.mobilebert import MobileBertConfig, MobileBertModel
@@ -96,13 +96,16 @@ _RENAMED = {"num_hidden_layers": "num_layers", "num_attention_heads": "num_heads
 _ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 
 
-def read_hf_config(hf_config: dict, heads: tuple[str, ...], scan_layers: bool, source: str) -> MobileBertConfig:
-  """The config of a MobileBERT config.json (transformers' MobileBertConfig defaults where a key is absent)."""
-  values = {key: hf_config[key] for key in _SAME if key in hf_config}
-  values.update({ours: hf_config[key] for key, ours in _RENAMED.items() if key in hf_config})
-  if "hidden_act" in hf_config:
-    values["hidden_act"] = bl.hf_activation(hf_config["hidden_act"], source)
-  values.update(pad_token_id=hf_config.get("pad_token_id") or 0, scan_layers=scan_layers)
+def read_hf_config(hf_config, heads: tuple[str, ...], scan_layers: bool, source: str) -> MobileBertConfig:
+  """The config of a MobileBERT config.json (transformers' MobileBertConfig defaults where a key is absent),
+  each field of the type of MobileBertConfig's default."""
+  hf = hf_config_lib.of(hf_config, f"{source}/config.json")
+  fields = {**{key: key for key in _SAME}, **_RENAMED}
+  values = {ours: hf.typed(key, type(getattr(MobileBertConfig, ours)))
+            for key, ours in fields.items() if hf.get(key) is not None}
+  if "hidden_act" in hf:
+    values["hidden_act"] = bl.hf_activation(hf.str("hidden_act"), source)
+  values.update(pad_token_id=hf.int("pad_token_id", 0), scan_layers=scan_layers)
   return with_heads(MobileBertConfig(**values), heads)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.models.families import Architecture, LayerSlot, Row, dense_rows, hf_only
-from bert_jax.models import families, modernbert
+from bert_jax.models import families, hf_config as hf_config_lib, modernbert
 from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel, TokenTransform
 
 HEADS = ("pooler", "mlm")
@@ -107,38 +107,42 @@ def _layer_period(layer_types: list[str], source: str) -> int:
   return period
 
 
-def _rope_theta(hf: dict, kind: str, fallback: float, source: str) -> float:
-  params = (hf.get("rope_parameters") or {}).get(kind) or {}
-  if params.get("rope_type", "default") != "default":
+def _rope_theta(hf: hf_config_lib.HFConfig, kind: str, fallback: float, source: str) -> float:
+  params = hf_config_lib.HFConfig(hf.dict("rope_parameters", {}).get(kind) or {},
+                                  f"{hf.file}: rope_parameters.{kind}")
+  if params.str("rope_type", "default") != "default":
     raise UserError(f"{source}: rope_type={params['rope_type']!r} for {kind}; only the default rotary embedding "
                     "converts")
-  return float(params.get("rope_theta", fallback))
+  return params.float("rope_theta", fallback)
 
 
-def read_hf_config(hf: dict, heads, scan_layers: bool, source: str) -> ModernBertConfig:
+def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> ModernBertConfig:
   """The ModernBertConfig of a Hugging Face config.json, with `heads` switched on."""
+  hf = hf_config_lib.of(hf_config, f"{source}/config.json")
   for key, value in _FIXED.items():
-    if hf.get(key, value) != value:
+    if hf.bool(key, value) != value:
       raise UserError(f"{source}: {key}={hf[key]!r}; bert_jax's ModernBERT has no biases there")
-  layers = hf["num_hidden_layers"]
-  every = hf.get("global_attn_every_n_layers", 3)
-  types = hf.get("layer_types") or ["full_attention" if i % every == 0 else "sliding_attention" for i in range(layers)]
-  for key in ("hidden_activation", "classifier_activation"):
-    if hf.get(key, "gelu") not in _ACTS_TO_OURS:
-      raise UserError(f"{source}: {key}={hf[key]!r} is not one of {sorted(_ACTS_TO_OURS)}")
+  layers = hf.int("num_hidden_layers")
+  every = hf.int("global_attn_every_n_layers", 3)
+  types = hf.list("layer_types", None) or [
+      "full_attention" if i % every == 0 else "sliding_attention" for i in range(layers)]
+  acts = {key: hf.str(key, "gelu") for key in ("hidden_activation", "classifier_activation")}
+  for key, act in acts.items():
+    if act not in _ACTS_TO_OURS:
+      raise UserError(f"{source}: {key}={act!r} is not one of {sorted(_ACTS_TO_OURS)}")
   config = ModernBertConfig(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=layers,
-      num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 8192), local_window=hf.get("local_attention", 128),
+      vocab_size=hf.int("vocab_size"), hidden_size=hf.int("hidden_size"), num_layers=layers,
+      num_heads=hf.int("num_attention_heads"), intermediate_size=hf.int("intermediate_size"),
+      max_position_embeddings=hf.int("max_position_embeddings", 8192), local_window=hf.int("local_attention", 128),
       global_every=_layer_period(types, source),
-      global_rope_theta=_rope_theta(hf, "full_attention", hf.get("global_rope_theta", 160_000.0), source),
-      local_rope_theta=_rope_theta(hf, "sliding_attention", hf.get("local_rope_theta", 10_000.0), source),
-      norm_eps=hf.get("norm_eps", 1e-5), hidden_act=_ACTS_TO_OURS[hf.get("hidden_activation", "gelu")],
-      head_act=_ACTS_TO_OURS[hf.get("classifier_activation", "gelu")],
-      embedding_dropout=hf.get("embedding_dropout", 0.0), attention_dropout=hf.get("attention_dropout", 0.0),
-      mlp_dropout=hf.get("mlp_dropout", 0.0), initializer_range=hf.get("initializer_range", 0.02),
-      initializer_cutoff_factor=hf.get("initializer_cutoff_factor") or 2.0,
-      pad_token_id=hf.get("pad_token_id") or 0, pooling=hf.get("classifier_pooling", "cls"), scan_layers=scan_layers)
+      global_rope_theta=_rope_theta(hf, "full_attention", hf.float("global_rope_theta", 160_000.0), source),
+      local_rope_theta=_rope_theta(hf, "sliding_attention", hf.float("local_rope_theta", 10_000.0), source),
+      norm_eps=hf.float("norm_eps", 1e-5), hidden_act=_ACTS_TO_OURS[acts["hidden_activation"]],
+      head_act=_ACTS_TO_OURS[acts["classifier_activation"]],
+      embedding_dropout=hf.float("embedding_dropout", 0.0), attention_dropout=hf.float("attention_dropout", 0.0),
+      mlp_dropout=hf.float("mlp_dropout", 0.0), initializer_range=hf.float("initializer_range", 0.02),
+      initializer_cutoff_factor=hf.float("initializer_cutoff_factor", 2.0) or 2.0,
+      pad_token_id=hf.int("pad_token_id", 0), pooling=hf.str("classifier_pooling", "cls"), scan_layers=scan_layers)
   return with_heads(config, heads)
 
 

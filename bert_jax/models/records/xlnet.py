@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import families, hf_config as hf_config_lib
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
 from bert_jax.models import xlnet
 from bert_jax.models.xlnet import LastTokenSummary, XLNetConfig, XLNetModel
@@ -74,27 +74,25 @@ def relayout(params: Mapping, config: XLNetConfig, scan_layers: bool) -> dict:
   return {**params, "encoder": encoder}
 
 
-def read_hf_config(hf_config: dict, heads, scan_layers: bool, source: str) -> XLNetConfig:
-  for key in ("vocab_size", "d_model", "n_layer", "n_head", "d_inner"):
-    if key not in hf_config:
-      raise UserError(f"{source}: config.json lacks {key}")
+def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> XLNetConfig:
+  hf = hf_config_lib.of(hf_config, f"{source}/config.json")
   refused = {"attn_type": ("bi", "attn_type='uni' (causal attention)"), "same_length": (False, "same_length=True")}
   for key, (wanted, what) in refused.items():
-    if hf_config.get(key, wanted) != wanted:
+    if hf.typed(key, type(wanted), wanted) != wanted:
       raise UserError(f"{source}: XLNet with {what} has no bert_jax counterpart")
-  act = hf_config.get("ff_activation", "gelu")
+  act = hf.str("ff_activation", "gelu")
   if act not in _ACTS_TO_OURS:
     raise UserError(f"{source}: ff_activation={act!r} is not one of {sorted(_ACTS_TO_OURS)}")
-  dropout = hf_config.get("dropout", 0.1)
+  dropout = hf.float("dropout", 0.1)
   config = XLNetConfig(
-      vocab_size=hf_config["vocab_size"], hidden_size=hf_config["d_model"], num_layers=hf_config["n_layer"],
-      num_heads=hf_config["n_head"], intermediate_size=hf_config["d_inner"], hidden_act=_ACTS_TO_OURS[act],
-      layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), hidden_dropout=dropout, attention_dropout=dropout,
-      mem_len=hf_config.get("mem_len") or 0, reuse_len=hf_config.get("reuse_len") or 0,
-      clamp_len=hf_config.get("clamp_len", -1), bi_data=bool(hf_config.get("bi_data", False)),
-      initializer_range=hf_config.get("initializer_range", 0.02),
-      pad_token_id=hf_config.get("pad_token_id", 5), start_n_top=hf_config.get("start_n_top", 5),
-      end_n_top=hf_config.get("end_n_top", 5), scan_layers=scan_layers)
+      vocab_size=hf.int("vocab_size"), hidden_size=hf.int("d_model"), num_layers=hf.int("n_layer"),
+      num_heads=hf.int("n_head"), intermediate_size=hf.int("d_inner"), hidden_act=_ACTS_TO_OURS[act],
+      layer_norm_eps=hf.float("layer_norm_eps", 1e-12), hidden_dropout=dropout, attention_dropout=dropout,
+      mem_len=hf.int("mem_len", 0), reuse_len=hf.int("reuse_len", 0),
+      clamp_len=hf.int("clamp_len", -1), bi_data=hf.bool("bi_data", False),
+      initializer_range=hf.float("initializer_range", 0.02),
+      pad_token_id=hf.int("pad_token_id", 5), start_n_top=hf.int("start_n_top", 5),
+      end_n_top=hf.int("end_n_top", 5), scan_layers=scan_layers)
   return with_heads(config, heads)
 
 
