@@ -282,18 +282,20 @@ def test_a_plain_model_notes_its_pooling_when_the_command_proceeds(plain_model, 
   assert "records no sentence pooling" in err and json.loads(out)["query"] == "cat"
 
 
-def test_embeddings_onto_a_full_disk_are_one_line_and_no_file(tiny_folder, tmpfs, tmp_path, capsys):
-  """An 8 KB disk with one page free: the command stops before the work (the file would not fit); a write
-  that runs out of space anyway (the space checked, then taken) is one line too; no file is left either way.
-  Before: np.save's "10368 requested and 4096 written", a message without errno."""
-  root, sentences, _ = tiny_folder
+def test_embeddings_onto_a_full_disk_are_one_line_and_no_file(tiny_folder, plain_model, tmpfs, tmp_path, capsys):
+  """An 8 KB disk with one page free: the command stops before the work (the file would not fit; the plain
+  model's pooling note stays unprinted); a write that runs out of space anyway (the space checked, then
+  taken) is one line too; no file is left either way. Before: np.save's "5248 requested and 4096 written",
+  a message without errno."""
+  _, sentences, _ = tiny_folder
   disk = tmpfs("size=8k")
   (disk / "filler").write_bytes(b"x" * 4096)
-  text = _write(tmp_path / "in.txt", "\n".join(sentences[:10] * 4) + "\n")  # 40 x 64 float32: 10 KB
+  text = _write(tmp_path / "in.txt", "\n".join(sentences[:10] * 4) + "\n")  # 40 x 32 float32: 5 KB
   output = disk / "out.npy"
-  assert cli.main(["embed", "--model", str(root / "ours"), "--input", text, "--output", str(output)]) == 2
+  capsys.readouterr()
+  assert cli.main(["embed", "--model", str(plain_model), "--input", text, "--output", str(output)]) == 2
   err = capsys.readouterr().err.splitlines()
-  assert len(err) == 1 and f"--output {output}: no space left on {disk} for the embeddings (40 x 64 float32" in err[0]
+  assert len(err) == 1 and f"--output {output}: no space left on {disk} for the embeddings (40 x 32 float32" in err[0], err
   with pytest.raises(UserError) as info:  # the write itself: the space checked, then taken
     embed_lib.write_npy(str(output), np.zeros((40, 64), np.float32))
   assert str(info.value).startswith(f"--output {output}: no space left on {disk} while writing embeddings")

@@ -5,17 +5,20 @@ import json
 import sys
 
 
-def _embedder(args):
+def _embedder(args, note=None):
   from bert_jax.sbert.embed import Embedder  # pylint: disable=import-outside-toplevel
-  return Embedder.load(args.model, batch_size=args.batch_size)
+  return Embedder.load(args.model, batch_size=args.batch_size, note=note)
 
 
 def _embed(args):
   from bert_jax.sbert import embed  # pylint: disable=import-outside-toplevel
   embed.check_output(args.output)
   sentences = embed.read_lines(args.input, "--input")
-  embedder = _embedder(args)
+  notes = []
+  embedder = _embedder(args, notes.append)
   embed.check_space(args.output, len(sentences), embedder.dimension)
+  for note in notes:  # the model's notes once the last check passed: an error stays the only line
+    print(note, file=sys.stderr, flush=True)
   embeddings = embedder(sentences, progress=True)
   embed.write_npy(args.output, embeddings)
   print(f"{len(sentences)} embeddings of {embedder.dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"

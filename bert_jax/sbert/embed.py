@@ -168,14 +168,16 @@ class Embedder:
 
   @classmethod
   def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None, *, pack: bool = True,
-           tokens_per_call: int | None = None, concurrent_calls: int | None = None) -> "Embedder":
+           tokens_per_call: int | None = None, concurrent_calls: int | None = None,
+           note: Callable[[str], None] | None = None) -> "Embedder":
     """From any checkpoint (a bi-encoder workdir, a converted sentence-transformers folder, a HF or
     bert_jax model: mean pooling where none is recorded). pack: several sentences per row where the
     family can (module docstring); buckets: the packed rows' widths (default `pack_widths_for`), or
     without packing the padded lengths (default `buckets_for(max_seq_length)`); batch_size: sentences per
     call without packing; tokens_per_call: about this many tokens of packed rows per call (default
     TOKENS_PER_CALL for the backend); concurrent_calls: model calls run at once, each from a thread
-    (default CONCURRENT_CALLS for the backend, else 1)."""
+    (default CONCURRENT_CALLS for the backend, else 1); note: takes the loading notes (default: printed to
+    stderr), e.g. to print them only once the caller's own checks pass."""
     if tokens_per_call is None:
       tokens_per_call = TOKENS_PER_CALL.get(jax.default_backend(), ACCELERATOR_TOKENS_PER_CALL)
     if concurrent_calls is None:
@@ -204,8 +206,8 @@ class Embedder:
     if pack:
       packed_forward = jax.jit(partitioning.in_mesh(packed_apply(model), mesh, rules),
                                in_shardings=(shardings, data, data, data), out_shardings=data)
-    for note in notes:  # after the checks above: a refused model prints its one error line alone
-      print(note, file=sys.stderr, flush=True)
+    for line in notes:  # after the checks above: a refused model prints its one error line alone
+      (note or _to_stderr)(line)
     return cls(pooling=model.pooling, dimension=model.pooling.dimension(model.config.hidden_size),
                tokenizer=pretrained.build_tokenizer(tokenizer),
                params=jax.device_put(nn.meta.unbox(params), shardings),
@@ -299,6 +301,10 @@ class Embedder:
       chosen, embeddings = [i for row in chosen for i in row], embeddings[list(rows), list(slots)]
     out[chosen] = embeddings[:len(chosen)]
     bar.update(len(chosen))
+
+
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
 
 
 def _fetch(embeddings: jax.Array | np.ndarray) -> np.ndarray:

@@ -51,6 +51,8 @@ from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, sharded_setup
 
 LOSSES = ("softmax", "cosine", "ranking")
+RANDOM_ENCODER = ("model: a random encoder (no init_from); it trains from random weights, not a pretrained model "
+                  "(--config.init_from=CKPT fine-tunes one)")
 
 
 class BiEncoderObjective:
@@ -221,6 +223,8 @@ class Training:
     if self.config.init_from:
       params = checkpoint.load_params_into(self.config.init_from, params, keep=ENCODER_KEYS)
       print(f"initialised the encoder from {self.config.init_from}", flush=True)
+    else:
+      print(RANDOM_ENCODER, flush=True)
     self.progress = {"initial": self.evaluate(params)}
     return self.setup.make_state(params)
 
