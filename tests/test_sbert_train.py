@@ -218,6 +218,20 @@ def test_bad_bi_encoder_configs_are_one_line(command, args, named, tmp_path, cap
   assert named in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_dev_file_spearman_cannot_score_is_one_line(tmp_path, capsys):
+  """Equal dev scores (or a header alone) leave Spearman undefined: the run stops before training, not with a
+  dev score of 0.0 and NumPy's warnings."""
+  train_file, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+  train_file.write_text("".join(f"a {i}\tb {i}\t{i % 5}\n" for i in range(16)))
+  for text, named in [("a\tb\t3\nc\td\t3\n", f"data.dev_file={dev}: 2 pairs, all scored 3: Spearman and Pearson"),
+                      ("sentence1\tsentence2\tscore\n", f"{dev}: only a header line, no examples")]:
+    dev.write_text(text)
+    assert cli.main(["finetune", "--config", "configs/sbert.py:sts", "--workdir", str(tmp_path / "run"),
+                     f"--config.data.train_file={train_file}", f"--config.data.dev_file={dev}"]) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_the_training_files_read_as_written(tmp_path):
   from bert_jax.errors import UserError
   from bert_jax.sbert import data
