@@ -6,7 +6,7 @@
       --config.data.train_file=stsb/train.tsv --config.data.dev_file=stsb/dev.tsv --workdir runs/sbert-sts
   bert-jax finetune --config configs/sbert.py:mnr --config.init_from=CKPT --config.data.train_file=pairs.tsv \
       --workdir runs/sbert-mnr
-  bert-jax finetune --config configs/sbert.py:tiny --workdir runs/sbert-tiny   # offline, about a minute on a CPU
+  bert-jax finetune --config configs/sbert.py:tiny --workdir runs/sbert-tiny   # offline: a random encoder, 124 steps
   bert-jax embed --model runs/sbert-sts --input sentences.txt --output embeddings.npy
 
 The job is bert_jax/sbert/train.py (its docstring: the losses, the files it reads, the workdir it writes).
@@ -15,7 +15,8 @@ The recipes are the SBERT paper's (Reimers & Gurevych 2019): mean pooling, batch
 ranking with sentence-transformers' scale of 20 and a larger batch (each row's negatives are the other
 rows of the global batch). Given no data files, a preset trains and evaluates on the small STS-format set
 bert_jax builds from the embedded corpus (bert_jax/sbert/embedded.py). The model section is used only
-without init_from (the checkpoint's architecture wins otherwise).
+without init_from (the checkpoint's architecture wins otherwise): then the encoder starts from random
+weights, and the run's first line says so.
 """
 import ml_collections
 
@@ -25,7 +26,7 @@ PRESETS = {
     "nli": "SBERT on NLI: a softmax classifier on (u, v, |u - v|) of premise and hypothesis",
     "sts": "SBERT on STS: cosine-similarity regression against the pairs' scores (0-5)",
     "mnr": "multiple-negatives ranking on (anchor, positive) pairs, the global batch's other rows as negatives",
-    "tiny": "a tiny bi-encoder on the embedded STS set (cosine loss): offline, about a minute on a CPU",
+    "tiny": "a tiny random encoder (no init_from) trained on the embedded STS set (cosine loss): offline, 124 steps",
 }
 LOSSES = {"nli": "softmax", "sts": "cosine", "mnr": "ranking", "tiny": "cosine"}
 

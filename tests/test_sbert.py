@@ -15,9 +15,11 @@ import jax.numpy as jnp  # noqa: E402
 
 import bert_jax  # noqa: E402
 from bert_jax import cli  # noqa: E402
+from bert_jax.errors import UserError  # noqa: E402
 from bert_jax.models.pooling import Pooling  # noqa: E402
-from bert_jax.sbert import evaluate, losses  # noqa: E402
+from bert_jax.sbert import embed as embed_lib, evaluate, losses  # noqa: E402
 from bert_jax.sbert.data import Pairs  # noqa: E402
+from test_faults import tmpfs  # noqa: E402,F401  (a small tmpfs: the full-disk test)
 
 WORDS = "the a cat dog sat ran on mat rug fast slow big small red blue ##s ##ed".split()
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
@@ -210,3 +212,91 @@ def test_a_folder_bert_jax_cannot_represent_is_refused_in_one_line(tiny_folder, 
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and named in err[0], err
   assert not (tmp_path / "out").exists()
+
+
+def test_one_string_is_one_sentence(tiny_folder):
+  """A plain string is one sentence (one vector, as sentence-transformers' encode("text")), not a list of
+  characters; a tuple or a generator of strings is a list of sentences."""
+  root, sentences, expected = tiny_folder
+  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  one = embedder(sentences[10])
+  assert one.shape == (64,)
+  np.testing.assert_allclose(one, expected[10], atol=1e-5)
+  np.testing.assert_allclose(embedder(s for s in sentences[:3]), expected[:3], atol=1e-5)
+  np.testing.assert_allclose(embedder(tuple(sentences[:3])), expected[:3], atol=1e-5)
+  hits = evaluate.search(embedder, sentences[3], sentences[:10], 2)  # one query: its hits
+  assert hits[0] == (3, pytest.approx(1.0, abs=1e-5)) and len(hits) == 2
+  with pytest.raises(UserError, match="corpus: expected a list of strings, got one string"):
+    evaluate.search(embedder, [sentences[3]], sentences[3], 2)
+
+
+@pytest.fixture(scope="module")
+def plain_model(tiny_folder, tmp_path_factory):
+  """The tiny folder's model without its pooling: loading it prints a mean-pooling note."""
+  root, _, _ = tiny_folder
+  plain = tmp_path_factory.mktemp("plain")
+  for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"):
+    (plain / name).write_bytes((root / "st" / name).read_bytes())
+  return plain
+
+
+def _write(path, text):
+  path.write_text(text)
+  return str(path)
+
+
+@pytest.mark.parametrize("command,named", [
+    (["search", "--corpus", "{empty}", "--query", "cat"], "--corpus {empty}: the file is empty"),
+    (["search", "--corpus", "{lines}", "--queries", "{missing}"], "--queries {missing}: no such file"),
+    (["search", "--corpus", "{lines}", "--query", "cat", "--top-k", "0"], "--top-k 0 must be at least 1"),
+    (["embed-eval", "--sts", "{header}"], "{header}: only a header line, no examples"),
+    (["embed-eval", "--sts", "{constant}"], "3 pairs, all scored 0.5: Spearman and Pearson need"),
+    (["embed-eval", "--sts", "{one_pair}"], "1 pair, all scored 0.5"),
+    (["embed-eval", "--sts", "{nan}"], "line 2: the score 'nan' is not a number"),
+    (["embed-eval", "--sts", "{constant}", "--score-scale", "0"], "--score-scale 0.0 must be > 0"),
+    (["embed-eval", "--queries", "{lines}", "--corpus", "{empty}"], "--corpus {empty}: the file is empty"),
+    (["embed-eval", "--queries", "{lines}", "--corpus", "{one}"], "2 queries but 1 corpus lines"),
+    (["embed-eval", "--queries", "{lines}", "--corpus", "{lines}", "--k", "0"], "--k '0': give positive"),
+    (["embed", "--input", "{empty}", "--output", "{out}"], "--input {empty}: the file is empty"),
+])
+def test_bad_input_is_the_only_line_even_where_a_note_would_print(plain_model, tmp_path, capsys, command, named):
+  """A model that records no pooling prints a note when it loads; a bad input file or flag stops the command
+  before that, so the error is the only line (and names the flag the user gave)."""
+  files = {"empty": _write(tmp_path / "empty.txt", ""), "lines": _write(tmp_path / "lines.txt", "a cat\nthe dog\n"),
+           "one": _write(tmp_path / "one.txt", "a cat\n"), "missing": str(tmp_path / "missing.txt"),
+           "header": _write(tmp_path / "header.tsv", "sentence1\tsentence2\tscore\n"),
+           "constant": _write(tmp_path / "constant.tsv", "a\tb\t0.5\nc\td\t0.5\ne\tf\t0.5\n"),
+           "one_pair": _write(tmp_path / "one_pair.tsv", "a\tb\t0.5\n"),
+           "nan": _write(tmp_path / "nan.tsv", "a\tb\t0.5\nc\td\tnan\n"), "out": str(tmp_path / "out.npy")}
+  capsys.readouterr()
+  assert cli.main([*(c.format(**files) for c in command), "--model", str(plain_model)]) == 2
+  out, err = capsys.readouterr()
+  assert not out and len(err.splitlines()) == 1 and named.format(**files) in err, err
+  assert not (tmp_path / "out.npy").exists()
+
+
+def test_a_plain_model_notes_its_pooling_when_the_command_proceeds(plain_model, tmp_path, capsys):
+  corpus = _write(tmp_path / "corpus.txt", "a cat\nthe dog\n")
+  assert cli.main(["search", "--model", str(plain_model), "--corpus", corpus, "--query", "cat"]) == 0
+  out, err = capsys.readouterr()
+  assert "records no sentence pooling" in err and json.loads(out)["query"] == "cat"
+
+
+def test_embeddings_onto_a_full_disk_are_one_line_and_no_file(tiny_folder, plain_model, tmpfs, tmp_path, capsys):
+  """An 8 KB disk with one page free: the command stops before the work (the file would not fit; the plain
+  model's pooling note stays unprinted); a write that runs out of space anyway (the space checked, then
+  taken) is one line too; no file is left either way. Before: np.save's "5248 requested and 4096 written",
+  a message without errno."""
+  _, sentences, _ = tiny_folder
+  disk = tmpfs("size=8k")
+  (disk / "filler").write_bytes(b"x" * 4096)
+  text = _write(tmp_path / "in.txt", "\n".join(sentences[:10] * 4) + "\n")  # 40 x 32 float32: 5 KB
+  output = disk / "out.npy"
+  capsys.readouterr()
+  assert cli.main(["embed", "--model", str(plain_model), "--input", text, "--output", str(output)]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and f"--output {output}: no space left on {disk} for the embeddings (40 x 32 float32" in err[0], err
+  with pytest.raises(UserError) as info:  # the write itself: the space checked, then taken
+    embed_lib.write_npy(str(output), np.zeros((40, 64), np.float32))
+  assert str(info.value).startswith(f"--output {output}: no space left on {disk} while writing embeddings")
+  assert sorted(p.name for p in disk.iterdir()) == ["filler"]

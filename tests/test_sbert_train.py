@@ -15,7 +15,7 @@ import data_fixtures
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.finetune import metrics
-from bert_jax.sbert import embedded, evaluate
+from bert_jax.sbert import embedded, evaluate, train
 from core_helpers import slow
 
 TINY = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
@@ -132,7 +132,7 @@ def test_the_compiled_ranking_step_all_gathers_the_embeddings(loss, gathers):
 
 def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_sts_set(sst2_finetuned, tmp_path, capsys):
   """A tiny encoder (the session's fine-tuned sst2 model, tests/conftest.py) trained with the cosine loss for
-  40 steps on the embedded STS set: dev Spearman rises well above that of its untrained mean pooling,
+  40 steps on the embedded STS set: dev Spearman rises about 0.1 above that of its untrained mean pooling,
   measured independently with `Embedder.load` of the starting checkpoint."""
   _, start, _ = sst2_finetuned
   workdir = tmp_path / "sts"
@@ -146,11 +146,27 @@ def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_
   baseline = evaluate.sts(bert_jax.Embedder.load(start, batch_size=64), dev)["spearman"]
   results = json.loads((workdir / "eval_results.json").read_text())
   assert results["initial/spearman"] == pytest.approx(baseline, abs=1e-5)
-  assert results["spearman"] > baseline + 0.1, (results, baseline)
+  # README's "Sentence embeddings" quotes these bands (measured: 0.384 -> 0.485)
+  assert 0.34 <= baseline <= 0.42 and 0.45 <= results["spearman"] <= 0.52, (results, baseline)
+  assert results["spearman"] > baseline + 0.08, (results, baseline)
   # config.json records what trained, as fine-tuning's does (before: not recorded): the whole encoder
   trainable = json.loads((workdir / "config.json").read_text())["trainable_parameters"]
   size = sum(x.size for x in jax.tree.leaves(bert_jax.Embedder.load(str(workdir)).params))
   assert trainable == {"count": size, "total": size, "share": 1.0}
+
+
+@slow  # the preset as README runs it: 124 steps, about a minute of CPU (several on a busy 2-core machine)
+def test_the_tiny_preset_trains_a_random_encoder_to_the_readme_scores(tmp_path, capsys):
+  """configs/sbert.py:tiny has no init_from: the run says it trains a random encoder, and on the embedded STS
+  set (scored by the content words a pair shares) random weights' mean pooling already ranks the pairs well.
+  README's "Sentence embeddings" quotes these bands (measured: 0.776 -> 0.816)."""
+  assert cli.main(["finetune", "--config", "configs/sbert.py:tiny", "--workdir", str(tmp_path / "tiny"),
+                   "--config.train.tensorboard=false"]) == 0
+  assert capsys.readouterr().out.splitlines()[0] == train.RANDOM_ENCODER  # before anything else
+  results = json.loads((tmp_path / "tiny" / "eval_results.json").read_text())
+  assert 0.75 <= results["initial/spearman"] <= 0.80 and 0.80 <= results["spearman"] <= 0.84, results
+  assert results["spearman"] - results["initial/spearman"] >= 0.02, results
+  assert json.loads((tmp_path / "tiny" / "finished.json").read_text())["num_steps"] == 124
 
 
 @slow  # two runs (stopped + uninterrupted); the loop's own signal tests stay in the default suite
@@ -208,6 +224,20 @@ def test_bad_bi_encoder_configs_are_one_line(command, args, named, tmp_path, cap
   assert cli.main([command, "--config", "configs/sbert.py:mnr", "--workdir", str(tmp_path), *args]) == 2
   err = capsys.readouterr().err
   assert named in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_dev_file_spearman_cannot_score_is_one_line(tmp_path, capsys):
+  """Equal dev scores (or a header alone) leave Spearman undefined: the run stops before training, not with a
+  dev score of 0.0 and NumPy's warnings."""
+  train_file, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+  train_file.write_text("".join(f"a {i}\tb {i}\t{i % 5}\n" for i in range(16)))
+  for text, named in [("a\tb\t3\nc\td\t3\n", f"data.dev_file={dev}: 2 pairs, all scored 3: Spearman and Pearson"),
+                      ("sentence1\tsentence2\tscore\n", f"{dev}: only a header line, no examples")]:
+    dev.write_text(text)
+    assert cli.main(["finetune", "--config", "configs/sbert.py:sts", "--workdir", str(tmp_path / "run"),
+                     f"--config.data.train_file={train_file}", f"--config.data.dev_file={dev}"]) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_the_training_files_read_as_written(tmp_path):

@@ -5,16 +5,20 @@ import json
 import sys
 
 
-def _embedder(args):
+def _embedder(args, note=None):
   from bert_jax.sbert.embed import Embedder  # pylint: disable=import-outside-toplevel
-  return Embedder.load(args.model, batch_size=args.batch_size)
+  return Embedder.load(args.model, batch_size=args.batch_size, note=note)
 
 
 def _embed(args):
   from bert_jax.sbert import embed  # pylint: disable=import-outside-toplevel
   embed.check_output(args.output)
-  sentences = embed.read_lines(args.input)
-  embedder = _embedder(args)
+  sentences = embed.read_lines(args.input, "--input")
+  notes = []
+  embedder = _embedder(args, notes.append)
+  embed.check_space(args.output, len(sentences), embedder.dimension)
+  for note in notes:  # the model's notes once the last check passed: an error stays the only line
+    print(note, file=sys.stderr, flush=True)
   embeddings = embedder(sentences, progress=True)
   embed.write_npy(args.output, embeddings)
   print(f"{len(sentences)} embeddings of {embedder.dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"
@@ -26,19 +30,25 @@ def _evaluate(args):
   from bert_jax.sbert import data, embed, evaluate  # pylint: disable=import-outside-toplevel
   if (args.sts is None) == (args.queries is None) or (args.queries is None) != (args.corpus is None):
     raise UserError("say one evaluation: --sts FILE, or --queries FILE --corpus FILE")
-  embedder = _embedder(args)
+  # Every input is read and checked before the model loads: a bad file is the only line printed.
   if args.sts:
-    results = evaluate.sts(embedder, data.read_scored_pairs(args.sts, args.score_scale))
+    if not args.score_scale > 0:
+      raise UserError(f"--score-scale {args.score_scale} must be > 0 (5 for STS-B's 0-5 scores)")
+    pairs = evaluate.check_sts_pairs(data.read_scored_pairs(args.sts, args.score_scale), "--sts " + args.sts)
+    results = evaluate.sts(_embedder(args), pairs)
   else:
-    results = evaluate.retrieval(embedder, embed.read_lines(args.queries), embed.read_lines(args.corpus),
-                                 evaluate.parse_ks(args.k))
+    ks = evaluate.parse_ks(args.k)
+    queries, corpus = embed.read_lines(args.queries, "--queries"), embed.read_lines(args.corpus, "--corpus")
+    evaluate.check_retrieval(queries, corpus)
+    results = evaluate.retrieval(_embedder(args), queries, corpus, ks)
   print(json.dumps(results, indent=1, sort_keys=True))
 
 
 def _search(args):
   from bert_jax.sbert import embed, evaluate  # pylint: disable=import-outside-toplevel
-  corpus = embed.read_lines(args.corpus)
-  queries = [args.query] if args.query is not None else embed.read_lines(args.queries)
+  evaluate.check_top_k(args.top_k)
+  corpus = embed.read_lines(args.corpus, "--corpus")
+  queries = [args.query] if args.query is not None else embed.read_lines(args.queries, "--queries")
   embedder = _embedder(args)
   for query, hits in zip(queries, evaluate.search(embedder, queries, corpus, args.top_k)):
     print(json.dumps({"query": query, "hits": [{"line": i + 1, "score": s, "text": corpus[i]} for i, s in hits]},

@@ -11,6 +11,7 @@ tab-separated. A malformed line stops the run with one line naming the file and 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from etils import epath
@@ -44,6 +45,12 @@ def _rows(path: str) -> list[tuple[int, list[str]]]:
   return rows
 
 
+def _after_header(path: str, rows: list) -> list:
+  if len(rows) == 1:
+    raise UserError(f"{path}: only a header line, no examples")
+  return rows[1:]
+
+
 def _fields(path: str, rows, counts: tuple[int, ...], form: str) -> None:
   for n, fields in rows:
     if len(fields) not in counts:
@@ -51,9 +58,9 @@ def _fields(path: str, rows, counts: tuple[int, ...], form: str) -> None:
 
 
 def _is_number(text: str) -> bool:
+  """A finite number ("nan" and "inf" are not scores)."""
   try:
-    float(text)
-    return True
+    return math.isfinite(float(text))
   except ValueError:
     return False
 
@@ -62,7 +69,7 @@ def read_scored_pairs(path: str, scale: float = 1.0) -> Pairs:
   """sentence1<TAB>sentence2<TAB>score; scores divided by `scale` (5 for STS-B's 0..5)."""
   rows = _rows(path)
   if len(rows[0][1]) == 3 and not _is_number(rows[0][1][2]):
-    rows = rows[1:]
+    rows = _after_header(path, rows)
   _fields(path, rows, (3,), "sentence1<TAB>sentence2<TAB>score")
   bad = [n for n, fields in rows if not _is_number(fields[2])]
   if bad:
@@ -75,7 +82,7 @@ def read_labelled_pairs(path: str, labels: tuple[str, ...]) -> Pairs:
   """premise<TAB>hypothesis<TAB>label; target: int32 indices into `labels`."""
   rows = _rows(path)
   if len(rows[0][1]) == 3 and rows[0][1][2] not in labels:
-    rows = rows[1:]
+    rows = _after_header(path, rows)
   _fields(path, rows, (3,), "premise<TAB>hypothesis<TAB>label")
   index = {name: i for i, name in enumerate(labels)}
   bad = [(n, f[2]) for n, f in rows if f[2] not in index]

@@ -29,10 +29,13 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import errno
 import functools
 import inspect
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -165,14 +168,16 @@ class Embedder:
 
   @classmethod
   def load(cls, path: str, batch_size: int = 32, buckets: Sequence[int] | None = None, *, pack: bool = True,
-           tokens_per_call: int | None = None, concurrent_calls: int | None = None) -> "Embedder":
+           tokens_per_call: int | None = None, concurrent_calls: int | None = None,
+           note: Callable[[str], None] | None = None) -> "Embedder":
     """From any checkpoint (a bi-encoder workdir, a converted sentence-transformers folder, a HF or
     bert_jax model: mean pooling where none is recorded). pack: several sentences per row where the
     family can (module docstring); buckets: the packed rows' widths (default `pack_widths_for`), or
     without packing the padded lengths (default `buckets_for(max_seq_length)`); batch_size: sentences per
     call without packing; tokens_per_call: about this many tokens of packed rows per call (default
     TOKENS_PER_CALL for the backend); concurrent_calls: model calls run at once, each from a thread
-    (default CONCURRENT_CALLS for the backend, else 1)."""
+    (default CONCURRENT_CALLS for the backend, else 1); note: takes the loading notes (default: printed to
+    stderr), e.g. to print them only once the caller's own checks pass."""
     if tokens_per_call is None:
       tokens_per_call = TOKENS_PER_CALL.get(jax.default_backend(), ACCELERATOR_TOKENS_PER_CALL)
     if concurrent_calls is None:
@@ -181,8 +186,6 @@ class Embedder:
       raise UserError(f"batch size {batch_size}, tokens per call {tokens_per_call} and concurrent calls "
                       f"{concurrent_calls} must be positive")
     model, params, tokenizer, notes = model_lib.from_checkpoint(path)
-    for note in notes:
-      print(note, file=sys.stderr, flush=True)
     if tokenizer is None:
       raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt) found")
     length, pack = model.pooling.max_seq_length, pack and can_pack(model)
@@ -203,6 +206,8 @@ class Embedder:
     if pack:
       packed_forward = jax.jit(partitioning.in_mesh(packed_apply(model), mesh, rules),
                                in_shardings=(shardings, data, data, data), out_shardings=data)
+    for line in notes:  # after the checks above: a refused model prints its one error line alone
+      (note or _to_stderr)(line)
     return cls(pooling=model.pooling, dimension=model.pooling.dimension(model.config.hidden_size),
                tokenizer=pretrained.build_tokenizer(tokenizer),
                params=jax.device_put(nn.meta.unbox(params), shardings),
@@ -215,9 +220,15 @@ class Embedder:
     """[CLS] the sentence's tokens [SEP], at most max_seq_length ids."""
     return token_ids(self.tokenizer, sentence, self.pooling.max_seq_length)
 
-  def __call__(self, sentences: Sequence[str], *, progress: bool = False) -> np.ndarray:
+  def __call__(self, sentences: Sequence[str] | str, *, progress: bool = False) -> np.ndarray:
     """float32[len(sentences), dimension], in the order given (a tqdm bar on stderr when `progress`
-    and the job takes more than a couple of seconds)."""
+    and the job takes more than a couple of seconds); one string gives one float32[dimension] vector, as
+    sentence-transformers' `encode("text")` does."""
+    if isinstance(sentences, str):
+      return self([sentences], progress=progress)[0]
+    if isinstance(sentences, (bytes, dict)) or not hasattr(sentences, "__iter__"):
+      raise UserError(f"sentences: expected a string or a list of strings, got {type(sentences).__name__}")
+    sentences = list(sentences)  # a generator is read once
     for i, sentence in enumerate(sentences):
       if not isinstance(sentence, str):
         raise UserError(f"sentence {i + 1}: expected a string, got {sentence!r:.80}")
@@ -292,24 +303,29 @@ class Embedder:
     bar.update(len(chosen))
 
 
+def _to_stderr(line: str) -> None:
+  print(line, file=sys.stderr, flush=True)
+
+
 def _fetch(embeddings: jax.Array | np.ndarray) -> np.ndarray:
   """A call's result on the host (waits for the call)."""
   return np.asarray(jax.device_get(embeddings))
 
 
-def read_lines(path: str) -> list[str]:
-  """One sentence per line (UTF-8; a final newline ends the last line, it does not add an empty one)."""
+def read_lines(path: str, flag: str = "--input") -> list[str]:
+  """One sentence per line (UTF-8; a final newline ends the last line, it does not add an empty one).
+  Errors name the `flag` that gave the path."""
   file = epath.Path(path)
   if not file.is_file():
-    raise UserError(f"--input {path}: no such file")
+    raise UserError(f"{flag} {path}: no such file")
   try:
     text = file.read_text(encoding="utf-8")
   except UnicodeDecodeError as e:
-    raise UserError(f"--input {path}: not UTF-8 text ({e})") from None
+    raise UserError(f"{flag} {path}: not UTF-8 text ({e})") from None
   lines = [line.removesuffix("\r") for line in text.split("\n")]
   lines = lines[:-1] if lines and not lines[-1] else lines
   if not lines:
-    raise UserError(f"--input {path}: the file is empty; give one sentence per line")
+    raise UserError(f"{flag} {path}: the file is empty; give one sentence per line")
   return lines
 
 
@@ -328,7 +344,38 @@ def check_output(path: str) -> None:
 
 
 def write_npy(path: str, array: np.ndarray) -> None:
-  """`array` as a .npy file, written whole or not at all (workdir.atomic_open)."""
+  """`array` as a .npy file, written whole or not at all (workdir.atomic_open): a full disk is one line and
+  leaves no file. The data goes through `f.write`, not np.save's `tofile`, whose short write on a full disk
+  says only "N requested and M written" (no errno)."""
   check_output(path)
+  array = np.ascontiguousarray(array)
   with workdir.atomic_open(workdir.path(path), "wb") as f:
-    np.save(f, array)
+    try:
+      np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+      f.write(memoryview(array.reshape(-1)).cast("B"))
+      f.flush()
+    except OSError as e:
+      if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise UserError(f"--output {path}: no space left on {_device_of(path)} while writing embeddings "
+                        f"({array.nbytes} bytes); free space there, or choose another disk, and rerun") from None
+      raise workdir.write_error(path, e, "--output") from None
+
+
+def check_space(path: str, rows: int, dimension: int) -> None:
+  """UserError before the embedding work when the disk holding --output has no room for the file."""
+  needed = rows * dimension * 4 + 128  # float32 rows and the .npy header
+  device = _device_of(path)
+  free = shutil.disk_usage(device).free
+  if free < needed:
+    raise UserError(f"--output {path}: no space left on {device} for the embeddings ({rows} x {dimension} "
+                    f"float32, {needed} bytes; {free} free); free space there, or choose another disk, and rerun")
+
+
+def _device_of(path: str) -> str:
+  """The mount point holding `path` (the device the disk-full line names)."""
+  if workdir.is_url(workdir.path(path)):  # staged in a local temporary folder before the upload
+    path = os.path.join(tempfile.gettempdir(), "x")
+  folder = os.path.dirname(os.path.abspath(path))
+  while not os.path.ismount(folder):
+    folder = os.path.dirname(folder)
+  return folder

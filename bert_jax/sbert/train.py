@@ -52,6 +52,8 @@ from bert_jax.training.metrics import MetricsLogger
 from bert_jax.training.step import TrainSetup, sharded_setup
 
 LOSSES = ("softmax", "cosine", "ranking")
+RANDOM_ENCODER = ("model: a random encoder (no init_from); it trains from random weights, not a pretrained model "
+                  "(--config.init_from=CKPT fine-tunes one)")
 
 
 class BiEncoderObjective:
@@ -133,6 +135,7 @@ def read_pairs(config: ml_collections.ConfigDict) -> tuple[data.Pairs, data.Pair
   d = config.data
   built = embedded.splits(d.embedded_train, d.embedded_dev) if not (d.train_file and d.dev_file) else None
   dev = data.read_scored_pairs(d.dev_file) if d.dev_file else built[1]
+  evaluate.check_sts_pairs(dev, f"data.dev_file={d.dev_file}" if d.dev_file else "the embedded STS dev set")
   if config.loss == "softmax":
     if not d.train_file and tuple(config.softmax.labels) != embedded.NLI_LABELS:
       raise UserError(f"the embedded set's pairs are labelled {embedded.NLI_LABELS}; give data.train_file for "
@@ -224,6 +227,8 @@ class Training:
     if self.config.init_from:
       params = checkpoint.load_params_into(self.config.init_from, params, keep=ENCODER_KEYS)
       print(f"initialised the encoder from {self.config.init_from}", flush=True)
+    else:
+      print(RANDOM_ENCODER, flush=True)
     self.progress = {"initial": self.evaluate(params)}
     return self.setup.make_state(params)
 
