@@ -26,7 +26,7 @@ PRESETS = {
     "nli": "SBERT on NLI: a softmax classifier on (u, v, |u - v|) of premise and hypothesis",
     "sts": "SBERT on STS: cosine-similarity regression against the pairs' scores (0-5)",
     "mnr": "multiple-negatives ranking on (anchor, positive) pairs, the global batch's other rows as negatives",
-    "tiny": "a tiny random encoder (no init_from) trained on the embedded STS set (cosine loss): offline, 124 steps",
+    "tiny": "a tiny random encoder (no init_from) on the embedded STS set (cosine loss): offline, 124 steps",
 }
 LOSSES = {"nli": "softmax", "sts": "cosine", "mnr": "ranking", "tiny": "cosine"}
 

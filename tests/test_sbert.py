@@ -295,7 +295,8 @@ def test_embeddings_onto_a_full_disk_are_one_line_and_no_file(tiny_folder, plain
   capsys.readouterr()
   assert cli.main(["embed", "--model", str(plain_model), "--input", text, "--output", str(output)]) == 2
   err = capsys.readouterr().err.splitlines()
-  assert len(err) == 1 and f"--output {output}: no space left on {disk} for the embeddings (40 x 32 float32" in err[0], err
+  assert len(err) == 1, err
+  assert f"--output {output}: no space left on {disk} for the embeddings (40 x 32 float32" in err[0]
   with pytest.raises(UserError) as info:  # the write itself: the space checked, then taken
     embed_lib.write_npy(str(output), np.zeros((40, 64), np.float32))
   assert str(info.value).startswith(f"--output {output}: no space left on {disk} while writing embeddings")

@@ -238,6 +238,10 @@ def test_a_dev_file_spearman_cannot_score_is_one_line(tmp_path, capsys):
                      f"--config.data.train_file={train_file}", f"--config.data.dev_file={dev}"]) == 2
     err = capsys.readouterr().err
     assert named in err and len(err.strip().splitlines()) == 1, err
+  assert cli.main(["finetune", "--config", "configs/sbert.py:tiny", "--workdir", str(tmp_path / "run"),
+                   "--config.data.embedded_dev=0"]) == 2
+  err = capsys.readouterr().err
+  assert "data.embedded_dev=0 (the embedded STS set's dev pairs): no sentence pairs to score" in err, err
 
 
 def test_the_training_files_read_as_written(tmp_path):

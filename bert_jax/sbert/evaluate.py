@@ -38,7 +38,7 @@ def check_sts_pairs(pairs: Pairs, source: str) -> Pairs:
   """UserError unless the pairs can be scored: at least two, and scores that are not all equal (Spearman
   and Pearson are undefined otherwise, whatever the embeddings)."""
   if len(pairs) == 0:
-    raise UserError(f"{source}: no sentence pairs (only a header?); give sentence1<TAB>sentence2<TAB>score lines")
+    raise UserError(f"{source}: no sentence pairs to score; give sentence1<TAB>sentence2<TAB>score lines")
   if len(pairs) < 2 or np.ptp(pairs.target) == 0:
     raise UserError(f"{source}: {len(pairs)} pair{'s' * (len(pairs) != 1)}, all scored {pairs.target[0]:g}: "
                     "Spearman and Pearson need at least two different scores")

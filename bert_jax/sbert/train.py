@@ -135,7 +135,8 @@ def read_pairs(config: ml_collections.ConfigDict) -> tuple[data.Pairs, data.Pair
   d = config.data
   built = embedded.splits(d.embedded_train, d.embedded_dev) if not (d.train_file and d.dev_file) else None
   dev = data.read_scored_pairs(d.dev_file) if d.dev_file else built[1]
-  evaluate.check_sts_pairs(dev, f"data.dev_file={d.dev_file}" if d.dev_file else "the embedded STS dev set")
+  evaluate.check_sts_pairs(dev, f"data.dev_file={d.dev_file}" if d.dev_file
+                           else f"data.embedded_dev={d.embedded_dev} (the embedded STS set's dev pairs)")
   if config.loss == "softmax":
     if not d.train_file and tuple(config.softmax.labels) != embedded.NLI_LABELS:
       raise UserError(f"the embedded set's pairs are labelled {embedded.NLI_LABELS}; give data.train_file for "
