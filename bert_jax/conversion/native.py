@@ -26,7 +26,7 @@ def tokenizer(path: str) -> common.Tokenizer | None:
   kind = data.get("tokenizer") or ("sentencepiece" if located.suffix == ".model" else "wordpiece")
   if kind == "bpe":
     files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
-  elif kind in (*common.FAIRSEQ_KINDS, "xlnet_spm"):  # a SentencePiece model or tokenizer.json, under its own name
+  elif kind in (*common.FAIRSEQ_KINDS, "xlnet_spm", common.TOKENIZER_JSON):  # a model or tokenizer.json, its own name
     files = {located.name: str(located)}
   else:
     files = {common.TOKENIZER_FILES[kind][0]: str(located)}
