@@ -156,7 +156,8 @@ class TokenizerJson:
 
   @property
   def files(self) -> dict[str, str]:
-    return {FILE: self.path}
+    """{file name: path}: what a checkpoint must carry to rebuild this tokenizer (a HF export names it FILE)."""
+    return {os.path.basename(self.path): self.path}
 
   @property
   def vocab_size(self) -> int:

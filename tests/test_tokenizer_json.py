@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 import torch
 import transformers
+from core_helpers import slow
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 import bert_jax
@@ -199,10 +200,10 @@ def test_a_modernbert_folder_loads_with_its_tokenizer(folders, tmp_path, kind):
   np.testing.assert_allclose(np.asarray(got.mlm_logits)[real], want[real], atol=1e-4, rtol=0)
 
 
-def test_convert_round_trip_embed_and_finetune_features(folders, tmp_path, capsys):
+def test_convert_round_trip_and_finetune_tokenizer(folders, tmp_path, capsys):
   """convert --from hf keeps tokenizer.json beside the params; convert --to hf writes it back with the
-  roles in tokenizer_config.json (transformers' ids and special tokens); Embedder and fine-tuning's
-  tokenizer read the folder's."""
+  roles in tokenizer_config.json (transformers' ids and special tokens); fine-tuning's tokenizer is the
+  folder's."""
   _modernbert_folder(folders["byte_level_bpe"], tmp_path / "mb")
   assert cli.main(["convert", "--from", "hf", str(tmp_path / "mb"), str(tmp_path / "native")]) == 0
   assert "tokenizer included" in capsys.readouterr().out
@@ -219,8 +220,6 @@ def test_convert_round_trip_embed_and_finetune_features(folders, tmp_path, capsy
     assert back(line)["input_ids"] == want(line)["input_ids"]
     assert native.encode(line) == want(line, add_special_tokens=False)["input_ids"]
   assert (back.cls_token, back.sep_token, back.pad_token, back.mask_token) == ("[CLS]", "[SEP]", "[PAD]", "[MASK]")
-  embedder = bert_jax.Embedder.load(str(tmp_path / "mb"), batch_size=2, buckets=(128,))
-  assert embedder.tokenizer.kind == "tokenizer_json" and embedder(HELD_OUT[:2]).shape == (2, 32)
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.finetune import init  # pylint: disable=import-outside-toplevel
   config = load_config("configs/glue.py:embedded", [f"--config.init_from={tmp_path / 'mb'}"])
@@ -249,3 +248,33 @@ def test_data_prepare_and_pretraining_read_a_tokenizer_json(folders, tmp_path):
   with pytest.raises(DataError, match="data.tokenizer=tokenizer_json"):
     shards.make_tokenizer(config.data)
   assert hf_tokenizer.KIND == "tokenizer_json" and prepare.vocab_fingerprint(vocab)
+
+
+@slow  # a fine-tuning run, predict, an export and embed: about a minute on two cores
+def test_finetune_predict_embed_and_export_from_a_tokenizer_json_folder(folders, tmp_path, capsys):
+  """A ModernBERT folder with a Unigram tokenizer.json fine-tunes through the CLI (its rows [CLS] ids [SEP]
+  by the file's roles), predict reads the workdir's copy, the export's tokenizer is transformers' own, and
+  Embedder reads the folder's."""
+  _modernbert_folder(folders["unigram"], tmp_path / "mb")
+  ft, hf_dir = str(tmp_path / "ft"), str(tmp_path / "hf")
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", ft,
+                   f"--config.init_from={tmp_path / 'mb'}", "--config.data.max_seq_length=32",
+                   "--config.data.train_limit=32", "--config.data.eval_limit=16", "--config.train.batch_size=16",
+                   "--config.train.eval_batch_size=16", "--config.train.epochs=1"]) == 0
+  saved = json.loads((tmp_path / "ft" / "config.json").read_text())
+  assert saved["data"]["tokenizer"] == "tokenizer_json" and (tmp_path / "ft" / "tokenizer.json").exists()
+  (tmp_path / "in.txt").write_text("".join(s + "\n" for s in HELD_OUT[:3]))
+  assert cli.main(["predict", "--model", ft, "--input", str(tmp_path / "in.txt"),
+                   "--output", str(tmp_path / "out.jsonl")]) == 0
+  records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+  embedder = bert_jax.Embedder.load(str(tmp_path / "mb"), batch_size=2, buckets=(128,))
+  assert embedder.tokenizer.kind == "tokenizer_json" and embedder(HELD_OUT[:2]).shape == (2, 32)
+  assert cli.main(["convert", "--to", "hf", ft, hf_dir]) == 0
+  capsys.readouterr()
+  theirs = transformers.AutoModelForSequenceClassification.from_pretrained(hf_dir, attn_implementation="eager").eval()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  for line, record in zip(HELD_OUT, records):
+    with torch.no_grad():
+      logits = theirs(**tokenizer(line, return_tensors="pt")).logits[0].numpy()
+    probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    np.testing.assert_allclose(sorted(record["scores"].values()), sorted(probabilities), atol=1e-5)
