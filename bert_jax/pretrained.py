@@ -238,7 +238,10 @@ def load_tokenizer(path: str):
   if location.is_dir() and (location / hf_tokenizer.FILE).exists() and not (location / "config.json").exists():
     location = location / hf_tokenizer.FILE
   if location.is_file():
-    return build_tokenizer(common.Tokenizer(kind_of_file(location.name), True, {"vocab": os.fspath(location)}))
+    kind = kind_of_file(location.name)
+    if location.name == hf_tokenizer.FILE:  # as the tokenizer class named beside it reads it (transformers)
+      kind = hf_tokenizer.class_kind(location.parent) or kind
+    return build_tokenizer(common.Tokenizer(kind, True, {"vocab": os.fspath(location)}))
   info = _tokenizer_info(path)
   if info is None:
     raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, tokenizer.json, or vocab.json + merges.txt) "

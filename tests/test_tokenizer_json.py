@@ -150,6 +150,24 @@ def test_roles_without_tokenizer_config_come_from_the_file(folders, tmp_path):
     load_tokenizer(str(tmp_path / "broken.json"))
 
 
+def test_a_tokenizer_class_that_rebuilds_the_file_is_read_as_it_reads_it(folders, tmp_path):
+  """tokenizer_config.json naming XLMRobertaTokenizer: transformers rebuilds the pipeline (no NFKC, its own
+  white-space split), so the folder loads as kind xlmr_spm and gives those ids, where the file's own differ."""
+  folder = tmp_path / "xlmr"
+  shutil.copytree(folders["unigram"], folder)
+  settings = json.loads((folder / "tokenizer_config.json").read_text())
+  (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "XLMRobertaTokenizer"}))
+  theirs = transformers.AutoTokenizer.from_pretrained(folder)
+  _modernbert_folder(folder, tmp_path / "mb")
+  as_written = load_tokenizer(str(folder / "tokenizer.json"))
+  for source in (folder, folder / "tokenizer.json", tmp_path / "mb"):
+    ours = bert_jax.load_tokenizer(str(source))
+    assert ours.kind == "xlmr_spm"
+    assert [ours.encode(line) for line in HELD_OUT] == [theirs(line, add_special_tokens=False)["input_ids"]
+                                                        for line in HELD_OUT]
+  assert [as_written.encode(line) for line in HELD_OUT] != [ours.encode(line) for line in HELD_OUT]
+
+
 def test_continuation_pieces_by_kind(folders):
   """Whole-word masking's table: WordPiece's ##x, Metaspace's pieces without ▁, byte-level pieces without Ġ."""
   for kind, starts in (("wordpiece", None), ("unigram", "\u2581"), ("byte_level_bpe", "\u0120")):
