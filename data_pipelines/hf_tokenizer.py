@@ -111,16 +111,39 @@ class TokenizerJson:
                       "tokenizer.json") from None
     self._tokenizer.no_truncation()
     self._tokenizer.no_padding()
+    beside = self._beside()
+    self._add_tokens_named(spec, beside)
     ids = self._tokenizer.get_vocab(with_added_tokens=True)
     self.vocab = [""] * (max(ids.values(), default=-1) + 1)
     for token, i in ids.items():
       self.vocab[i] = token
     self._spec = spec
-    self.special_ids = self._roles(spec, ids)
-    self._special = {a["id"] for a in spec.get("added_tokens") or [] if a.get("special")}
+    self.special_ids = self._roles(spec, ids, beside)
+    self._special = {ids[a.content] for a in self._tokenizer.get_added_tokens_decoder().values() if a.special}
     self.lower_case = _lowercases(spec.get("normalizer"))
 
-  def _roles(self, spec: dict, ids: dict[str, int]) -> _Roles:
+  def _add_tokens_named(self, spec: dict, beside: dict) -> None:
+    """The tokens tokenizer_config.json names (added_tokens_decoder, the special tokens, the extra ones) that the
+    file does not hold as added tokens become special added tokens, in transformers' order (its
+    TokenizersBackend adds them on load): raw text matches them whole, new ones take the next ids."""
+    from tokenizers import AddedToken  # pylint: disable=import-outside-toplevel
+    held = {a.get("content") for a in spec.get("added_tokens") or []}
+    decoder = beside.get("added_tokens_decoder") or {}
+    named = [decoder[k] for k in sorted(decoder, key=lambda k: int(k)) if isinstance(decoder[k], dict)]
+    named += [beside[k] for k in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                                  "mask_token") if beside.get(k)]
+    extra = beside.get("extra_special_tokens") or beside.get("additional_special_tokens") or []
+    named += extra if isinstance(extra, list) else list(extra.values())
+    for token in named:
+      token = token if isinstance(token, dict) else {"content": token}
+      content = token.get("content")
+      if isinstance(content, str) and content not in held:
+        held.add(content)
+        self._tokenizer.add_tokens([AddedToken(
+            content, single_word=token.get("single_word", False), lstrip=token.get("lstrip", False),
+            rstrip=token.get("rstrip", False), normalized=token.get("normalized", False), special=True)])
+
+  def _roles(self, spec: dict, ids: dict[str, int], beside: dict) -> _Roles:
     model = spec.get("model") or {}
     found = dict(_template_roles(spec.get("post_processor")))
     unk = model.get("unk_token")
@@ -128,7 +151,6 @@ class TokenizerJson:
       unk = model["vocab"][model["unk_id"]][0]
     found.setdefault("[UNK]", unk)
     found.setdefault("[PAD]", (spec.get("padding") or {}).get("pad_token"))
-    beside = self._beside()
     for role, attribute in _ATTRIBUTES.items():
       named = _content(beside.get(attribute)) or _content(beside.get(_STAND_IN.get(role)))
       if named in ids:

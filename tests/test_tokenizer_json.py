@@ -168,6 +168,22 @@ def test_a_tokenizer_class_that_rebuilds_the_file_is_read_as_it_reads_it(folders
   assert [as_written.encode(line) for line in HELD_OUT] != [ours.encode(line) for line in HELD_OUT]
 
 
+def test_tokens_tokenizer_config_names_are_added_as_transformers_adds_them(folders, tmp_path):
+  """A token tokenizer_config.json names and the file lacks (an extra special token, a mask token that is a
+  plain piece there) is matched whole in raw text with transformers' id."""
+  folder = tmp_path / "extra"
+  shutil.copytree(folders["wordpiece"], folder)
+  settings = json.loads((folder / "tokenizer_config.json").read_text())
+  (folder / "tokenizer_config.json").write_text(json.dumps(
+      {**settings, "mask_token": "hund", "extra_special_tokens": ["<lang_de>", "[SEP]"]}))
+  theirs = transformers.AutoTokenizer.from_pretrained(folder)
+  ours = bert_jax.load_tokenizer(str(folder))
+  line = "<lang_de> der Hund und hunde [SEP] <lang_de>"
+  assert ours.encode(line) == theirs(line, add_special_tokens=False)["input_ids"]
+  assert ours.special_ids["[MASK]"] == theirs.mask_token_id and ours.vocab_size == len(theirs)
+  assert ours.encode("<lang_de>") == [len(theirs) - 1] and ours.special_mask()[len(theirs) - 1]
+
+
 def test_continuation_pieces_by_kind(folders):
   """Whole-word masking's table: WordPiece's ##x, Metaspace's pieces without ▁, byte-level pieces without Ġ."""
   for kind, starts in (("wordpiece", None), ("unigram", "\u2581"), ("byte_level_bpe", "\u0120")):
