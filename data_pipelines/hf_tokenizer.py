@@ -49,6 +49,12 @@ def class_kind(directory) -> str | None:
   return CLASS_KINDS.get(str(name).removesuffix("Fast"))
 
 
+def files_of(path: str) -> dict[str, str]:
+  """{name: path} of a tokenizer.json and the tokenizer_config.json beside it, if there is one."""
+  config = epath.Path(path).parent / CONFIG_FILE
+  return {os.path.basename(path): path, **({CONFIG_FILE: os.fspath(config)} if config.exists() else {})}
+
+
 def _read_json(path: str) -> dict:
   try:
     with open_binary(path) as f:
@@ -178,8 +184,13 @@ class TokenizerJson:
 
   @property
   def files(self) -> dict[str, str]:
-    """{file name: path}: what a checkpoint must carry to rebuild this tokenizer (a HF export names it FILE)."""
-    return {os.path.basename(self.path): self.path}
+    """{file name: path}: what a checkpoint must carry to rebuild this tokenizer (a HF export names it FILE):
+    the file, and the tokenizer_config.json beside it that names its roles and extra tokens."""
+    return files_of(self.path)
+
+  def to_json(self) -> str:
+    """The tokenizer.json transformers reads as this tokenizer (the tokens named beside the file added)."""
+    return self._tokenizer.to_str()
 
   @property
   def vocab_size(self) -> int:

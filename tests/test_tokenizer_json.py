@@ -170,7 +170,8 @@ def test_a_tokenizer_class_that_rebuilds_the_file_is_read_as_it_reads_it(folders
 
 def test_tokens_tokenizer_config_names_are_added_as_transformers_adds_them(folders, tmp_path):
   """A token tokenizer_config.json names and the file lacks (an extra special token, a mask token that is a
-  plain piece there) is matched whole in raw text with transformers' id."""
+  plain piece there) is matched whole in raw text with transformers' id, also from a converted checkpoint
+  and in its export."""
   folder = tmp_path / "extra"
   shutil.copytree(folders["wordpiece"], folder)
   settings = json.loads((folder / "tokenizer_config.json").read_text())
@@ -182,6 +183,15 @@ def test_tokens_tokenizer_config_names_are_added_as_transformers_adds_them(folde
   assert ours.encode(line) == theirs(line, add_special_tokens=False)["input_ids"]
   assert ours.special_ids["[MASK]"] == theirs.mask_token_id and ours.vocab_size == len(theirs)
   assert ours.encode("<lang_de>") == [len(theirs) - 1] and ours.special_mask()[len(theirs) - 1]
+  # through a bert_jax checkpoint (which keeps the tokenizer_config.json) and back to a Hugging Face folder
+  _modernbert_folder(folders["wordpiece"], tmp_path / "mb")
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(folder / name, tmp_path / "mb" / name)
+  assert cli.main(["convert", "--from", "hf", str(tmp_path / "mb"), str(tmp_path / "native")]) == 0
+  assert cli.main(["convert", "--to", "hf", str(tmp_path / "native"), str(tmp_path / "back")]) == 0
+  assert bert_jax.load_tokenizer(str(tmp_path / "native")).encode(line) == ours.encode(line)
+  back = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+  assert back(line, add_special_tokens=False)["input_ids"] == ours.encode(line) and back.mask_token == "hund"
 
 
 def test_continuation_pieces_by_kind(folders):

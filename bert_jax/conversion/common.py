@@ -78,7 +78,8 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
   fast = directory / hf_tokenizer.FILE
   if fast.exists() and preferred not in kinds[:1]:
     kind = hf_tokenizer.class_kind(directory) or ("xlnet_spm" if preferred == "xlnet_spm" else hf_tokenizer.KIND)
-    return Tokenizer(kind, lower_case and kind == "xlnet_spm", {fast.name: os.fspath(fast)})
+    files = hf_tokenizer.files_of(os.fspath(fast)) if kind == hf_tokenizer.KIND else {fast.name: os.fspath(fast)}
+    return Tokenizer(kind, lower_case and kind == "xlnet_spm", files)
   if kinds:
     return Tokenizer(kinds[0], lower_case and kinds[0] != "bpe",
                      {n: os.fspath(directory / n) for n in TOKENIZER_FILES[kinds[0]]})

@@ -290,10 +290,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
 
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
-  files = tokenizer.files
-  if tokenizer.kind == hf_tokenizer.KIND:  # transformers reads it under this name only
-    files = {hf_tokenizer.FILE: next(iter(files.values()))}
-  workdir.write_tokenizer(directory, files)
+  if tokenizer.kind == hf_tokenizer.KIND:  # under this name only, with the tokens named beside it added
+    fast = hf_tokenizer.TokenizerJson(next(iter(tokenizer.files.values())))
+    workdir.write_text(directory / hf_tokenizer.FILE, fast.to_json())
+  else:
+    workdir.write_tokenizer(directory, tokenizer.files)
   if tokenizer.kind in _TOKENIZER_JSON and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
     # transformers reads tokenizer.json without the sentencepiece library (a SentencePiece model alone
     # needs it and protobuf): write the one its tokenizer class would save.
@@ -302,8 +303,7 @@ def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.To
   settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
               "do_lower_case": tokenizer.lower_case}
   if tokenizer.kind == hf_tokenizer.KIND:  # its normalizer cases it; transformers takes the roles from here
-    settings = {"tokenizer_class": settings["tokenizer_class"],
-                **hf_tokenizer.TokenizerJson(files[hf_tokenizer.FILE]).transformers_settings()}
+    settings = {"tokenizer_class": settings["tokenizer_class"], **fast.transformers_settings()}
   if max_length:
     settings["model_max_length"] = max_length
   if own:
