@@ -97,8 +97,9 @@ class _Roles(dict):
   def __getitem__(self, role):
     found = super().__getitem__(role)
     if found is None:
-      raise DataError(f"tokenizer {self.path} has no {role} token ({_ATTRIBUTES.get(role, role)}); name it in "
-                      f"{CONFIG_FILE} beside it (\"{_ATTRIBUTES.get(role, role)}\": \"...\") or add it to the tokenizer")
+      attribute = _ATTRIBUTES.get(role, role)
+      raise DataError(f"tokenizer {self.path} has no {role} token ({attribute}); name it in {CONFIG_FILE} "
+                      f"beside it (\"{attribute}\": \"...\") or add it to the tokenizer")
     return found
 
 

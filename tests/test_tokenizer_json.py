@@ -284,7 +284,8 @@ def test_data_prepare_and_pretraining_read_a_tokenizer_json(folders, tmp_path):
   assert got == [[i for line in HELD_OUT[:3] for i in ours.encode(line)],
                  [i for line in HELD_OUT[3:5] for i in ours.encode(line)]]
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
-  config = load_config("configs/bert.py:demo", [f"--config.data.vocab={vocab}", "--config.data.tokenizer=tokenizer_json"])
+  config = load_config("configs/bert.py:demo",
+                       [f"--config.data.vocab={vocab}", "--config.data.tokenizer=tokenizer_json"])
   tokenizer = shards.make_tokenizer(config.data)
   masking = shards.masking_config(config.data, tokenizer)
   assert tokenizer.kind == "tokenizer_json" and masking.mask_id == ours.special_ids["[MASK]"]
