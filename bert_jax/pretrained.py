@@ -235,7 +235,8 @@ def load_tokenizer(path: str):
   can, as data_pipelines does; so does a folder holding a tokenizer.json and no checkpoint.
   """
   location = epath.Path(path)
-  if location.is_dir() and (location / hf_tokenizer.FILE).exists() and not (location / "config.json").exists():
+  if (location.is_dir() and (location / hf_tokenizer.FILE).exists() and not (location / "config.json").exists()
+      and not native.is_native(path) and not st.is_sentence_transformers(path)):  # a tokenizer's folder alone
     location = location / hf_tokenizer.FILE
   if location.is_file():
     kind = kind_of_file(location.name)
