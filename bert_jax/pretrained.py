@@ -20,6 +20,8 @@ from jax.experimental import multihost_utils
 from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
+from bert_jax.data_pipelines import hf_tokenizer
+from bert_jax.data_pipelines.tokenizers import kind_of_file
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.config import LAYOUT_FAMILIES, ModelConfig
@@ -273,11 +275,18 @@ def build_tokenizer(info: common.Tokenizer):
 def load_tokenizer(path: str):
   """The tokenizer that travels with a checkpoint (converted dir, HF dir, TF dir, bert_jax workdir).
 
-  A vocabulary file itself (vocab.txt, *.model) loads lower-casing, as data_pipelines does.
+  A vocabulary file itself (vocab.txt, *.model; a tokenizer.json, any kind) loads lower-casing where its kind
+  can, as data_pipelines does; so does a folder holding a tokenizer.json and no checkpoint.
   """
-  if epath.Path(path).is_file():
-    kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
-    return build_tokenizer(common.Tokenizer(kind, True, {"vocab": path}))
+  location = epath.Path(path)
+  if (location.is_dir() and (location / hf_tokenizer.FILE).exists() and not (location / "config.json").exists()
+      and not native.is_native(path) and not st.is_sentence_transformers(path)):  # a tokenizer's folder alone
+    location = location / hf_tokenizer.FILE
+  if location.is_file():
+    kind = kind_of_file(location.name)
+    if location.name == hf_tokenizer.FILE:  # as the tokenizer class named beside it reads it (transformers)
+      kind = hf_tokenizer.class_kind(location.parent) or kind
+    return build_tokenizer(common.Tokenizer(kind, True, {"vocab": os.fspath(location)}))
   info = _tokenizer_info(path)
   if info is None:
     family = family_name(path)

@@ -60,7 +60,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.general_eval_corpus = ""  # a second held-out set, its metrics general_* (configs/continue.py); "": none
   c.eval_fraction = 0.02
   c.vocab = ""  # vocab.txt (WordPiece) or *.model (SentencePiece); "" : the embedded vocabulary
-  c.tokenizer = "wordpiece"  # wordpiece | sentencepiece; must match the vocab file
+  c.tokenizer = "wordpiece"  # wordpiece | sentencepiece | tokenizer_json (a HF tokenizer.json); must match the vocab file
   c.lower_case = True
   c.max_seq_length = 128
   c.max_predictions_per_seq = 20

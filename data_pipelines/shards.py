@@ -18,12 +18,12 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, knowledge
+from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, hf_tokenizer, knowledge
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
 from bert_jax.data_pipelines.masking import MaskingConfig
-from bert_jax.data_pipelines.tokenizers import load_tokenizer
+from bert_jax.data_pipelines.tokenizers import kind_of_file, load_tokenizer
 
 MASKING_MODES = ("dynamic", "static")
 MASK_TOKENS = ("[MASK]", "[UNK]")
@@ -191,7 +191,10 @@ def make_tokenizer(data_cfg):
   vocab = embedded.default_vocab(data_cfg)
   if data_cfg.tokenizer in fairseq_spm.KINDS:  # CamemBERT's / XLM-R's layout of a SentencePiece model
     return load_tokenizer(vocab, kind=data_cfg.tokenizer)
-  kind = "sentencepiece" if vocab.endswith(".model") else "wordpiece"
+  kind = kind_of_file(vocab)
+  if data_cfg.tokenizer == hf_tokenizer.KIND and kind != hf_tokenizer.KIND:
+    raise DataError(f"data.tokenizer={hf_tokenizer.KIND!r} reads a Hugging Face tokenizer.json: set data.vocab to "
+                    f"one (data.vocab={vocab!r})")
   if data_cfg.tokenizer != kind:
     make = ("--type sentencepiece --model-type bpe" if data_cfg.tokenizer == "sentencepiece" else "--type wordpiece")
     if kind == "sentencepiece":  # the model may be right and the kind wrong
@@ -200,7 +203,8 @@ def make_tokenizer(data_cfg):
                       "sentencepiece.bpe.model: CamemBERT's, XLM-R's ids), or give a WordPiece vocab.txt (`bert-jax "
                       "vocab --type wordpiece --corpus 'text/*.txt' --output vocab/`)")
     raise DataError(f"data.tokenizer={data_cfg.tokenizer!r} but data.vocab={vocab!r} is a {kind} vocabulary "
-                    f"(*.model is SentencePiece, anything else a WordPiece vocab.txt): make one with `bert-jax "
+                    f"(*.model is SentencePiece, *.json a Hugging Face tokenizer.json (data.tokenizer="
+                    f"{hf_tokenizer.KIND}), anything else a WordPiece vocab.txt): make one with `bert-jax "
                     f"vocab {make} --corpus 'text/*.txt' --output vocab/`, or leave data.vocab empty for the "
                     "embedded corpus's")
   return load_tokenizer(vocab, data_cfg.lower_case)

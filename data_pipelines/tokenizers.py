@@ -21,7 +21,9 @@ scored down by 100 (transformers' XLNetConverter; its slow tokenizer re-split th
 does). Its inputs are laid out as a <sep> b <sep> <cls>, padded on the left (`Layout`, XLNET_LAYOUT).
 
 CamemBERT's and XLM-R's SentencePiece, in fairseq's id layout and with transformers' pre-tokenization,
-are fairseq_spm.py's (kinds camembert_spm, xlmr_spm; `load_tokenizer(path, kind=...)`).
+are fairseq_spm.py's (kinds camembert_spm, xlmr_spm; `load_tokenizer(path, kind=...)`); a Hugging Face
+tokenizer.json of any kind (byte-level BPE, Unigram, WordPiece: ModernBERT's) is hf_tokenizer.py's (kind
+tokenizer_json), through the `tokenizers` library. `load_tokenizer` finds each kind's class in `_LOADERS`.
 """
 from __future__ import annotations
 
@@ -34,13 +36,10 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 
-# The tokenizer kinds (data.tokenizer; a family record's `tokenizer`), each with its class below or in
-# fairseq_spm.py; "bpe" (RoBERTa's byte-level BPE, conversion/bpe.py) is read from checkpoints only.
-KINDS = ("wordpiece", "sentencepiece", "xlnet_spm", *fairseq_spm.KINDS)
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _REQUIRED = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 GOOGLE_MAX_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
@@ -517,22 +516,38 @@ class XLNetTokenizer(SentencePieceTokenizer):
                     "data.tokenizer=sentencepiece")
 
 
+# The tokenizer kinds (data.tokenizer; a family record's `tokenizer`): each kind's class (here, in fairseq_spm.py
+# or hf_tokenizer.py) from (path, lower_case, max_chars_per_word, quotes_to_double). "bpe" (RoBERTa's
+# byte-level BPE over vocab.json + merges.txt, conversion/bpe.py) is read from checkpoints only.
+_LOADERS = {
+    "wordpiece": lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
+    "sentencepiece": lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
+    "xlnet_spm": lambda path, lower, chars, quotes: XLNetTokenizer(path, lower),
+    **{kind: lambda path, lower, chars, quotes, kind=kind: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
+       for kind in fairseq_spm.KINDS},
+    hf_tokenizer.KIND: lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
+}
+KINDS = tuple(_LOADERS)
+
+
+def kind_of_file(path: str) -> str:
+  """The kind a vocabulary file is read as when nothing names one: SentencePiece for `*.model`, a Hugging Face
+  tokenizer.json for `*.json`, else a WordPiece vocab.txt."""
+  if path.endswith(".model"):
+    return "sentencepiece"
+  return hf_tokenizer.KIND if path.endswith(".json") else "wordpiece"
+
+
 def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD,
                    quotes_to_double: bool = False, kind: str | None = None):
-  """The tokenizer of `kind` (KINDS) over `path`; without a kind, WordPiece for a `vocab.txt` (any name not
-  ending in .model) and SentencePiece for `*.model`.
+  """The tokenizer of `kind` (KINDS) over `path`; without a kind, `kind_of_file(path)`'s.
 
   Google's conventions by default; HF parity: max_chars_per_word=HF_MAX_CHARS_PER_WORD (WordPiece),
   quotes_to_double=True (SentencePiece, transformers' AlbertTokenizer). The fairseq kinds
-  (fairseq_spm.py: CamemBERT's and XLM-R's) are cased whatever `lower_case` says.
+  (fairseq_spm.py: CamemBERT's and XLM-R's) and tokenizer_json are cased as their files say, whatever
+  `lower_case` says.
   """
-  kind = kind or ("sentencepiece" if path.endswith(".model") else "wordpiece")
-  if kind in fairseq_spm.KINDS:
-    return fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
-  if kind == "sentencepiece":
-    return SentencePieceTokenizer(path, lower_case, quotes_to_double)
-  if kind == "xlnet_spm":
-    return XLNetTokenizer(path, lower_case)
-  if kind == "wordpiece":
-    return WordPieceTokenizer(path, lower_case, max_chars_per_word)
-  raise DataError(f"tokenizer kind {kind!r} is not one of {KINDS}")
+  kind = kind or kind_of_file(path)
+  if kind not in _LOADERS:
+    raise DataError(f"tokenizer kind {kind!r} is not one of {KINDS}")
+  return _LOADERS[kind](path, lower_case, max_chars_per_word, quotes_to_double)

@@ -6,7 +6,7 @@ import os
 
 from etils import epath
 
-from bert_jax.data_pipelines import fairseq_spm
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
@@ -17,10 +17,12 @@ TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model"
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
 FAIRSEQ_FILES = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
 FAIRSEQ_KINDS = fairseq_spm.KINDS
+TOKENIZER_JSON = hf_tokenizer.KIND  # a Hugging Face tokenizer.json of any kind, read by the `tokenizers` library
 # The files a folder holds for each kind, as a message names them.
 _FILE_NAMES = {"wordpiece": "vocab.txt", "sentencepiece": "spiece.model (any *.model)",
                "bpe": "vocab.json + merges.txt", "xlnet_spm": f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
-               **{kind: " or ".join(FAIRSEQ_FILES) for kind in FAIRSEQ_KINDS}}
+               **{kind: " or ".join(FAIRSEQ_FILES) for kind in FAIRSEQ_KINDS},
+               hf_tokenizer.KIND: hf_tokenizer.FILE}
 
 
 def tokenizer_file_names(kind: str | None = None) -> str:
@@ -32,7 +34,7 @@ def tokenizer_file_names(kind: str | None = None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizer:
-  """kind: wordpiece | sentencepiece | bpe | xlnet_spm | camembert_spm | xlmr_spm;
+  """kind: wordpiece | sentencepiece | bpe | xlnet_spm | camembert_spm | xlmr_spm | tokenizer_json;
   files: {name in a converted dir: source path};
   max_chars_per_word: WordPiece's longest word ([UNK] beyond): None is Google's 200, a Hugging Face
   tokenizer's is its own (100 unless its tokenizer.json says otherwise)."""
@@ -76,18 +78,23 @@ class Converted:
 
 
 def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wordpiece") -> Tokenizer | None:
-  """The tokenizer files that sit in a foreign checkpoint directory, if any (the `preferred` kind first)."""
+  """The tokenizer files that sit in a foreign checkpoint directory, if any: the `preferred` kind's own files
+  first; then tokenizer.json, which transformers reads when it is there (XLNet's alone in transformers 5,
+  ModernBERT's of any kind alone in its releases), as its tokenizer class reads it; then other kinds' files."""
   directory = epath.Path(directory)
   if preferred in fairseq_spm.KINDS:
     found = next((directory / n for n in FAIRSEQ_FILES if (directory / n).exists()), None)
     return Tokenizer(preferred, False, {found.name: os.fspath(found)}) if found else None
-  for kind in sorted(TOKENIZER_FILES, key=lambda k: k != preferred):
-    names = TOKENIZER_FILES[kind]
-    if all((directory / n).exists() for n in names):
-      return Tokenizer(kind, lower_case and kind != "bpe", {n: os.fspath(directory / n) for n in names})
-  fast = directory / fairseq_spm.HF_TOKENIZER_FILE
-  if preferred == "xlnet_spm" and fast.exists():  # transformers 5 saves XLNet's tokenizer.json alone
-    return Tokenizer(preferred, lower_case, {fast.name: os.fspath(fast)})
+  kinds = [k for k in sorted(TOKENIZER_FILES, key=lambda k: k != preferred)
+           if all((directory / n).exists() for n in TOKENIZER_FILES[k])]
+  fast = directory / hf_tokenizer.FILE
+  if fast.exists() and preferred not in kinds[:1]:
+    kind = hf_tokenizer.class_kind(directory) or ("xlnet_spm" if preferred == "xlnet_spm" else hf_tokenizer.KIND)
+    files = hf_tokenizer.files_of(os.fspath(fast)) if kind == hf_tokenizer.KIND else {fast.name: os.fspath(fast)}
+    return Tokenizer(kind, lower_case and kind == "xlnet_spm", files)
+  if kinds:
+    return Tokenizer(kinds[0], lower_case and kinds[0] != "bpe",
+                     {n: os.fspath(directory / n) for n in TOKENIZER_FILES[kinds[0]]})
   models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
   if models:
     return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})

@@ -12,7 +12,7 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import fairseq_spm
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS, XLNetTokenizer
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
@@ -25,7 +25,8 @@ from bert_jax.models.families import Family
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
                     "xlnet_spm": "XLNetTokenizer",
-                    "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer"}
+                    "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer",
+                    hf_tokenizer.KIND: "PreTrainedTokenizerFast"}
 # The tokenizer.json written beside a SentencePiece model, by kind.
 _TOKENIZER_JSON = {
     **{kind: lambda t: fairseq_spm.hf_tokenizer_json(
@@ -164,9 +165,6 @@ def read(directory: str, scan_layers: bool = True) -> common.Converted:
   notes = [f"{directory}: ignored tensors without a bert_jax counterpart: {', '.join(ignored[:6])}"
            + (f" (+{len(ignored) - 6} more)" if len(ignored) > 6 else "")] if ignored else []
   found = tokenizer(directory)
-  if found is None and (epath.Path(directory) / "tokenizer.json").exists():
-    notes.append(f"{directory}: no tokenizer files bert_jax reads (vocab.txt, *.model, vocab.json + merges.txt); "
-                 "its tokenizer ships as tokenizer.json only")
   return common.Converted(family.name, config, params, found,
                           missing_heads=tuple(h for h in family.pretrained_heads(heads) if h not in heads),
                           notes=notes, task_head=task_head)
@@ -297,7 +295,11 @@ def write(directory: str, converted: common.Converted) -> list[str]:
 
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:
-  workdir.write_tokenizer(directory, tokenizer.files)
+  if tokenizer.kind == hf_tokenizer.KIND:  # under this name only, with the tokens named beside it added
+    fast = hf_tokenizer.TokenizerJson(next(iter(tokenizer.files.values())))
+    workdir.write_text(directory / hf_tokenizer.FILE, fast.to_json())
+  else:
+    workdir.write_tokenizer(directory, tokenizer.files)
   if tokenizer.kind in _TOKENIZER_JSON and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
     # transformers reads tokenizer.json without the sentencepiece library (a SentencePiece model alone
     # needs it and protobuf): write the one its tokenizer class would save.
@@ -305,6 +307,8 @@ def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.To
   own = tokenizer.kind == family.tokenizer  # a family trained with another kind of tokenizer gets its generic class
   settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
               "do_lower_case": tokenizer.lower_case}
+  if tokenizer.kind == hf_tokenizer.KIND:  # its normalizer cases it; transformers takes the roles from here
+    settings = {"tokenizer_class": settings["tokenizer_class"], **fast.transformers_settings()}
   if max_length:
     settings["model_max_length"] = max_length
   if own:

@@ -187,7 +187,8 @@ class Embedder:
                       f"{concurrent_calls} must be positive")
     model, params, tokenizer, notes = model_lib.from_checkpoint(path)
     if tokenizer is None:
-      raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, or vocab.json + merges.txt) found")
+      raise UserError(f"{path}: no tokenizer files (vocab.txt, *.model, tokenizer.json, or vocab.json + merges.txt) "
+                      "found")
     length, pack = model.pooling.max_seq_length, pack and can_pack(model)
     buckets = tuple(sorted(set(buckets or (pack_widths_for(length) if pack else buckets_for(length)))))
     if buckets[0] < 2 or buckets[-1] != length:

@@ -178,7 +178,7 @@ FAMILY = families.register(families.Family(
     heads_of=heads_of,
     with_heads=with_heads,
     pretrained_heads=lambda present: ("mlm",),
-    tokenizer="bpe",
+    tokenizer="tokenizer_json",  # its releases' byte-level BPE (data_pipelines/hf_tokenizer.py)
     layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
                            layer_slots=layer_slots, relayout=relayout),
@@ -192,7 +192,7 @@ FAMILY = families.register(families.Family(
                    "token": _task_rows("head/token_transform", "classifier", "head/classifier"),
                    "span": _task_rows("head/token_transform", "classifier", "head/span")},
         absent={"{b}layers.0.attn_norm.weight": 1.0},
-        tokenizer_class="RobertaTokenizer", lower_case=False),
+        tokenizer_class="PreTrainedTokenizerFast", lower_case=False),
     token_transform=TokenTransform,
     with_dropout=with_dropout,
     backbone_params=modernbert.backbone_params,
