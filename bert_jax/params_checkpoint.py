@@ -301,9 +301,10 @@ def _check_fit(location: epath.PathLike, saved: dict[str, Any], leaves: list[tup
     counts[1] += 1
   missing = sum(m for m, _ in modules.values())
   if missing == len(leaves):
+    theirs = sorted({name.split("]")[0] + "]" for name in saved})
     raise UserError(f"{location} holds none of the model's {len(leaves)} parameter tensors (the model's modules: "
-                    f"{', '.join(modules)}; the checkpoint's: {', '.join(sorted({n.split(']')[0] + ']' for n in saved}))})"
-                    ": it is a checkpoint of another model family or layout")
+                    f"{', '.join(modules)}; the checkpoint's: {', '.join(theirs)}): it is a checkpoint of another "
+                    "model family or layout")
   if not missing:
     return
   fresh = [key if m == n else f"{key} ({m} of {n} tensors)" for key, (m, n) in sorted(modules.items()) if m]

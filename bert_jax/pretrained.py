@@ -1,8 +1,9 @@
 """`load_pretrained` and `load_tokenizer`: one entry point for Hugging Face, original TF and bert_jax checkpoints.
 
-`init_from` takes any of them too: `check_init_from` names a missing, unknown, damaged one or one of
-another family than the run's model before a run writes anything (`check_family`), and `native_init_from` converts a foreign one into the run's workdir (WORKDIR/init_from, what
-`bert-jax convert --from hf|tf` writes), once: a rerun finds it there. `with_init_from_model` gives a
+`init_from` takes any of them too: `check_init_from` names a missing, unknown or damaged one, or one of
+another family than the run's model (`check_family`), before a run writes anything, and `native_init_from`
+converts a foreign one into the run's workdir (WORKDIR/init_from, what `bert-jax convert --from hf|tf`
+writes), once: a rerun finds it there. `with_init_from_model` gives a
 pretraining config the checkpoint's model and tokenizer (continued pretraining, configs/continue.py).
 """
 from __future__ import annotations

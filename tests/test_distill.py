@@ -163,7 +163,8 @@ def test_sigterm_during_distill_saves_says_where_and_the_same_command_resumes(ta
 def mlm_teacher(tmp_path_factory):
   """A pretraining checkpoint (MLM head, zeros) with the embedded vocabulary: general distillation's teacher."""
   model = TEACHER.replace(mlm_head=True)
-  shapes = jax.eval_shape(lambda: families.build(model).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"])
+  ids = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: families.build(model).init(jax.random.key(0), ids)["params"])
   directory = tmp_path_factory.mktemp("distill") / "mlm_teacher"
   params_checkpoint.save_params(directory, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), nn.meta.unbox(shapes)),
                                 {"objective": "bert", "model": model.to_dict(),

@@ -4,8 +4,8 @@ converted checkpoint with an MLM head).
 
 `Teacher.fine_tuned` and `Teacher.pretrained` read and check the teacher's config.json, int8 first (an
 int8 workdir is a model to serve, not to learn from); `check_intact` reads its parameters whole before a
-job writes anything (a damaged teacher or one holding NaN is one line); `check_vocab` holds the student to the teacher's
-vocabulary; `chosen_layers` and `take_layers` give DistilBERT's init, a student made of some of the
+job writes anything (a damaged teacher or one holding NaN is one line); `check_vocab` holds the student
+to the teacher's vocabulary; `chosen_layers` and `take_layers` give DistilBERT's init, a student made of some of the
 teacher's layers; `load_params_into` reads its parameters into the shardings a step wants.
 """
 from __future__ import annotations
