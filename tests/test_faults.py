@@ -545,3 +545,27 @@ def test_fine_tuning_from_a_hugging_face_folder(tmp_path, capsys):
   assert "is a Hugging Face folder: converted it to" in capsys.readouterr().out
   assert (tmp_path / "ft" / "init_from" / "config.json").exists()
   assert (tmp_path / "ft" / "eval_results.json").exists() and not (tmp_path / "ft" / "run.lock").exists()
+
+
+def _truncate_arrays(step_dir):
+  data_files = sorted(p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p))
+  assert data_files
+  for path in data_files:
+    path.write_bytes(path.read_bytes()[:10])
+
+
+def test_every_checkpoint_damaged_starts_again_as_a_fresh_run(healthy, tmp_path, capsys):
+  """Each failed restore had moved the input iterator to that step's saved position (its data item is
+  restored with the state): the run that started again from step 1 read other batches than a fresh run."""
+  workdir = _copy(healthy, tmp_path)
+  (workdir / "finished.json").unlink()
+  for step in _steps(workdir):
+    _truncate_arrays(workdir / "checkpoints" / str(step))
+  result = trainer.pretrain(_config("--config.train.num_steps=4", "--config.train.eval_every_steps=4",
+                                    "--config.train.eval_steps=1"), str(workdir))
+  assert result["step"] == 4 and "resumed from" not in capsys.readouterr().out
+  assert len(list((workdir / "checkpoints-damaged").iterdir())) == 2
+  for evals in (False, True):
+    np.testing.assert_allclose([r["loss"] for r in _rows(workdir, evals)],
+                               [r["loss"] for r in _rows(healthy[0], evals)], rtol=1e-6)
+

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -147,18 +148,27 @@ class Checkpointer:
   def restore_latest(self, abstract_state: Any, **items: Any) -> tuple[dict[str, Any], int] | None:
     """(restore's dict, step) of the latest step that restores to a finite state, or None.
 
-    A step that fails is moved aside with a warning and the previous one is tried.
+    A step that fails is moved aside with a warning and the previous one is tried. A step's input
+    position is restored with its state, so a failed step may have moved the iterator given as data=:
+    the step restored sets it again, and when none is left it goes back to where it was (a run that
+    starts over reads a fresh run's batches).
     """
-    for step in sorted(self.manager.all_steps(), reverse=True):
-      try:
-        restored = self.restore(step, abstract_state, **items)
-        if not finite.tree_is_finite(restored["state"]):
-          raise ValueError("the saved state holds NaN or Inf (a diverged run)")
-        return restored, step
-      except (UserError, DataError):
-        raise
-      except Exception as e:  # pylint: disable=broad-except  # any orbax/tensorstore read failure
-        self._set_aside(step, e)
+    data = items.get("data") if "data" in self.items else None
+    with tempfile.TemporaryDirectory() as before:
+      if data is not None:
+        data.save(before)
+      for step in sorted(self.manager.all_steps(), reverse=True):
+        try:
+          restored = self.restore(step, abstract_state, **items)
+          if not finite.tree_is_finite(restored["state"]):
+            raise ValueError("the saved state holds NaN or Inf (a diverged run)")
+          return restored, step
+        except (UserError, DataError):
+          raise
+        except Exception as e:  # pylint: disable=broad-except  # any orbax/tensorstore read failure
+          self._set_aside(step, e)
+      if data is not None:
+        data.restore(before)
     return None
 
   def _set_aside(self, step: int, error: Exception) -> None:
