@@ -569,3 +569,46 @@ def test_every_checkpoint_damaged_starts_again_as_a_fresh_run(healthy, tmp_path,
     np.testing.assert_allclose([r["loss"] for r in _rows(workdir, evals)],
                                [r["loss"] for r in _rows(healthy[0], evals)], rtol=1e-6)
 
+
+HEALTHY = ("--config.train.num_steps=4", "--config.train.eval_every_steps=4", "--config.train.eval_steps=1")
+
+
+def _without_rows(workdir, drop):
+  lines = (workdir / "metrics.jsonl").read_text().splitlines(keepends=True)
+  (workdir / "metrics.jsonl").write_text("".join(line for line in lines if not drop(json.loads(line))))
+
+
+@pytest.mark.parametrize("killed", ["before the last evaluation", "before finished.json"])
+def test_a_run_killed_after_its_last_checkpoint_ends_as_the_uninterrupted_run(healthy, tmp_path, killed):
+  """Before, the rerun ran nothing and wrote finished.json with no train or eval metrics, losing the final
+  evaluation, and kept the step orbax had not yet deleted (steps 1..4 with checkpoint.keep=3)."""
+  workdir = _copy(healthy, tmp_path)
+  finished = json.loads((workdir / "finished.json").read_text())
+  (workdir / "finished.json").unlink()
+  for step in (1, 3):  # orbax deletes the oldest step after committing the newest: killed in between
+    shutil.copytree(workdir / "checkpoints/2", workdir / f"checkpoints/{step}")
+  if killed == "before the last evaluation":
+    _without_rows(workdir, lambda row: row.get("eval"))
+  result = trainer.pretrain(_config(*HEALTHY), str(workdir))
+  assert result["train"] == finished["train"] and result["train"]["loss"] == _rows(healthy[0])[-1]["loss"]
+  np.testing.assert_allclose(result["eval"]["loss"], finished["eval"]["loss"], rtol=1e-6)
+  assert json.loads((workdir / "finished.json").read_text()).keys() == finished.keys()
+  assert _rows(workdir) == _rows(healthy[0]) and len(_rows(workdir, evals=True)) == 1
+  np.testing.assert_allclose(_rows(workdir, evals=True)[0]["loss"], _rows(healthy[0], evals=True)[0]["loss"],
+                             rtol=1e-6)
+  assert _steps(workdir) == [2, 3, 4]
+
+
+def test_an_evaluation_cut_short_is_done_again_on_resume(healthy, tmp_path):
+  """Killed during the evaluation of step 2, after its checkpoint: the rerun resumed at step 2 and went on
+  without that evaluation's row."""
+  workdir = _copy(healthy, tmp_path)
+  (workdir / "finished.json").unlink()
+  shutil.rmtree(workdir / "checkpoints/4")
+  _without_rows(workdir, lambda row: row["step"] > 2)
+  trainer.pretrain(_config(*HEALTHY, "--config.train.eval_every_steps=2"), str(workdir))
+  rows = [(r["step"], bool(r.get("eval"))) for r in map(json.loads, open(workdir / "metrics.jsonl"))]
+  assert rows == [(1, False), (2, False), (2, True), (3, False), (4, False), (4, True)]
+  np.testing.assert_allclose(_rows(workdir, evals=True)[1]["loss"], _rows(healthy[0], evals=True)[0]["loss"],
+                             rtol=1e-6)
+

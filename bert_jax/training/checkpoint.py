@@ -105,7 +105,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
     self.directory = workdir.path(directory)
-    self.items = items
+    self.items, self.keep = items, keep
     whole_array_writes()
     if jax.process_index() == 0 and self.directory.exists():
       for partial in ocp.path.step.all_temporary_paths(self.directory):
@@ -230,6 +230,12 @@ class Checkpointer:
     with self._saving(self._unconfirmed or 0):
       self.manager.wait_until_finished()
     self._unconfirmed = None
+
+  def keep_newest(self) -> None:
+    """Deletes the steps beyond the newest `keep`: orbax deletes the oldest after committing a new step,
+    so a kill in between leaves one more, which a run resumed at its end (saving nothing) would keep."""
+    for step in sorted(self.manager.all_steps())[:-self.keep]:
+      self.manager.delete(step)
 
   def _remove_partial_steps(self) -> None:
     for leftover in self.directory.glob("*.orbax-checkpoint-tmp*"):
