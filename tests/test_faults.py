@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -612,3 +613,42 @@ def test_an_evaluation_cut_short_is_done_again_on_resume(healthy, tmp_path):
   np.testing.assert_allclose(_rows(workdir, evals=True)[1]["loss"], _rows(healthy[0], evals=True)[0]["loss"],
                              rtol=1e-6)
 
+
+def test_a_file_size_limit_while_saving_is_one_line_and_leaves_no_partial_step(healthy, tmp_path, capfd):
+  """`ulimit -f` below a checkpoint's array file (about 1 MB here): each write past it fails with EFBIG (Python
+  ignores SIGXFSZ). Before, an orbax traceback, and a *.orbax-checkpoint-tmp* folder left behind."""
+  workdir = _copy(healthy, tmp_path)
+  (workdir / "finished.json").unlink()
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  capfd.readouterr()
+  resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, hard))
+  try:
+    with pytest.raises(UserError) as info:
+      trainer.pretrain(_config("--config.train.num_steps=6"), str(workdir))
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  assert str(info.value) == (f"a file of step 6 in {workdir}/checkpoints grew past the file size limit (ulimit -f) "
+                             "while saving it; checkpoints up to step 4 are intact; raise the limit (ulimit -f "
+                             "unlimited) and rerun the same command to resume")
+  output = "".join(capfd.readouterr())
+  assert "Traceback" not in output and "Event loop is closed" not in output, output[-3000:]
+  assert _steps(workdir) == [2, 4] and not [p for p in os.listdir(workdir / "checkpoints") if "tmp" in p]
+
+
+def test_a_file_size_limit_on_other_writes_is_one_line_and_leaves_nothing(tmp_path):
+  """A params checkpoint (fine-tuning's params/, convert) and a workdir's own files (config.json, metrics):
+  before, the params save was an orbax traceback and a file was "cannot write ... (File too large)"."""
+  weights = {"w": np.random.default_rng(0).standard_normal(300_000).astype(np.float32)}  # 1.2 MB, incompressible
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, hard))
+  try:
+    with pytest.raises(UserError) as params:
+      checkpoint.save_params(str(tmp_path / "model"), weights, {})
+    with pytest.raises(UserError) as file:
+      workdir_lib.write_bytes(tmp_path / "big.bin", b"x" * 600_000)
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  limit = "a file grew past the file size limit (ulimit -f); raise the limit (ulimit -f unlimited) and rerun"
+  assert str(params.value) == f"cannot write {tmp_path}/model/params: {limit}"
+  assert str(file.value) == f"cannot write {tmp_path}/big.bin: {limit}"
+  assert os.listdir(tmp_path / "model") == [] and os.listdir(tmp_path) == ["model"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import tempfile
 import time
@@ -214,7 +215,8 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
-      if not orbax_faults.no_space(e):
+      fault = orbax_faults.write_fault(e)
+      if fault is None:
         raise
       self._broken = True
       failed = min(s for s in (self._unconfirmed, step) if s is not None)
@@ -223,6 +225,10 @@ class Checkpointer:
       self._remove_partial_steps()
       intact = max((s for s in _complete_steps(self.directory) if s < failed), default=None)
       kept = f"checkpoints up to step {intact} are intact" if intact is not None else "no checkpoint was saved"
+      if fault == errno.EFBIG:
+        raise UserError(f"a file of step {failed} in {self.directory} grew past the file size limit (ulimit -f) "
+                        f"while saving it; {kept}; raise the limit (ulimit -f unlimited) and rerun the same "
+                        "command to resume") from None
       raise UserError(f"no space left in {self.directory.parent} while saving step {failed}; {kept}; free "
                       "space (or lower checkpoint.keep) and rerun the same command to resume") from None
 
