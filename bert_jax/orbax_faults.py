@@ -11,8 +11,9 @@ for a small model. `install` has the loop run until the tasks still on it have e
 collected, not raised) before it closes; a loop whose coroutine succeeded has none left, so nothing
 changes there.
 
-orbax (through absl) and asyncio also log each failed write of a full disk as an error with a
-traceback, though the caller reports it; `install` drops those records (`no_space` tells them).
+orbax (through absl) and asyncio also log each failed write of a full disk (or of a file past the size
+limit, `ulimit -f`) as an error with a traceback, though the caller reports it; `install` drops those
+records (`write_fault` tells them).
 """
 from __future__ import annotations
 
@@ -38,26 +39,39 @@ def _run_until_idle(coro: Coroutine) -> Any:
     loop.close()
 
 
-def no_space(error: BaseException | None) -> bool:
-  """Whether `error` or what caused it is ENOSPC (orbax and tensorstore wrap it, sometimes as text)."""
+_WRITE_FAULTS = {errno.ENOSPC: "No space left on device", errno.EFBIG: "File too large"}
+
+
+def write_fault(error: BaseException | None) -> int | None:
+  """ENOSPC (a full disk) or EFBIG (a file past the size limit, `ulimit -f`) when `error` or what caused
+  it is one (orbax and tensorstore wrap it, sometimes as text); else None."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
-      return True
+    code = getattr(error, "errno", None)
+    if code in _WRITE_FAULTS:
+      return code
+    for code, text in _WRITE_FAULTS.items():
+      if text in str(error):
+        return code
     error = error.__cause__ or error.__context__
-  return False
+  return None
 
 
-class _DropFullDisk(logging.Filter):
-  """Drops absl's and asyncio's records of a full disk: the caller raises its own line for it."""
+def no_space(error: BaseException | None) -> bool:
+  """Whether `error` or what caused it is ENOSPC."""
+  return write_fault(error) == errno.ENOSPC
+
+
+class _DropWriteFaults(logging.Filter):
+  """Drops absl's and asyncio's records of a full disk or a file size limit: the caller raises its own line."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not (no_space(record.exc_info[1] if record.exc_info else None)
-                or no_space(Exception(record.getMessage())))
+    return (write_fault(record.exc_info[1] if record.exc_info else None) is None
+            and write_fault(Exception(record.getMessage())) is None)
 
 
-_FILTER = _DropFullDisk()
+_FILTER = _DropWriteFaults()
 
 
 def install() -> None:

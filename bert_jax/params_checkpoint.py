@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 from typing import Any, Callable, Iterable
 
 import jax
@@ -86,11 +87,12 @@ def save_params(directory: epath.PathLike, params: Any, config: dict,
     with ocp.StandardCheckpointer() as ckptr:  # with several processes, all of them call this
       ckptr.save(directory / workdir.PARAMS, params, force=True)
   except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
-    if not orbax_faults.no_space(e):
+    fault = orbax_faults.write_fault(e)
+    if fault is None:
       raise
     for partial in directory.glob(f"{workdir.PARAMS}*"):
       partial.rmtree(missing_ok=True)
-    raise workdir.write_error(directory / workdir.PARAMS, OSError(errno.ENOSPC, "no space")) from None
+    raise workdir.write_error(directory / workdir.PARAMS, OSError(fault, os.strerror(fault))) from None
   if jax.process_index() == 0:
     workdir.write_json(directory / workdir.CONFIG, config)
     workdir.write_tokenizer(directory, tokenizer_files)

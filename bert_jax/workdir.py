@@ -193,6 +193,9 @@ def write_error(file: epath.PathLike, error: OSError, flag: str = "") -> UserErr
   if error.errno in (errno.ENOSPC, errno.EDQUOT):
     return UserError(f"{head}: the disk is full (no space left on the device holding {where}); free space "
                      "there, or choose a directory on another disk, and rerun")
+  if error.errno == errno.EFBIG:
+    return UserError(f"{head}: a file grew past the file size limit (ulimit -f); raise the limit (ulimit -f "
+                     "unlimited) and rerun")
   if error.errno == errno.EROFS:
     return UserError(f"{head}: {where} is on a read-only filesystem; choose a writable directory")
   if error.errno in (errno.EACCES, errno.EPERM):

@@ -298,3 +298,53 @@ def test_gcsfs_says_once_that_it_cannot_tell_the_bucket_type(bucket_env, tmp_pat
   assert done.returncode == 0 and done.stdout.split() == ["12"], done.stderr[-3000:]
   warnings = [line for line in done.stderr.splitlines() if "bucket type" in line]
   assert len(warnings) == 1 and f"bucket name {BUCKET}" in warnings[0], done.stderr[-3000:]
+
+
+def _eval_rows(text):
+  return {r["step"]: r["loss"] for r in map(json.loads, text.splitlines()) if r.get("eval")}
+
+
+@slow  # six runs in the emulated bucket: several minutes on 2 cores
+def test_a_run_killed_at_random_moments_ends_as_the_uninterrupted_run(bucket_env, bucket, tmp_path):
+  """The fault campaign's chaos run, smaller: SIGKILL five times at random moments (a random number of
+  metrics rows in, then a random fraction of a second: in a step, a save, an evaluation, the finish) of one
+  run with async saves and evaluations, then run it to its end. Every logged loss (train and eval) is the
+  uninterrupted local run's, each step is logged once, and no partial or extra checkpoint is left."""
+  corpus, vocab = embedded.ensure_embedded()
+  run, prefix = f"gs://{BUCKET}/chaos", f"{BUCKET}/chaos"
+  settings = ["--config.train.num_steps=8", "--config.train.eval_every_steps=2", "--config.train.eval_steps=1",
+              "--config.checkpoint.async_save=true", "--config.checkpoint.keep=2"]
+  args = [*_pretrain_args(run, [f"--config.data.corpus={corpus}", f"--config.data.vocab={vocab}"]), *settings]
+  rng = np.random.default_rng(int(os.environ.get("BERT_JAX_CHAOS_SEED", "0")))
+
+  def rows():
+    return len(bucket.cat(f"{prefix}/metrics.jsonl").splitlines()) if bucket.exists(f"{prefix}/metrics.jsonl") else 0
+
+  for _ in range(5):
+    target = rows() + int(rng.integers(0, 4))  # of 12 rows in all: 8 train, 4 eval
+    killed = subprocess.Popen([sys.executable, "-m", "bert_jax.cli", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while time.time() < deadline and killed.poll() is None and rows() < target:
+      time.sleep(0.1)
+    time.sleep(rng.uniform(0, 1.5))
+    killed.kill()
+    output = killed.communicate(timeout=60)[0].decode()
+    assert killed.returncode in (-9, 0), output[-3000:]
+  done = subprocess.run([sys.executable, "-m", "bert_jax.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                        timeout=400)
+  assert done.returncode == 0, done.stderr[-3000:]
+  straight = tmp_path / "straight"
+  trainer.pretrain(trainer.load_run_config("configs/bert.py:demo", PRETRAIN + settings + [
+      f"--config.data.corpus={corpus}", f"--config.data.vocab={vocab}"]), str(straight))
+  text, expected = bucket.cat(f"{prefix}/metrics.jsonl").decode(), (straight / "metrics.jsonl").read_text()
+  assert [(r["step"], bool(r.get("eval"))) for r in map(json.loads, text.splitlines())] == [
+      (r["step"], bool(r.get("eval"))) for r in map(json.loads, expected.splitlines())]
+  for read in (_rows, _eval_rows):
+    got, want = read(text), read(expected)
+    np.testing.assert_allclose([got[s] for s in sorted(want)], [want[s] for s in sorted(want)], rtol=1e-5)
+  steps = sorted(p.rsplit("/", 1)[1] for p in bucket.ls(f"{prefix}/checkpoints"))
+  assert steps == ["6", "8"], steps
+  assert all(bucket.exists(f"{prefix}/checkpoints/{s}/commit_success.txt") for s in steps)
+  finished = json.loads(bucket.cat(f"{prefix}/finished.json"))
+  assert finished["eval"]["loss"] == pytest.approx(_eval_rows(expected)[8], rel=1e-5)

@@ -21,6 +21,10 @@ class _Logger:
 
   def __init__(self):
     self.rows, self.evals = [], []
+    self.logged_rows = {}  # {(step, evaluation): scalars}: what metrics.jsonl held when the run started
+
+  def logged(self, step, evaluation=False):
+    return self.logged_rows.get((step, evaluation))
 
   def log_train(self, step, window, tokens_per_step, resumed_from=None):
     self.rows.append((step, len(window), resumed_from))
@@ -91,6 +95,22 @@ def test_the_first_row_after_a_resume_says_it_averages_fewer_steps():
   steps = _toy_loop(_slow_step(), loop.Cadence(8, log_every=4), actions)
   steps.run(_state(5), _batches(), 5, 8)
   assert steps.logger.rows == [(8, 3, 5)] and actions == [("save", 8)]  # the end is saved (pretraining's)
+
+
+@pytest.mark.parametrize("eval_row", [False, True])
+def test_a_resumed_run_evaluates_its_step_when_that_evaluation_has_no_row(eval_row):
+  """Killed during step 4's evaluation, after its checkpoint: metrics.jsonl has step 4's train row and no
+  evaluation row, so the resumed run evaluates step 4 first. Resumed at its end (killed before the job
+  wrote finished.json), it reports the end's rows as the uninterrupted run did, evaluating if none."""
+  for start, end in ((4, 8), (8, 8)):
+    actions = []
+    steps = _toy_loop(_slow_step(), loop.Cadence(8, log_every=4, eval_every=4, checkpoint_every=4), actions)
+    steps.logger.logged_rows = {(start, False): {"loss": 2.0}, **({(start, True): {"x": 0.5}} if eval_row else {})}
+    outcome = steps.run(_state(start), _batches(), start, end)
+    evaluated = [] if eval_row else [("eval", start)]
+    assert actions == evaluated + ([("save", 8), ("eval", 8)] if start < end else [])
+    if start == end:
+      assert outcome.train == {"loss": 2.0} and outcome.eval == {"x": 0.5 if eval_row else 1.0}
 
 
 def test_a_second_ctrl_c_stops_at_once(capsys):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -104,7 +106,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
     self.directory = workdir.path(directory)
-    self.items = items
+    self.items, self.keep = items, keep
     whole_array_writes()
     if jax.process_index() == 0 and self.directory.exists():
       for partial in ocp.path.step.all_temporary_paths(self.directory):
@@ -147,18 +149,27 @@ class Checkpointer:
   def restore_latest(self, abstract_state: Any, **items: Any) -> tuple[dict[str, Any], int] | None:
     """(restore's dict, step) of the latest step that restores to a finite state, or None.
 
-    A step that fails is moved aside with a warning and the previous one is tried.
+    A step that fails is moved aside with a warning and the previous one is tried. A step's input
+    position is restored with its state, so a failed step may have moved the iterator given as data=:
+    the step restored sets it again, and when none is left it goes back to where it was (a run that
+    starts over reads a fresh run's batches).
     """
-    for step in sorted(self.manager.all_steps(), reverse=True):
-      try:
-        restored = self.restore(step, abstract_state, **items)
-        if not finite.tree_is_finite(restored["state"]):
-          raise ValueError("the saved state holds NaN or Inf (a diverged run)")
-        return restored, step
-      except (UserError, DataError):
-        raise
-      except Exception as e:  # pylint: disable=broad-except  # any orbax/tensorstore read failure
-        self._set_aside(step, e)
+    data = items.get("data") if "data" in self.items else None
+    with tempfile.TemporaryDirectory() as before:
+      if data is not None:
+        data.save(before)
+      for step in sorted(self.manager.all_steps(), reverse=True):
+        try:
+          restored = self.restore(step, abstract_state, **items)
+          if not finite.tree_is_finite(restored["state"]):
+            raise ValueError("the saved state holds NaN or Inf (a diverged run)")
+          return restored, step
+        except (UserError, DataError):
+          raise
+        except Exception as e:  # pylint: disable=broad-except  # any orbax/tensorstore read failure
+          self._set_aside(step, e)
+      if data is not None:
+        data.restore(before)
     return None
 
   def _set_aside(self, step: int, error: Exception) -> None:
@@ -204,7 +215,8 @@ class Checkpointer:
     try:
       yield
     except Exception as e:  # pylint: disable=broad-except  # orbax wraps the OSError in its own errors
-      if not orbax_faults.no_space(e):
+      fault = orbax_faults.write_fault(e)
+      if fault is None:
         raise
       self._broken = True
       failed = min(s for s in (self._unconfirmed, step) if s is not None)
@@ -213,6 +225,10 @@ class Checkpointer:
       self._remove_partial_steps()
       intact = max((s for s in _complete_steps(self.directory) if s < failed), default=None)
       kept = f"checkpoints up to step {intact} are intact" if intact is not None else "no checkpoint was saved"
+      if fault == errno.EFBIG:
+        raise UserError(f"a file of step {failed} in {self.directory} grew past the file size limit (ulimit -f) "
+                        f"while saving it; {kept}; raise the limit (ulimit -f unlimited) and rerun the same "
+                        "command to resume") from None
       raise UserError(f"no space left in {self.directory.parent} while saving step {failed}; {kept}; free "
                       "space (or lower checkpoint.keep) and rerun the same command to resume") from None
 
@@ -220,6 +236,12 @@ class Checkpointer:
     with self._saving(self._unconfirmed or 0):
       self.manager.wait_until_finished()
     self._unconfirmed = None
+
+  def keep_newest(self) -> None:
+    """Deletes the steps beyond the newest `keep`: orbax deletes the oldest after committing a new step,
+    so a kill in between leaves one more, which a run resumed at its end (saving nothing) would keep."""
+    for step in sorted(self.manager.all_steps())[:-self.keep]:
+      self.manager.delete(step)
 
   def _remove_partial_steps(self) -> None:
     for leftover in self.directory.glob("*.orbax-checkpoint-tmp*"):

@@ -18,7 +18,9 @@ metrics)`), an iterator of host batches whose first is step `start + 1`'s, and t
      state is checked finite and evaluated; the job may answer "stop" (early stopping).
 With `Cadence.eval_at_start`, a run from step 0 also evaluates its starting state first, logged as step 0
 (continued pretraining's "before"); a resumed run does not.
-A checkpoint comes before the evaluation of its step, so an evaluation that fails loses no step.
+A checkpoint comes before the evaluation of its step, so an evaluation that fails loses no step: a run
+resumed at a step whose evaluation is due and has no row in metrics.jsonl (killed during it) evaluates it
+first; a run resumed at its end (killed before the job's finish) reports that step's logged metrics.
 The host runs at most one step ahead of the device, so a signal is answered at the step the device
 is on, not many queued steps later.
 """
@@ -217,6 +219,8 @@ class Loop:
     resumed = start % self.cadence.log_every != 0  # the first row after it averages fewer steps
     if start == 0 and self.cadence.eval_at_start and self._evaluates() and self._evaluate(0, state, outcome):
       return outcome
+    if start > 0 and self._pick_up(start, end, state, outcome):
+      return outcome
     for step in range(start + 1, end + 1):
       state, metrics = self.step_fn(state, partitioning.global_batch(next(batches), self.mesh))
       if in_flight is not None:  # keeps the host one step ahead of the device, not more
@@ -242,6 +246,19 @@ class Loop:
                 flush=True)
         break
     return outcome
+
+  def _pick_up(self, start: int, end: int, state: Any, outcome: Outcome) -> bool:
+    """What a resumed run takes over from its checkpoint's step: the step's train row (a run resumed at
+    its end reports it, as the uninterrupted run did), and its evaluation, done now if it is due and
+    metrics.jsonl has no row of it (a kill cut it short, or came before it). Whether the job stops here."""
+    outcome.train = self.logger.logged(start) or {}
+    if not (self._evaluates() and (self._periodic(start, self.cadence.eval_every) or start == end)):
+      return False
+    row = self.logger.logged(start, evaluation=True)
+    if row is None:
+      return self._evaluate(start, state, outcome)
+    outcome.eval = row
+    return False
 
   def _evaluates(self) -> bool:
     return self.evaluate is not None and self.cadence.eval_every > 0

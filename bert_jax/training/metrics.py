@@ -10,6 +10,7 @@ Only process 0 writes files; `tensorboard=False` (train.tensorboard) writes no e
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,9 +20,13 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from etils import epath
+from jax.experimental import multihost_utils
 
 from bert_jax import workdir
 from bert_jax.errors import require
+
+
+_ROW_KEYS = ("step", "eval", "resumed", "averaged_steps")  # what a row says besides its scalars
 
 
 def _flat_hparams(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -120,6 +125,22 @@ class MetricsLogger:
       drop_rows_after(self._jsonl, start_step)
     self._num_steps = num_steps
     self._pace = Pace(num_steps, start_step, clock)
+
+  def logged(self, step: int, evaluation: bool = False) -> dict[str, float] | None:
+    """The scalars of `step`'s train row (or evaluation row) in metrics.jsonl, or None; every process gets
+    process 0's answer (a resumed run reads what its checkpoint's step logged: training/loop.py)."""
+    row = None
+    if self._jsonl and self._jsonl.exists():
+      for line in reversed(self._jsonl.read_text().splitlines()):
+        with contextlib.suppress(ValueError):
+          found = json.loads(line)
+          if found.get("step") == step and bool(found.get("eval")) == evaluation:
+            row = {k: v for k, v in found.items() if k not in _ROW_KEYS}
+            break
+    if jax.process_count() > 1:
+      present = multihost_utils.broadcast_one_to_all(np.int32(row is not None))
+      row = (row or {}) if int(present) else None
+    return row
 
   def _row(self, row: dict) -> None:
     if self._jsonl:

@@ -197,6 +197,7 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
         tokens_per_step=train_cfg.batch_size * config.data.max_seq_length, last_saved=start or None)
     outcome = steps.run(state, inputs, start, train_cfg.num_steps)
     ckpt.wait()
+    ckpt.keep_newest()
   result = {"step": outcome.step, "num_steps": train_cfg.num_steps, "train": outcome.train, "eval": outcome.eval}
   if outcome.step == train_cfg.num_steps:
     loop.write_finished(run_dir, result)
