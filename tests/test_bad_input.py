@@ -323,6 +323,9 @@ _BACKEND_REFUSALS = {
     "splash_length": (["--config.model.attention=splash", "--config.model.attention_dropout=0",
                        "--config.data.max_seq_length=100"],
                       "the length 100 is not a multiple of 128"),
+    "splash_dropout": (["--config.model.attention=splash", "--config.model.attention_dropout=0.1",
+                        "--config.data.max_seq_length=128"],
+                       "model.attention='splash' has no dropout on the attention probabilities"),
 }
 
 
