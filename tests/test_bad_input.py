@@ -81,6 +81,13 @@ def test_benchmark_negative_batch(capsys):
   assert line.endswith("--batch-size=-4 must be >= 1")
 
 
+def test_benchmark_with_a_backend_that_cannot_run_here(capsys):
+  """Before: cudnn's traceback from the compile."""
+  line = one_error_line(capsys, ["benchmark", "--config", "configs/bert.py:tiny", "--config.model.attention=cudnn",
+                                 "--config.model.attention_dropout=0"])
+  assert "model.attention='cudnn' needs a GPU with cuDNN and the step runs on cpu" in line
+
+
 def test_config_file_with_a_syntax_error_names_file_and_line(tmp_path, capsys):
   path = tmp_path / "mine.py"
   path.write_text("import ml_collections\n\ndef get_config(arg=None:\n  return ml_collections.ConfigDict()\n")
@@ -323,6 +330,9 @@ _BACKEND_REFUSALS = {
     "splash_length": (["--config.model.attention=splash", "--config.model.attention_dropout=0",
                        "--config.data.max_seq_length=100"],
                       "the length 100 is not a multiple of 128"),
+    "splash_dropout": (["--config.model.attention=splash", "--config.model.attention_dropout=0.1",
+                        "--config.data.max_seq_length=128"],
+                       "model.attention='splash' has no dropout on the attention probabilities"),
 }
 
 

@@ -154,3 +154,13 @@ def test_config_json_with_fewer_layers_is_refused(tmp_path):
   save_tf1(tf_variables(hf_model, "bert"), tmp_path, dict(tf_config(hf_model), num_hidden_layers=1))
   with pytest.raises(UserError, match=r"says num_hidden_layers=1 but the checkpoint holds 2 layers"):
     bert_jax.load_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("field, value, expected", [("hidden_size", "32", "an integer"),
+                                                    ("hidden_dropout_prob", "0.1", "a number")])
+def test_a_wrongly_typed_config_json_field_is_one_line(tmp_path, field, value, expected):
+  """bert_config.json reads through the same typed reader as a Hugging Face config.json."""
+  hf_model = build_hf("bert")
+  save_tf1(tf_variables(hf_model, "bert"), tmp_path, dict(tf_config(hf_model), **{field: value}))
+  with pytest.raises(UserError, match=f"bert_config.json: {field} is '{value}' \\(a string\\); expected {expected}"):
+    bert_jax.load_pretrained(str(tmp_path))

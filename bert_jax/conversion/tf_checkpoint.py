@@ -18,7 +18,7 @@ from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
 from bert_jax.data_pipelines import tftools
 from bert_jax.errors import UserError
-from bert_jax.models import families
+from bert_jax.models import families, hf_config
 from bert_jax.models.families import Family
 
 
@@ -85,14 +85,15 @@ def _family(tensors: _Tensors, source: str) -> Family:
   raise UserError(f"{source}: unknown architecture: no encoder variables of {', '.join(known)}")
 
 
-def _read_json(directory: str, family: Family) -> dict:
-  """The config json beside the checkpoint: the family's own name first, then any family's."""
+def _read_json(directory: str, family: Family) -> hf_config.HFConfig:
+  """The config json beside the checkpoint (the family's own name first, then any family's), read through
+  the typed reader (models/hf_config.py); empty when there is none."""
   names = [family.tf.config_file] + [f.tf.config_file for f in families.all_families() if f.tf is not None]
   for name in dict.fromkeys(names):
     path = epath.Path(directory) / name
     if path.exists():
-      return workdir.read_json(path)
-  return {}
+      return hf_config.HFConfig(workdir.read_json(path), str(path))
+  return hf_config.HFConfig({}, str(epath.Path(directory) / family.tf.config_file))
 
 
 def _heads_in(tensors, family: Family, names: dict) -> tuple[str, ...]:

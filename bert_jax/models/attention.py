@@ -127,10 +127,14 @@ def attend_heads_first(q: Array, k: Array, v: Array, segments: Segments, window:
 def check(model, length: int | None = None, platform: str | None = None) -> None:
   """UserError, before anything is built or written, when `model.attention` (a model config or its config
   section) cannot run on `platform` (default: JAX's here) or at `length` tokens: cudnn off a GPU, splash at a
-  length that is not a multiple of 128 or with causal attention. A family without the field attends with dot."""
+  length that is not a multiple of 128 or with causal attention, either with dropout on the attention
+  probabilities. A family without the field attends with dot."""
   backend = getattr(model, "attention", "dot")
   if backend not in BACKENDS:
     raise UserError(f"model.attention={backend!r} is not one of {BACKENDS}")
+  if backend != "dot" and getattr(model, "attention_dropout", 0) > 0:
+    raise UserError(f"model.attention={backend!r} has no dropout on the attention probabilities: set "
+                    "model.attention_dropout=0 or model.attention='dot'")
   platform = platform or jax.default_backend()
   if backend == "cudnn" and platform != "gpu":
     here = "'dot' and 'splash'" if platform == "tpu" else "'dot' ('splash' too, in Pallas' slow interpret mode)"

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import bert, modernbert
+from bert_jax.models import attention, bert, modernbert
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.modernbert import ModernBertConfig
 from bert_jax.training import partitioning
@@ -135,6 +135,7 @@ class TimedStep:
     with config.unlocked():
       config.train.batch_size, config.data.max_seq_length = batch, seq
       config.data.max_predictions_per_seq = self.predictions
+    attention.check(config.model, seq)  # the step runs here
     setup = build_train_setup(config)
     self.model_config = setup.objective.config
     self.flops = train_flops_per_step(self.model_config, batch, seq, self.predictions, heads_only=True)

@@ -236,16 +236,17 @@ def _tf_sizes(tensors, names: dict, settings: dict, query_kernel: str, layered: 
   hidden = tensors.shape(query_kernel.format(**names))[0]
   layers = {m.group(1) for n in tensors for m in [re.match(rf"{names['t']}/encoder/layer_(\d+)/", n)] if m}
   if settings and (names["t"] in ("bert", "electra") or settings.get("hidden_size") == hidden):
-    if layered and len(layers) != settings["num_hidden_layers"]:
+    fields = hf_config_lib.of(settings, f"{source}: the config json")
+    if layered and len(layers) != fields.int("num_hidden_layers"):
       raise UserError(f"{source}: the config json says num_hidden_layers={settings['num_hidden_layers']} but "
                       f"the checkpoint holds {len(layers)} layers ({names['t']}/encoder/layer_*)")
-    embedding = settings.get("embedding_size", settings["hidden_size"])
-    return dict(vocab_size=settings["vocab_size"], hidden_size=settings["hidden_size"],
-                embedding_size=0 if embedding == settings["hidden_size"] else embedding,
-                num_layers=settings["num_hidden_layers"], num_heads=settings["num_attention_heads"],
-                intermediate_size=settings["intermediate_size"],
-                max_position_embeddings=settings.get("max_position_embeddings", 512),
-                type_vocab_size=settings.get("type_vocab_size", 2))
+    embedding = fields.int("embedding_size", fields.int("hidden_size"))
+    return dict(vocab_size=fields.int("vocab_size"), hidden_size=fields.int("hidden_size"),
+                embedding_size=0 if embedding == fields.int("hidden_size") else embedding,
+                num_layers=fields.int("num_hidden_layers"), num_heads=fields.int("num_attention_heads"),
+                intermediate_size=fields.int("intermediate_size"),
+                max_position_embeddings=fields.int("max_position_embeddings", 512),
+                type_vocab_size=fields.int("type_vocab_size", 2))
   if not layered:
     raise UserError(f"{source}: an ALBERT checkpoint needs albert_config.json (for num_hidden_layers)")
   vocab, embed = tensors.shape(f"{names['e']}/embeddings/word_embeddings")
@@ -261,14 +262,15 @@ def read_tf_config(tensors, names: dict, settings: dict, heads: tuple[str, ...],
                    **fixed) -> tuple[ModelConfig, list[str]]:
   """The ModelConfig of an original TF checkpoint (`settings`: its config json, {} when absent) and notes.
   query_kernel: the TF name of layer 0's query kernel (the hidden size is read off it)."""
-  act = settings.get("hidden_act", "gelu")
+  fields = hf_config_lib.of(settings, f"{source}: the config json")
+  act = fields.str("hidden_act", "gelu")
   if act not in _TF_ACTS:
     raise UserError(f"{source}: hidden_act={act!r} is not one of {sorted(_TF_ACTS)}")
   config = ModelConfig(
       **_tf_sizes(tensors, names, settings, query_kernel, layered, source), hidden_act=_TF_ACTS[act],
-      hidden_dropout=settings.get("hidden_dropout_prob", 0.1),
-      attention_dropout=settings.get("attention_probs_dropout_prob", 0.1),
-      initializer_range=settings.get("initializer_range", 0.02), layer_norm_eps=TF_LAYER_NORM_EPS,
+      hidden_dropout=fields.float("hidden_dropout_prob", 0.1),
+      attention_dropout=fields.float("attention_probs_dropout_prob", 0.1),
+      initializer_range=fields.float("initializer_range", 0.02), layer_norm_eps=TF_LAYER_NORM_EPS,
       scan_layers=scan_layers, **fixed)
   notes = [] if settings else [f"{source}: no {config_file}; sizes read off the tensors, 64-dim attention "
                                "heads assumed"]
