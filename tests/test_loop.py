@@ -1,6 +1,7 @@
 """The one loop's own guarantees, with a toy step (no model): the host stays at most one step ahead of the
 device, the actions run in their order on their cadence, a signal stops it at the step it is on, a
 second Ctrl-C stops at once, and the time left after a resume counts from the resume."""
+import json
 import os
 import signal
 
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from etils import epath
 
 from bert_jax.training import finite, loop, metrics, partitioning
 from bert_jax.training.step import TrainState
@@ -25,6 +27,9 @@ class _Logger:
 
   def logged(self, step, evaluation=False):
     return self.logged_rows.get((step, evaluation))
+
+  def forget_eval(self, step):
+    self.logged_rows.pop((step, True), None)
 
   def log_train(self, step, window, tokens_per_step, resumed_from=None):
     self.rows.append((step, len(window), resumed_from))
@@ -111,6 +116,29 @@ def test_a_resumed_run_evaluates_its_step_when_that_evaluation_has_no_row(eval_r
     assert actions == evaluated + ([("save", 8), ("eval", 8)] if start < end else [])
     if start == end:
       assert outcome.train == {"loss": 2.0} and outcome.eval == {"x": 0.5 if eval_row else 1.0}
+
+
+def test_an_evaluation_the_jobs_state_does_not_count_is_done_again_and_its_row_replaced():
+  """Fine-tuning saves its progress (best score, evaluations without improvement) before the evaluation of
+  the state's step: resumed there with that evaluation's row written (SIGTERM at an evaluation step, a kill
+  after its row), the job's progress does not count it, so the loop evaluates it again in place of the row.
+  Before: the row was taken as done, and keep-best and early stopping differed from the uninterrupted run."""
+  for counted, evaluated in ((False, [("eval", 4)]), (True, [])):
+    actions = []
+    steps = _toy_loop(_slow_step(), loop.Cadence(8, log_every=4, eval_every=4, checkpoint_every=4), actions,
+                      counts_evaluation=lambda step, counted=counted: counted)
+    steps.logger.logged_rows = {(4, False): {"loss": 2.0}, (4, True): {"x": 0.5}}
+    steps.run(_state(4), _batches(), 4, 8)
+    assert actions == evaluated + [("save", 8), ("eval", 8)]
+    assert ((4, True) in steps.logger.logged_rows) == counted  # the old row goes when it is evaluated again
+
+
+def test_an_evaluation_row_of_one_step_is_dropped_alone(tmp_path):
+  file = tmp_path / "metrics.jsonl"
+  rows = [{"step": 4, "loss": 1.0}, {"step": 4, "eval": True, "x": 0.5}, {"step": 8, "eval": True, "x": 0.6}]
+  file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  metrics.drop_eval_rows_of(epath.Path(file), 4)
+  assert [json.loads(line) for line in file.read_text().splitlines()] == [rows[0], rows[2]]
 
 
 def test_a_second_ctrl_c_stops_at_once(capsys):

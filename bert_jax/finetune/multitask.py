@@ -290,7 +290,8 @@ class MultiTaskRun:
         guard=self.guard, signals=self.signals,
         save=lambda step, state: ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress)),
         evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
-        save_at_end=False, last_saved=self.progress.best_step if self.progress.best_step >= 0 else None)
+        save_at_end=False, last_saved=self.progress.best_step if self.progress.best_step >= 0 else None,
+        counts_evaluation=self.progress.counts)
     try:
       outcome = steps.run(self.state, stream, self.step, num_steps)
     finally:
@@ -309,7 +310,7 @@ class MultiTaskRun:
   def _evaluate_and_keep(self, step: int, state: Any) -> loop.Evaluation:
     per_task, _, current = self.evaluate(state.params)
     progress = self.progress
-    progress.last_score = current
+    progress.last_score, progress.evaluated_step = current, step
     kept = current > progress.best_score
     if kept:
       progress.best_score, progress.best_step, progress.bad_evals = current, step, 0

@@ -136,6 +136,12 @@ class Progress:
   last_score: float = math.nan
   bad_evals: int = 0
   stopped_early: bool = False
+  # The last step whose evaluation these fields count: a state saved at an evaluation step is saved before
+  # that evaluation, so a run resumed there evaluates it again (training/loop.py: counts_evaluation).
+  evaluated_step: int = -1
+
+  def counts(self, step: int) -> bool:
+    return self.evaluated_step >= step
 
 
 class FineTuning:
@@ -242,7 +248,7 @@ class Run:
                              self.config.checkpoint.every_steps), logger=logger,
         guard=self.guard, signals=self.signals, save=lambda step, state: self._save_state(ckpt, step, state),
         evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * input_length(self.config),
-        save_at_end=False, last_saved=self.last_kept)
+        save_at_end=False, last_saved=self.last_kept, counts_evaluation=self.progress.counts)
     try:
       lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
       outcome = steps.run(self.state, train_batches(self.task.train, cfg.batch_size, self.seeds["data"],
@@ -258,7 +264,7 @@ class Run:
     train.early_stopping_patience evaluations without a better score."""
     per_set, _ = evaluate(self.setup, state.params, self.task, self.config.train.eval_batch_size)
     current = score(self.task, per_set[self.task.evals[0].name])
-    self.progress.last_score = current
+    self.progress.last_score, self.progress.evaluated_step = current, step
     kept = current > self.progress.best_score
     if kept:
       self.progress.best_score, self.progress.best_step, self.progress.bad_evals = current, step, 0

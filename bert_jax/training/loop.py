@@ -212,6 +212,10 @@ class Loop:
   tokens_per_step: int = 0
   save_at_end: bool = True
   last_saved: int | None = None
+  # Whether the job's restored state already counts step's evaluation (keep-best and early stopping count
+  # them in the progress saved beside the state, which is saved before its step's evaluation); None: the
+  # evaluation row in metrics.jsonl is the record.
+  counts_evaluation: Callable[[int], bool] | None = None
 
   def run(self, state: Any, batches: Iterator[dict], start: int, end: int) -> Outcome:
     """Steps start + 1 .. end (or until a signal or early stopping)."""
@@ -250,11 +254,15 @@ class Loop:
   def _pick_up(self, start: int, end: int, state: Any, outcome: Outcome) -> bool:
     """What a resumed run takes over from its checkpoint's step: the step's train row (a run resumed at
     its end reports it, as the uninterrupted run did), and its evaluation, done now if it is due and
-    metrics.jsonl has no row of it (a kill cut it short, or came before it). Whether the job stops here."""
+    metrics.jsonl has no row of it (a kill cut it short, or came before it) or the job's state does not
+    count it (its row then is replaced). Whether the job stops here."""
     outcome.train = self.logger.logged(start) or {}
     if not (self._evaluates() and (self._periodic(start, self.cadence.eval_every) or start == end)):
       return False
     row = self.logger.logged(start, evaluation=True)
+    if row is not None and self.counts_evaluation is not None and not self.counts_evaluation(start):
+      self.logger.forget_eval(start)
+      row = None
     if row is None:
       return self._evaluate(start, state, outcome)
     outcome.eval = row

@@ -50,6 +50,23 @@ def drop_rows_after(file: epath.Path, step: int) -> None:
     workdir.write_text(file, "".join(kept))
 
 
+def drop_eval_rows_of(file: epath.Path, step: int) -> None:
+  """Removes the evaluation rows of `step`: a resumed run that evaluates that step again logs it again."""
+  if not file.exists():
+    return
+  lines = file.read_text().splitlines(keepends=True)
+  kept = [line for line in lines if not (_row_step(line) == step and _is_eval(line))]
+  if len(kept) != len(lines):
+    workdir.write_text(file, "".join(kept))
+
+
+def _is_eval(line: str) -> bool:
+  try:
+    return bool(json.loads(line).get("eval"))
+  except (ValueError, AttributeError):
+    return False
+
+
 def _row_step(line: str) -> float:
   try:
     return json.loads(line)["step"]
@@ -141,6 +158,11 @@ class MetricsLogger:
       present = multihost_utils.broadcast_one_to_all(np.int32(row is not None))
       row = (row or {}) if int(present) else None
     return row
+
+  def forget_eval(self, step: int) -> None:
+    """Drops `step`'s evaluation rows from metrics.jsonl (the loop evaluates that step again)."""
+    if self._jsonl:
+      drop_eval_rows_of(self._jsonl, step)
 
   def _row(self, row: dict) -> None:
     if self._jsonl:
