@@ -50,13 +50,17 @@ def _int(low: int) -> Callable[[Any], bool]:
   return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
+def _finite(v: Any) -> bool:
+  """A real number (not a bool), neither infinite nor NaN: every float field's first check (1e309 parses as inf)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _number(low: float, high: float = math.inf, high_open: bool = False) -> Callable[[Any], bool]:
-  return lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v
-                    and (v < high if high_open else v <= high))
+  return lambda v: _finite(v) and low <= v and (v < high if high_open else v <= high)
 
 
 def _positive(v: Any) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+  return _finite(v) and v > 0
 
 
 def _bool(v: Any) -> bool:
@@ -174,7 +178,8 @@ class Schema:
                         "start from a preset in configs/")
       value = _get(config, f.key)
       if not f.check(value):
-        raise UserError(f"{f.key}={value!r} must be {f.allowed}: {f.meaning}")
+        finite = "a finite number, " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise UserError(f"{f.key}={value!r} must be {finite}{f.allowed}: {f.meaning}")
     train = config.train
     if self.kind == CORPUS and train.num_steps < 1:
       raise UserError(f"train.num_steps={train.num_steps} must be >= 1: a job on a corpus counts its length in steps")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import math
 import os
 import traceback
 from typing import Any, Sequence
@@ -86,6 +87,8 @@ def _parse_value(text: str, current: Any) -> Any:
     value = tuple(value)
   if current is not None and not isinstance(value, type(current)):
     raise ValueError(f"expected {type(current).__name__}, got {text!r}")
+  if isinstance(value, float) and not math.isfinite(value):  # 1e309 parses as inf: no field means that
+    raise ValueError(f"{text!r} is {value}; expected a finite number")
   return value
 
 
