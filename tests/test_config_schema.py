@@ -2,6 +2,7 @@
 line naming the field and what it allows, a quantity in two units follows one rule in every job, and the
 README's config reference is the schema's table."""
 import os
+import re
 
 import ml_collections
 import pytest
@@ -26,6 +27,15 @@ def test_the_readme_reference_is_the_schemas_table():
       "README's config reference is out of date: python3 -m bert_jax.config_schema README.md"
   for field in config_schema.FIELDS:
     assert f"| `{field.key}` |" in readme
+
+
+def test_the_readme_names_every_job_and_each_command_once():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  named = re.search(r"Every job \(`bert_jax/jobs.py`: (.*?); a config names", readme, re.S)
+  assert re.findall(r"`(\w+)`", named.group(1)) == list(jobs._JOBS)  # pylint: disable=protected-access
+  rows = re.findall(r"^\| `(bert-jax [^`]*)` \|", readme, re.M)
+  assert len(rows) > 10 and len(rows) == len(set(rows)), [r for r in rows if rows.count(r) > 1]
 
 
 @pytest.mark.parametrize("spec", PRESETS)
