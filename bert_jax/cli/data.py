@@ -145,7 +145,7 @@ def _prepare(args):
     from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
     if not args.config:
       raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
-    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
+    from bert_jax.data_pipelines import prepare, prepare_rows  # pylint: disable=import-outside-toplevel
     config = load_config(args.config, args.config_overrides)
     if beam_args is None:
       write = functools.partial(prepare_rows.prepare_rows, num_workers=args.workers, overwrite=args.overwrite)
@@ -160,6 +160,9 @@ def _prepare(args):
       except DataError as e:  # a hold-out too small for every shard: the training rows stand without it
         print(f"no hold-out records in {held_out} ({e}); pretrain on these rows with data.eval_corpus, or with "
               "train.eval_every_steps=0", file=sys.stderr)
+      except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run is partial, its training rows too
+        prepare.discard_run(args.output, held_out)
+        raise
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
