@@ -146,6 +146,10 @@ FIELDS = (
     Field("checkpoint.async_save", "true or false", _bool, "write checkpoints while training goes on"),
     Field("data.max_seq_length", ">= 1", _int(1),
           "tokens per row, [CLS] and [SEP] included (at most model.max_position_embeddings)"),
+    Field("data.max_predictions_per_seq", ">= 0", _int(0),
+          "masked positions a row has room for; 0: ceil(data.mask_rate * data.max_seq_length), the rate's count at "
+          "any length (20 at 128 tokens and 15%); a number below that caps the rate (a preset's, with the length or "
+          "rate overridden, may not cut it by more than 10%)", (CORPUS,)),
     Field("data.vocab", "a path or ''", _str,
           "the vocabulary (vocab.txt or a SentencePiece *.model); '': the embedded one, or init_from's"),
     Field("data.lower_case", "true or false", _bool, "lower-case and strip accents before tokenizing"),
