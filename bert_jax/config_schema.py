@@ -50,13 +50,17 @@ def _int(low: int) -> Callable[[Any], bool]:
   return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
+def _finite(v: Any) -> bool:
+  """A real number (not a bool), neither infinite nor NaN: every float field's first check (1e309 parses as inf)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _number(low: float, high: float = math.inf, high_open: bool = False) -> Callable[[Any], bool]:
-  return lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v
-                    and (v < high if high_open else v <= high))
+  return lambda v: _finite(v) and low <= v and (v < high if high_open else v <= high)
 
 
 def _positive(v: Any) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+  return _finite(v) and v > 0
 
 
 def _bool(v: Any) -> bool:
@@ -142,6 +146,10 @@ FIELDS = (
     Field("checkpoint.async_save", "true or false", _bool, "write checkpoints while training goes on"),
     Field("data.max_seq_length", ">= 1", _int(1),
           "tokens per row, [CLS] and [SEP] included (at most model.max_position_embeddings)"),
+    Field("data.max_predictions_per_seq", ">= 0", _int(0),
+          "masked positions a row has room for; 0: ceil(data.mask_rate * data.max_seq_length), the rate's count at "
+          "any length (20 at 128 tokens and 15%); a number below that caps the rate (a preset's, with the length or "
+          "rate overridden, may not cut it by more than 10%)", (CORPUS,)),
     Field("data.vocab", "a path or ''", _str,
           "the vocabulary (vocab.txt or a SentencePiece *.model); '': the embedded one, or init_from's"),
     Field("data.lower_case", "true or false", _bool, "lower-case and strip accents before tokenizing"),
@@ -174,7 +182,8 @@ class Schema:
                         "start from a preset in configs/")
       value = _get(config, f.key)
       if not f.check(value):
-        raise UserError(f"{f.key}={value!r} must be {f.allowed}: {f.meaning}")
+        finite = "a finite number, " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise UserError(f"{f.key}={value!r} must be {finite}{f.allowed}: {f.meaning}")
     train = config.train
     if self.kind == CORPUS and train.num_steps < 1:
       raise UserError(f"train.num_steps={train.num_steps} must be >= 1: a job on a corpus counts its length in steps")

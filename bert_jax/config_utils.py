@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import math
 import os
 import traceback
 from typing import Any, Sequence
@@ -86,6 +87,8 @@ def _parse_value(text: str, current: Any) -> Any:
     value = tuple(value)
   if current is not None and not isinstance(value, type(current)):
     raise ValueError(f"expected {type(current).__name__}, got {text!r}")
+  if isinstance(value, float) and not math.isfinite(value):  # 1e309 parses as inf: no field means that
+    raise ValueError(f"{text!r} is {value}; expected a finite number")
   return value
 
 
@@ -129,6 +132,22 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   """Loads, overrides and locks a config: afterwards a typo'd key raises instead of adding a key."""
   config = load_config_file(spec)
   apply_overrides(config, overrides)
+  _masked_positions(config, overrides)
   config.lock()
   return config
+
+
+def _masked_positions(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+  """data.max_predictions_per_seq: 0 becomes the rate's count at the length (data_pipelines/masking.py), so every
+  reader of the config sees it. A preset's own number was chosen for its length and rate: with either overridden
+  and it left as it was, a number that would cut the rate is one line instead of a silently lower rate."""
+  data = config.get("data")
+  if not isinstance(data, ml_collections.ConfigDict) or not {"mask_rate", "max_predictions_per_seq"} <= set(data):
+    return
+  from bert_jax.data_pipelines import masking  # pylint: disable=import-outside-toplevel  # (no TensorFlow)
+  changed = {item.removeprefix("--").removeprefix("config.").partition("=")[0] for item in overrides}
+  if not data.max_predictions_per_seq:
+    data.max_predictions_per_seq = masking.predictions_per_seq(data)
+  elif "data.max_predictions_per_seq" not in changed and changed & {"data.max_seq_length", "data.mask_rate"}:
+    masking.check_predictions(data)
 

@@ -60,7 +60,7 @@ def get_config(arg: str = "base"):
   if arg == "demo":
     c.model.vocab_size = 8192  # the embedded vocabulary has fewer entries
     # The embedded corpus's documents are short: 64 tokens hold most segment pairs.
-    c.data.update(max_seq_length=64, max_predictions_per_seq=10)
+    c.data.update(max_seq_length=64)  # 10 masked positions: data.max_predictions_per_seq=0
     c.train.update(log_every_steps=50, eval_every_steps=500, eval_steps=4)
     c.checkpoint.every_steps = 500
   return c

@@ -63,7 +63,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   c.tokenizer = "wordpiece"  # wordpiece | sentencepiece | tokenizer_json (a HF tokenizer.json); must match the vocab file
   c.lower_case = True
   c.max_seq_length = 128
-  c.max_predictions_per_seq = 20
+  # Masked positions a row has room for; 0: ceil(mask_rate * max_seq_length), the rate's count at any length (20 at
+  # 128 tokens and 15%). A number below it caps the rate (ALBERT's 20 at 512): bert_jax/data_pipelines/masking.py.
+  c.max_predictions_per_seq = 0
   c.mask_rate = 0.15
   c.masking = "token"  # token | whole_word | ngram | span | knowledge
   # data.masking=knowledge (ERNIE 1.0): where the phrase/entity spans come from, and the odds of each level's

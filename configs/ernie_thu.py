@@ -39,7 +39,7 @@ def get_config(arg: str = "base"):
     common.on_embedded_corpus(c)
     c.model.update(entity_layers=1, entity_dim=32, entity_heads=2)
     c.ernie_thu.update(entity_embeddings="embedded", mentions="embedded", max_entities=16)
-    c.data.update(max_seq_length=128, max_predictions_per_seq=20)
+    c.data.update(max_seq_length=128)
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
     c.train.update(batch_size=32, num_steps=1000)
   return c

@@ -76,7 +76,7 @@ def get_config(arg: str = "base"):
   c = common.base_config()
   c.model = model_config(size)
   c.data.update(example_builder="full_sentences", packing=True, mask_rate=0.3, max_seq_length=1024,
-                max_predictions_per_seq=308, tokenizer="sentencepiece", lower_case=False)
+                tokenizer="sentencepiece", lower_case=False)  # 308 masked positions: 0, the rate's
   lr, batch, warm_start, warm_batch_steps, warmup, steps = RECIPES[size]
   c.optimizer.update(name="stable_adamw", learning_rate=lr, warmup_steps=warmup, decay="constant", b1=0.9,
                      b2=0.98, eps=1e-6, weight_decay=1e-5 / lr, clip_norm=0.0)
@@ -84,7 +84,7 @@ def get_config(arg: str = "base"):
                  batch_warmup_steps=warm_batch_steps)
   if size == "tiny":
     common.on_embedded_corpus(c)
-    c.data.update(tokenizer="wordpiece", lower_case=True, max_seq_length=128, max_predictions_per_seq=40)
+    c.data.update(tokenizer="wordpiece", lower_case=True, max_seq_length=128)
   else:
     c.model.update(dtype="bfloat16", attention="splash")
   if long:
@@ -98,7 +98,7 @@ def _context_extension(c, size: str) -> None:
   lr, batch, steps, decay_steps, warmup = LONG[size]
   length = 256 if size == "tiny" else 8192
   c.model.global_rope_theta = 160_000.0
-  c.data.update(max_seq_length=length, max_predictions_per_seq=round(0.3 * length))
+  c.data.update(max_seq_length=length)  # data.max_predictions_per_seq: 0, the rate's (2458)
   c.optimizer.update(learning_rate=lr, warmup_steps=warmup, decay="1-sqrt", decay_steps=decay_steps, decay_start=-1,
                      weight_decay=1e-5 / lr)
   c.train.update(batch_size=batch, num_steps=steps, batch_warmup_steps=0, batch_warmup_start=1.0)

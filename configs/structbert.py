@@ -35,7 +35,7 @@ def get_config(arg: str = "base"):
   c.train.update(batch_size=1024, num_steps=250_000)
   if arg == "tiny":
     common.on_embedded_corpus(c)
-    c.data.update(max_seq_length=128, max_predictions_per_seq=20)
+    c.data.update(max_seq_length=128, max_predictions_per_seq=0)  # 0: 20, the rate's
     c.optimizer.update(learning_rate=1e-3, warmup_steps=100)
     c.train.update(batch_size=32, num_steps=1500)
   return c

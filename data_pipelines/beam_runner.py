@@ -130,19 +130,39 @@ def build(args: list[str], build_fn):
   return pipeline
 
 
+def _interrupt_in(error: BaseException) -> KeyboardInterrupt | None:
+  """The KeyboardInterrupt (Ctrl-C, or SIGTERM as cli/data.py raises it) behind `error`, if any: a step that
+  raises one comes out of an in-process runner as a RuntimeError naming it."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, KeyboardInterrupt):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def run(args: list[str], build_fn, what: str) -> None:
   """Builds the pipeline and runs it to the end; a failure anywhere (a worker's DataError, any other worker
   error, a runner that cannot start) is one DataError."""
   beam = import_beam()
-  line, keep_log = "", False
-  with _stderr_to_log(runner_of(args)) as log:
-    try:
-      state = build(args, build_fn).run().wait_until_finish()
-    except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
-      line, keep_log = failure_line(e, what, log)
-      if keep_log and log:  # the workers' tracebacks are in the exception's text, whoever logged them
-        with open(log, "a", encoding="utf-8") as f:
-          f.write("".join(traceback.format_exception(e)))
+  line, keep_log, log = "", False, ""
+  try:
+    with _stderr_to_log(runner_of(args)) as log:
+      try:
+        state = build(args, build_fn).run().wait_until_finish()
+      except Exception as e:  # pylint: disable=broad-except  # whatever a runner raises, one line
+        interrupt = _interrupt_in(e)
+        if interrupt is not None:  # Ctrl-C or SIGTERM (cli/data.py) in a step, re-raised by Beam as an error
+          raise interrupt from None
+        line, keep_log = failure_line(e, what, log)
+        if keep_log and log:  # the workers' tracebacks are in the exception's text, whoever logged them
+          with open(log, "a", encoding="utf-8") as f:
+            f.write("".join(traceback.format_exception(e)))
+  except BaseException:  # Ctrl-C or SIGTERM (cli/data.py) stopped the job: its log is of no use
+    if log:
+      os.remove(log)
+    raise
   if log and not keep_log:
     os.remove(log)
   if line:

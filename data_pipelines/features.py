@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from bert_jax.data_pipelines.knowledge import split_tags
-from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, predictions_per_seq, row_keys
 from bert_jax.data_pipelines.shuffling import shuffle_trigrams, trigram_slots
 from bert_jax.data_pipelines.tftools import tf
 
@@ -80,7 +80,7 @@ def feature_spec(data_cfg) -> dict:
 
 def feature_shapes(data_cfg, batch_size: int) -> dict:
   """The contract for this config with its sizes: name -> (dtype, shape) for `batch_size` rows."""
-  sizes = {"B": batch_size, "T": data_cfg.max_seq_length, "P": data_cfg.max_predictions_per_seq,
+  sizes = {"B": batch_size, "T": data_cfg.max_seq_length, "P": predictions_per_seq(data_cfg),
            "S": trigram_slots(data_cfg.max_seq_length, data_cfg.trigram_shuffle_rate)}
   return {name: (dtype, tuple(sizes[d] for d in dims)) for name, (dtype, dims, _) in feature_spec(data_cfg).items()}
 

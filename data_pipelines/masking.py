@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -70,6 +71,28 @@ class MaskingConfig:
     object.__setattr__(self, "level_weights", weights)
     object.__setattr__(self, "lengths", _length_distribution(self.strategy))
     object.__setattr__(self, "replacements", np.flatnonzero(~self.special).astype(np.int32))
+
+
+def predictions_per_seq(data_cfg) -> int:
+  """The masked positions a row has room for (P): data.max_predictions_per_seq, or for 0 (the default)
+  ceil(data.mask_rate * data.max_seq_length), so a row gets the rate it asks for at any length (BERT's 20 at 128
+  tokens and 15%, 77 at 512; ModernBERT's 308 at 1024 and 30%)."""
+  cap = data_cfg.max_predictions_per_seq
+  return cap if cap else max(math.ceil(round(data_cfg.mask_rate * data_cfg.max_seq_length, 6)), 1)
+
+
+def check_predictions(data_cfg) -> None:
+  """A set data.max_predictions_per_seq that cuts the rate's count by more than 10%: one line. A row's budget is
+  min(P, rate * its candidates), at most rate * (max_seq_length - 2) ([CLS] and [SEP] are never candidates), so
+  a cap below it lowers the rate silently as the length grows (BERT's 76 at 512 and 15% passes). XLNet's rows
+  (data.example_builder=xlnet_stream) predict max_seq_length // xlnet.prediction_k, whatever the rate."""
+  rate, length, cap = data_cfg.mask_rate, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+  if data_cfg.get("example_builder") == "xlnet_stream" or not isinstance(cap, int) or cap <= 0:
+    return
+  if cap < 0.9 * rate * (length - 2):
+    raise DataError(f"data.max_predictions_per_seq={cap} caps data.mask_rate {rate} at {length} tokens to "
+                    f"{cap / length:.1%}; set it >= ceil({rate}*{length})={math.ceil(round(rate * length, 6))}, or "
+                    "to 0: derived from the rate")
 
 
 def _mix(x):

@@ -213,7 +213,7 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
     raise DataError("data.format=bert_tfrecord reads the records' features, without shuffled trigrams; "
                     "use data.format=text for data.trigram_shuffle_rate > 0 (StructBERT)")
   files = bert_records.list_record_files(data_cfg, split)
-  bert_records.check_files(files, data_cfg.max_seq_length, data_cfg.max_predictions_per_seq, tokenizer.vocab_size,
+  bert_records.check_files(files, data_cfg.max_seq_length, masking.max_predictions, tokenizer.vocab_size,
                            data_cfg.packing)
   bert_records.check_shards(files, data_cfg.num_shards, shards)
   ctx = Context(bert_records.records_glob(data_cfg, split), True, tokenizer, None, masking,

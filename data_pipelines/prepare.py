@@ -93,6 +93,18 @@ def discard_shards(output_dir: str) -> None:
     tf().io.gfile.remove(path)
 
 
+def discard_run(output_dir: str, held_out: str) -> None:
+  """A rows run stopped while its hold-out's rows were written (Ctrl-C, SIGTERM): the training rows' metadata.json
+  and shards go too, and the hold-out's folder, so the same command starts again."""
+  gfile = tf().io.gfile
+  for directory in (held_out, output_dir):
+    if gfile.exists(os.path.join(directory, METADATA)):
+      gfile.remove(os.path.join(directory, METADATA))
+    discard_shards(directory)
+  if gfile.isdir(held_out) and not gfile.listdir(held_out):
+    gfile.rmtree(held_out)
+
+
 @contextlib.contextmanager
 def discarding_on_failure(output_dir: str):
   """A run that raises leaves no shards behind (and never wrote metadata.json)."""

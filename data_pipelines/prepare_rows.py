@@ -23,6 +23,7 @@ from bert_jax.data_pipelines import bert_records, embedded, prepare
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import FEATURES, PACKING_FEATURES, Featurizer
 from bert_jax.data_pipelines.shards import COUNTER_EPOCH_SHIFT, ShardStream, _stack, make_context
+from bert_jax.data_pipelines.masking import predictions_per_seq
 from bert_jax.data_pipelines.tftools import tf
 
 _CHUNK = 256  # rows masked per TensorFlow call
@@ -89,7 +90,7 @@ def rows_metadata(data_cfg, split: str, epochs: int, counts: dict) -> dict:
   vocab_path = embedded.default_vocab(data_cfg)
   return {"format": "bert_tfrecord", "vocab": vocab_path, "vocab_sha256": prepare.vocab_fingerprint(vocab_path),
           "lower_case": data_cfg.lower_case, "split": split, "epochs": epochs, "rows": sum(counts.values()),
-          "max_seq_length": data_cfg.max_seq_length, "max_predictions_per_seq": data_cfg.max_predictions_per_seq,
+          "max_seq_length": data_cfg.max_seq_length, "max_predictions_per_seq": predictions_per_seq(data_cfg),
           "example_builder": data_cfg.example_builder, "masking": data_cfg.masking, "seed": data_cfg.seed,
           "rows_per_file": dict(sorted(counts.items()))}
 

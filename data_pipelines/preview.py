@@ -52,5 +52,20 @@ def preview(config, num_batches: int, output: str) -> str:
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
   workdir.write_bytes(workdir.path(output), buffer.getvalue())
-  label = int(batches[0]["next_sentence_labels"][0])
-  return f"next_sentence_label={label}\n{render_example(batches[0], 0, tokenizer)}"
+  number, row, note = _shown_row(batches)
+  label = int(batches[number]["next_sentence_labels"][row])
+  return f"{note}next_sentence_label={label}\n{render_example(batches[number], row, tokenizer)}"
+
+
+def _shown_row(batches: list[dict]) -> tuple[int, int, str]:
+  """(batch, row, a line saying why) of the example to print: the first row; with knowledge masking the first
+  row that holds a phrase or entity span, since most rows of most corpora hold none."""
+  if "knowledge_units" not in batches[0]:
+    return 0, 0, ""
+  for number, batch in enumerate(batches):
+    rows = np.flatnonzero(np.asarray(batch["knowledge_units"]).any(axis=1))
+    if len(rows):
+      return number, int(rows[0]), (f"batch {number}, row {rows[0]}: the first with a knowledge span ({{E:...}} "
+                                    "an entity, {P:...} a phrase)\n")
+  return 0, 0, (f"no row of these {len(batches)} batches holds a phrase or entity span: the annotator found none "
+                "(data.knowledge; --num-batches for more)\n")

@@ -22,7 +22,7 @@ from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, hf_to
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
-from bert_jax.data_pipelines.masking import MaskingConfig
+from bert_jax.data_pipelines.masking import MaskingConfig, predictions_per_seq
 from bert_jax.data_pipelines.tokenizers import kind_of_file, load_tokenizer
 
 MASKING_MODES = ("dynamic", "static")
@@ -182,8 +182,8 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
   if model_vocab_size is not None and tokenizer.vocab_size > model_vocab_size:
     raise DataError(f"vocabulary {data_cfg.vocab or '(embedded)'} has {tokenizer.vocab_size} entries, more "
                     f"than model.vocab_size={model_vocab_size}; raise model.vocab_size or use a smaller vocab")
-  if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
-    raise DataError(f"data.max_predictions_per_seq={data_cfg.max_predictions_per_seq} must be in "
+  if not 0 < predictions_per_seq(data_cfg) <= data_cfg.max_seq_length:
+    raise DataError(f"data.max_predictions_per_seq={predictions_per_seq(data_cfg)} must be in "
                     f"1..max_seq_length ({data_cfg.max_seq_length})")
 
 
@@ -243,7 +243,7 @@ def masking_config(data_cfg, tokenizer) -> MaskingConfig:
     raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
   special = tokenizer.special_ids
   k = data_cfg.knowledge
-  return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, data_cfg.max_predictions_per_seq,
+  return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, predictions_per_seq(data_cfg),
                        special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask(),
                        data_cfg.trigram_shuffle_rate, (k.basic_weight, k.phrase_weight, k.entity_weight))
 

@@ -7,9 +7,12 @@ import argparse
 import glob
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 import types
 
 import pytest
@@ -19,7 +22,7 @@ import data_fixtures
 from core_helpers import slow
 from bert_jax.cli import data as data_cli
 from bert_jax.cli import main
-from bert_jax.data_pipelines import beam_prepare, beam_runner, prepare, vocab
+from bert_jax.data_pipelines import beam_prepare, beam_runner, prepare, prepare_rows, vocab
 from bert_jax.data_pipelines.errors import DataError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -248,3 +251,77 @@ def test_a_non_empty_output_is_refused_unless_overwrite(corpus, tmp_path, capsys
   (tmp_path / "out" / "part-00007-of-00008.tfrecord").write_bytes(b"")
   assert main(["data", "prepare", "--corpus", corpus, "--output", out, "--workers", "1", "--overwrite"]) == 0
   assert sorted(os.listdir(out)) == ["metadata.json"] + [prepare.shard_name(i, 3) for i in range(3)]
+
+
+def test_sigterm_takes_ctrl_cs_path_no_shard_left_and_143(corpus, tmp_path, capsys, monkeypatch):
+  """SIGTERM while the shards are being written (here: after the first) stops the run as Ctrl-C does: the shards
+  written are removed, no metadata.json, one line, exit 143; the same command may run again."""
+  signal.signal(signal.SIGTERM, _not_answered)  # without the data commands' own answer: a job failure, not 143
+  written = beam_prepare._WriteDocuments.process
+
+  def write_then_sigterm(self, grouped):
+    yield from written(self, grouped)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(beam_prepare._WriteDocuments, "process", write_then_sigterm)
+  out, logs = tmp_path / "out", os.path.join(tempfile.gettempdir(), "bert_jax-beam-*.log")
+  argv = ["data", "prepare", "--corpus", corpus, "--output", str(out), "--runner", "DirectRunner", "--workers", "1"]
+  before = set(glob.glob(logs))
+  try:
+    assert main(argv) == 143
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  err = capsys.readouterr().err.strip()
+  assert err == f"bert-jax data prepare: stopped by SIGTERM; the partial output in {out} is removed: the same " \
+                "command starts again"
+  assert os.listdir(out) == [] and set(glob.glob(logs)) <= before  # no runner log left either
+  prepare.claim_output(str(out), overwrite=False)  # the same command is not refused as "not empty"
+
+
+def test_sigterm_while_the_hold_out_is_written_leaves_nothing(corpus, tmp_path, capsys, monkeypatch):
+  """--format bert_tfrecord writes the training rows (metadata.json last), then the hold-out's in OUTPUT/eval: SIGTERM
+  in the second leaves neither, or the same command would be refused as "not empty"."""
+  signal.signal(signal.SIGTERM, _not_answered)
+  rows = prepare_rows.prepare_rows
+
+  def sigterm_in_the_hold_out(config, output, epochs, split, **kw):
+    if split == "eval":
+      os.kill(os.getpid(), signal.SIGTERM)
+    return rows(config, output, epochs=epochs, split=split, **kw)
+
+  monkeypatch.setattr(prepare_rows, "prepare_rows", sigterm_in_the_hold_out)
+  out = tmp_path / "rows"
+  try:
+    assert main(["data", "prepare", "--format", "bert_tfrecord", "--config", "configs/bert.py:demo",
+                 f"--config.data.corpus={corpus}", "--output", str(out), "--workers", "1", *ROWS]) == 143
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  assert "stopped by SIGTERM" in capsys.readouterr().err and os.listdir(out) == []
+
+
+def _not_answered(signum, frame):
+  raise RuntimeError("SIGTERM reached the test's own handler")
+
+
+@slow
+def test_sigterm_stops_the_direct_runners_worker_processes(corpus, tmp_path):
+  """The command run as a user runs it, 2 worker processes (Beam starts them under `sh -c`), SIGTERM to the
+  command alone once a shard is written: exit 143, one line, nothing left in --output, no worker left running."""
+  out = tmp_path / "out"
+  process = subprocess.Popen([sys.executable, "-m", "bert_jax.cli", "data", "prepare", "--corpus", corpus, "--output",
+                              str(out), "--runner", "DirectRunner", "--workers", "2"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 400
+  while not glob.glob(str(out / "*.tfrecord")) and process.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  workers = data_cli._descendants(process.pid)  # pylint: disable=protected-access
+  assert len(workers) >= 2, workers  # (sh and) python for each worker
+  process.send_signal(signal.SIGTERM)
+  _, err = process.communicate(timeout=120)
+  assert process.returncode == 143, err
+  assert "Traceback" not in err and err.strip().splitlines()[-1] == (  # (before it: TF's start-up lines, if any)
+      f"bert-jax data prepare: stopped by SIGTERM; the partial output in {out} is removed: the same command starts "
+      "again")
+  assert os.listdir(out) == []
+  time.sleep(1)  # the workers' exit: their parent gone, init reaps them
+  assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], workers

@@ -256,3 +256,36 @@ def test_span_masks_equal_a_per_row_python_sampler(width, slots):
     got = list(zip(out["masked_lm_positions"][r, :k], out["masked_lm_span_left"][r, :k],
                    out["masked_lm_span_right"][r, :k]))
     assert got == expected, r
+
+
+def test_masked_positions_follow_the_rate_at_any_length(capsys):
+  """data.max_predictions_per_seq=0 (the default) is ceil(rate * length): a preset taken to another length or rate
+  masks the rate it asks for (ModernBERT's 30% at 512 tokens: 40 positions gave 7.8%); a preset's own number
+  (ALBERT's 20 at 512) stands, but with the length or rate overridden under it, a number that cuts the rate is
+  one line; a number set on the command line is taken when within 10% (BERT's 76 at 512 tokens)."""
+  from ml_collections import ConfigDict
+  from bert_jax import cli
+  from bert_jax.config_utils import load_config
+  from bert_jax.data_pipelines.masking import predictions_per_seq
+
+  def predictions(spec, *overrides):
+    return load_config(spec, [f"--config.data.{o}" for o in overrides]).data.max_predictions_per_seq
+
+  assert predictions("configs/bert.py:base") == 20 and predictions("configs/bert.py:demo") == 10
+  assert predictions("configs/bert.py:base", "max_seq_length=512") == 77
+  assert predictions("configs/bert.py:base", "mask_rate=0.3") == 39
+  assert predictions("configs/bert.py:large", "max_seq_length=512", "max_predictions_per_seq=76") == 76
+  assert predictions("configs/modernbert.py:base") == 308
+  assert predictions("configs/modernbert.py:base", "max_seq_length=8192") == 2458
+  assert predictions("configs/modernbert.py:tiny", "max_seq_length=512") == 154
+  assert predictions("configs/modernbert.py:tiny", "max_seq_length=256", "max_predictions_per_seq=8") == 8
+  assert predictions("configs/albert.py:base") == 20
+  assert predictions("configs/xlnet.py:base", "max_seq_length=1024") == 85  # XLNet: max_seq_length // 6, set
+  assert cli.main(["config", "show", "--config", "configs/albert.py:base", "--config.data.max_seq_length=1024"]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "bert-jax config: error: data.max_predictions_per_seq=20 caps data.mask_rate 0.15 at 1024 tokens to 2.0%; "
+      "set it >= ceil(0.15*1024)=154, or to 0: derived from the rate")
+  # what the derived number gives a full row of 512 tokens at 30%: the rate, not 40 positions
+  data = ConfigDict({"mask_rate": 0.3, "max_seq_length": 512, "max_predictions_per_seq": 0})
+  [masked] = _mask(_rows(1, 512), _config("token", max_predictions=predictions_per_seq(data), rate=0.3))
+  assert len(masked.positions) == round(0.3 * 509)

@@ -31,7 +31,7 @@ def test_buckets_are_checked_and_end_with_max_seq_length():
   assert batching.buckets((), 16) == ()
   assert batching.buckets((4, 8), 16) == (4, 8, 16)
   assert batching.buckets([4, 8, 16], 16) == (4, 8, 16)
-  for bad in ((8, 4), (0, 8), (4, 32), (4, 4)):
+  for bad in ((8, 4), (0, 8), (4, 32), (4, 4), (4, "x"), "4,8", (4.5,), (True,), ((4,),)):
     with pytest.raises(UserError, match="data.length_buckets"):
       batching.buckets(bad, 16)
 

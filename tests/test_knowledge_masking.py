@@ -377,3 +377,17 @@ def test_worker_processes_give_the_same_batches():
     for k in a:
       assert np.array_equal(a[k], b[k]), k
   assert batches[0][0]["knowledge_units"].any()
+
+
+def test_preview_shows_a_row_with_spans_on_the_embedded_corpus(tmp_path, capsys):
+  """The embedded corpus holds few capitalised runs: its first row has no span, so preview prints the first row
+  that has one, its entity marked (a row without any printed no mark at all)."""
+  out = str(tmp_path / "preview.npz")
+  _run(["data", "preview", "--config", "configs/bert.py:demo", "--num-batches", "1", "--output", out],
+       ["--config.data.masking=knowledge", "--config.data.shuffle_buffer=50", "--config.train.batch_size=8"])
+  printed = capsys.readouterr().out
+  units = np.load(out)["knowledge_units"][0]
+  shown = int(np.flatnonzero(units.any(axis=1))[0])
+  assert shown > 0 and printed.startswith(f"batch 0, row {shown}: the first with a knowledge span"), printed
+  row = printed.splitlines()[-1]
+  assert row.count("{E:") + row.count("{P:") == (units[shown] % 2).sum() > 0

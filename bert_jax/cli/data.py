@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import signal
 import sys
+import threading
 
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
@@ -14,8 +17,73 @@ VOCAB_EXTEND = "vocab-extend"
 _SKIPS = {"skipped_files": "binary files", "skipped_lines": "lines not UTF-8 text", "overlong_lines": "lines over 64 MiB"}
 
 
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised as Ctrl-C is, so it takes Ctrl-C's path: a run's partial output is removed on the way out
+  (prepare.discarding_on_failure), a Beam runner closes its workers."""
+
+
+def _descendants(pid: int) -> list[int]:
+  """Process `pid`'s children and theirs (Beam's workers run under `sh -c`), from /proc; [] where there is none."""
+  children: dict[int, list[int]] = {}
+  for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue
+    children.setdefault(parent, []).append(int(entry))
+  found, pending = [], [pid]
+  while pending:
+    kids = children.get(pending.pop(), [])
+    found += kids
+    pending += kids
+  return found
+
+
+def _terminate(signum, frame):
+  """SIGTERM reaches this process only (Ctrl-C reaches the whole process group): the workers get it too, then
+  this process stops as on Ctrl-C. Workers of the in-process path ignore it; their owner closes them."""
+  del signum, frame
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the clean-up short
+  for child in _descendants(os.getpid()):
+    try:
+      os.kill(child, signal.SIGTERM)
+    except OSError:
+      pass
+  raise Terminated
+
+
+def _stoppable(handler):
+  """`handler` with SIGTERM answered as Ctrl-C: one line, exit status 143 (128 + SIGTERM), nothing partial left."""
+  @functools.wraps(handler)
+  def run(args):
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+      return handler(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+      return handler(args)
+    except Terminated:
+      command = " ".join(filter(None, [args.command, getattr(args, "data_command", "")]))
+      output = getattr(args, "output", "") if command == "data prepare" else ""
+      left = f"; the partial output in {output} is removed: the same command starts again" if output else ""
+      print(f"bert-jax {command}: stopped by SIGTERM{left}", file=sys.stderr, flush=True)
+      return 143
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+  return run
+
+
 def _beam_args(args) -> list[str] | None:
-  """Beam's flags for `--runner` (and its options), or None for the in-process path."""
+  """Beam's flags for `--runner` (and its options), or None for the in-process path. A word left over that is not
+  a --flag is refused: most often the shell expanded an unquoted --corpus glob into several files, and the second
+  one would otherwise go to Beam unread."""
+  stray = [flag for flag in args.beam_flags if not flag.startswith("--")]
+  if stray:
+    raise UserError(f"{stray[0]!r} is not a flag of this command: quote a --corpus glob so the shell leaves it to "
+                    "bert-jax (--corpus 'dir/*.txt'; several: comma separated); Beam's own flags after -- are "
+                    "written --flag=value")
   if not args.runner:
     if args.beam_option or args.beam_flags:
       raise UserError("--beam-option and flags after -- go to a Beam runner: add --runner, e.g. --runner DirectRunner")
@@ -26,9 +94,10 @@ def _beam_args(args) -> list[str] | None:
 
 def _vocab(args):
   from bert_jax.data_pipelines import embedded, vocab  # pylint: disable=import-outside-toplevel
+  beam_args = _beam_args(args)
   corpus = args.corpus or embedded.ensure_embedded()[0]
   print(vocab.train_vocab(corpus, args.type, args.size, args.output, args.lower_case,
-                          args.corpus_format, args.model_type, args.sample_sentences, args.seed, _beam_args(args)))
+                          args.corpus_format, args.model_type, args.sample_sentences, args.seed, beam_args))
 
 
 def _vocab_extend(args):
@@ -76,7 +145,7 @@ def _prepare(args):
     from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
     if not args.config:
       raise UserError("--format bert_tfrecord builds the rows of a config: add --config, e.g. configs/bert.py:demo")
-    from bert_jax.data_pipelines import prepare_rows  # pylint: disable=import-outside-toplevel
+    from bert_jax.data_pipelines import prepare, prepare_rows  # pylint: disable=import-outside-toplevel
     config = load_config(args.config, args.config_overrides)
     if beam_args is None:
       write = functools.partial(prepare_rows.prepare_rows, num_workers=args.workers, overwrite=args.overwrite)
@@ -91,6 +160,9 @@ def _prepare(args):
       except DataError as e:  # a hold-out too small for every shard: the training rows stand without it
         print(f"no hold-out records in {held_out} ({e}); pretrain on these rows with data.eval_corpus, or with "
               "train.eval_every_steps=0", file=sys.stderr)
+      except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run is partial, its training rows too
+        prepare.discard_run(args.output, held_out)
+        raise
     print(json.dumps({k: v for k, v in metadata.items() if k != "rows_per_file"}, indent=1))
     return
   if args.config:
@@ -177,7 +249,7 @@ def register(subparsers) -> None:
   p.add_argument("--workers", type=int, default=0, help="--runner DirectRunner: its worker processes (0: one per CPU)")
   _add_beam_args(p)
   _add_text_args(p)
-  p.set_defaults(handler=_vocab)
+  p.set_defaults(handler=_stoppable(_vocab))
   # `bert-jax vocab extend ...` (cli/__init__.py reads it as this command: `vocab` takes no subcommand)
   extend = subparsers.add_parser(
       VOCAB_EXTEND, help="(`bert-jax vocab extend`) add a domain corpus's most frequent many-piece words to a "
@@ -187,12 +259,12 @@ def register(subparsers) -> None:
   extend.add_argument("--corpus", required=True, help="glob(s) of the domain's text files, comma separated")
   extend.add_argument("--count", type=int, default=1000, help="how many words to add")
   extend.add_argument("--min-pieces", type=int, default=2, help="add words the vocabulary splits into at least this many")
-  extend.set_defaults(handler=_vocab_extend)
+  extend.set_defaults(handler=_stoppable(_vocab_extend))
 
   p = subparsers.add_parser("tokenize", help="stdin lines -> JSON lists of ids, [CLS] ... [SEP]")
   p.add_argument("--vocab", required=True, help="vocab.txt (WordPiece) or *.model (SentencePiece)")
   _add_text_args(p)
-  p.set_defaults(handler=_tokenize)
+  p.set_defaults(handler=_stoppable(_tokenize))
 
   data = subparsers.add_parser("data", help="offline preparation and preview of pretraining input")
   sub = data.add_subparsers(dest="data_command", required=True)
@@ -218,7 +290,7 @@ def register(subparsers) -> None:
                  help="--knowledge from a spaCy pipeline's entities and noun chunks (data.knowledge.spacy_model)")
   _add_beam_args(p)
   _add_text_args(p)
-  p.set_defaults(handler=_prepare)
+  p.set_defaults(handler=_stoppable(_prepare))
   p = sub.add_parser("augment", help="TinyBERT's data augmentation of a GLUE task folder's train.tsv: words "
                      "replaced by a masked LM's predictions, for task distillation")
   p.add_argument("--model", required=True, help="a checkpoint with an MLM head (bert_jax, Hugging Face or TF)")
@@ -230,17 +302,17 @@ def register(subparsers) -> None:
   p.add_argument("--candidates", type=int, default=15, help="a word's MLM candidates (K)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--max-rows", type=int, default=0, help="augment the first N training rows only (0: all)")
-  p.set_defaults(handler=_augment)
+  p.set_defaults(handler=_stoppable(_augment))
   p = sub.add_parser("preview", help="write batches as the model gets them to .npz; print one")
   p.add_argument("--config", required=True, help="e.g. configs/bert.py:demo")
   p.add_argument("--num-batches", type=int, default=2)
   p.add_argument("--output", required=True, help="FILE.npz")
-  p.set_defaults(handler=_preview)
+  p.set_defaults(handler=_stoppable(_preview))
   p = sub.add_parser("throughput", help="examples/s and real tokens/s of a config's input, after warm-up")
   p.add_argument("--config", required=True, help="e.g. configs/bert.py:demo")
   p.add_argument("--batches", type=int, default=50)
   p.add_argument("--json", action="store_true", help="one JSON line: examples_per_sec, real_tokens_per_sec, ...")
-  p.set_defaults(handler=_throughput)
+  p.set_defaults(handler=_stoppable(_throughput))
   p = sub.add_parser("service", help="run a tf.data service dispatcher or worker (data.service_address)")
   p.add_argument("--role", required=True, choices=("dispatcher", "worker"))
   p.add_argument("--port", type=int, required=True)
@@ -248,4 +320,4 @@ def register(subparsers) -> None:
   p.add_argument("--work-dir", default="", help="dispatcher: journal its state here (local or gs://) to survive restarts")
   p.add_argument("--dispatcher", default="", help="worker: the dispatcher's HOST:PORT")
   p.add_argument("--address", default="", help="worker: its own HOST:PORT as listed in the dispatcher's --workers")
-  p.set_defaults(handler=_service)
+  p.set_defaults(handler=_stoppable(_service))

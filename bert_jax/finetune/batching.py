@@ -29,7 +29,11 @@ Features = dict[str, np.ndarray]
 
 def buckets(length_buckets: Sequence[int], max_seq_length: int) -> tuple[int, ...]:
   """The bucket lengths, ascending, ending with max_seq_length; () means padding every row to it."""
-  values = tuple(int(b) for b in length_buckets)
+  values = tuple(length_buckets) if isinstance(length_buckets, (tuple, list)) else None
+  if values is None or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in values):
+    raise UserError(f"data.length_buckets={length_buckets!r} must be a tuple of whole token counts, e.g. "
+                    "(32, 64, 128); () pads every row to data.max_seq_length")
+  values = tuple(int(b) for b in values)
   if not values:
     return ()
   if list(values) != sorted(set(values)) or values[0] < 1 or values[-1] > max_seq_length:
