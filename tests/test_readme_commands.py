@@ -209,3 +209,35 @@ def test_a_drifted_command_is_caught():
                               ("bert-jax pretrain --config configs/bert.py:demo", True)):
     with pytest.raises(Exception):
       _check(command, from_block)
+
+
+def test_readme_demo_figures_are_what_ci_checks():
+  """Every figure README gives for the demo run and its fine-tuning is one that tests/readme_demo_check.py
+  (run by .ci/run on the real runs) reads and compares: the sample output block's losses and accuracies at
+  the logged steps and both evaluations, the fine-tuning dev accuracy and its chance level; and README's
+  learning criteria and fine-tuning recipe are the check's and the config's. Rows built from README's own
+  figures pass; one figure moved past the tolerance fails, and so do missing rows."""
+  import readme_demo_check as check  # pylint: disable=import-outside-toplevel
+  sample = check.readme_sample()
+  assert [(step, is_eval) for step, is_eval, _ in sample][-2:] == [(1200, False), (1200, True)]
+  assert all(len(figures) >= 5 for *_, figures in sample)
+  rows = [{"step": step, **({"eval": True} if is_eval else {}), **figures} for step, is_eval, figures in sample]
+  assert check.check_sample(rows, sample) == []
+  rows[-1]["mlm_accuracy"] += 1.5 * check.ACCURACY_TOLERANCE
+  assert [line.split(":")[0] for line in check.check_sample(rows, sample)] == ["eval at step 1200 mlm_accuracy"]
+  del rows[0]
+  assert len(check.check_sample(rows, sample)) == 1 + len(sample[0][2])
+  accuracy, chance = check.readme_finetune_figures()
+  assert 0.5 < chance < accuracy < 1
+  prose = " ".join(DOC_TEXT.split())
+  for name, bound in check.CRITERIA.items():
+    words = {"first train loss (steps 1-50) at least": "first train loss >=",
+             "last train loss (steps 1151-1200) at most": "last train loss <=",
+             "last train mlm_accuracy at least": "last train MLM accuracy >=",
+             "final eval mlm_accuracy at least": "final held-out MLM accuracy >="}[name]
+    assert f"{words} {bound:g}" in prose, (words, bound)
+  c = load_config("configs/glue.py:embedded", [])
+  steps = int(c.task.num_train // c.train.batch_size * c.train.epochs)
+  lr = f"{c.optimizer.learning_rate:.0e}".replace("e-0", "e-")
+  assert (f"{c.task.num_train:,} training and {c.task.num_dev} dev sentences, length {c.data.max_seq_length}, "
+          f"batch {c.train.batch_size}, {c.train.epochs:g} epochs, lr {lr} ({steps} steps)") in prose
