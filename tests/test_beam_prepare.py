@@ -278,6 +278,7 @@ def test_sigterm_takes_ctrl_cs_path_no_shard_left_and_143(corpus, tmp_path, caps
   prepare.claim_output(str(out), overwrite=False)  # the same command is not refused as "not empty"
 
 
+@slow  # the same SIGTERM path as the test above, at the hold-out's moment (~11 s)
 def test_sigterm_while_the_hold_out_is_written_leaves_nothing(corpus, tmp_path, capsys, monkeypatch):
   """--format bert_tfrecord writes the training rows (metadata.json last), then the hold-out's in OUTPUT/eval: SIGTERM
   in the second leaves neither, or the same command would be refused as "not empty"."""

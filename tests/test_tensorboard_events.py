@@ -10,6 +10,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
 from bert_jax.training import trainer
+from core_helpers import slow
 
 TINY = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
         "--config.train.batch_size=8", "--config.data.shuffle_buffer=100", "--config.model.num_layers=1",
@@ -52,6 +53,7 @@ def _event_scalars(workdir) -> dict[str, dict[int, float]]:
   return scalars
 
 
+@slow  # its own tiny pretraining with TensorBoard on (~30 s of CPU); weekly, to keep the suite within 15 min
 def test_every_scalar_of_metrics_jsonl_is_in_tensorboard(run):
   jsonl, events = _jsonl_scalars(run), _event_scalars(run)
   assert sorted(jsonl["train/loss"]) == [1, 2, 3, 4] and sorted(jsonl["eval/loss"]) == [2, 4]
