@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import re
 import struct
 import unicodedata
@@ -32,6 +31,7 @@ import numpy as np
 
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary
+from bert_jax.data_pipelines.tokenizer_base import TokenizerBase
 
 KINDS = ("camembert_spm", "xlmr_spm")
 HF_MODEL_FILE = "sentencepiece.bpe.model"  # what a Hugging Face folder calls the SentencePiece model
@@ -349,7 +349,7 @@ def _added_tokens(vocab: list[tuple[str, float]]) -> list[dict]:
           for t in ("<pad>", "<unk>", "<s>", "</s>", "<mask>") if t in ids]
 
 
-class FairseqSentencePieceTokenizer:
+class FairseqSentencePieceTokenizer(TokenizerBase):
   """CamemBERT's or XLM-R's tokenizer over a `sentencepiece.bpe.model` or a `tokenizer.json`.
 
   encode(text) -> ids without `<s>`/`</s>`, equal to transformers' tokenizer of the same folder.
@@ -399,20 +399,6 @@ class FairseqSentencePieceTokenizer:
     self._special = np.array(types) == _CONTROL
     self._special[unk_id] = True
     self._cache: dict[str, list[int]] = {}
-
-  @property
-  def files(self) -> dict[str, str]:
-    return {os.path.basename(self.path): self.path}
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.vocab)
-
-  def id_to_token(self, i: int) -> str:
-    return self.vocab[i]
-
-  def decode_tokens(self, ids) -> list[str]:
-    return [self.vocab[int(i)] for i in ids]
 
   def _words(self, text: str) -> list[str]:
     if self._normalizer is not None:

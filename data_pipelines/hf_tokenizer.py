@@ -24,6 +24,7 @@ from etils import epath
 
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary
+from bert_jax.data_pipelines.tokenizer_base import TokenizerBase
 
 KIND = "tokenizer_json"
 FILE = "tokenizer.json"
@@ -103,7 +104,7 @@ class _Roles(dict):
     return found
 
 
-class TokenizerJson:
+class TokenizerJson(TokenizerBase):
   """A tokenizer.json through the `tokenizers` library: encode(text) -> ids without special tokens."""
   kind = KIND
 
@@ -192,16 +193,6 @@ class TokenizerJson:
   def to_json(self) -> str:
     """The tokenizer.json transformers reads as this tokenizer (the tokens named beside the file added)."""
     return self._tokenizer.to_str()
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.vocab)
-
-  def id_to_token(self, i: int) -> str:
-    return self.vocab[i]
-
-  def decode_tokens(self, ids) -> list[str]:
-    return [self.vocab[int(i)] for i in ids]
 
   def encode(self, text: str) -> list[int]:
     """Token ids without special tokens (transformers' add_special_tokens=False)."""

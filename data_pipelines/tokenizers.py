@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
 import re
 import unicodedata
 
@@ -39,6 +38,7 @@ import numpy as np
 from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
+from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _REQUIRED = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
@@ -192,35 +192,6 @@ def _check_specials(path, special_ids):
   if missing:
     raise DataError(f"vocabulary {path} lacks {', '.join(missing)}; add them (BERT vocab.txt lists "
                     "[PAD] [UNK] [CLS] [SEP] [MASK]) or train one with `bert-jax vocab`")
-
-
-class _Tokenizer:
-  """Shared surface: vocab list, special ids, id lookups, word-continuation table for masking."""
-  vocab: list[str]
-  special_ids: dict
-  kind: str
-  path: str
-
-  @property
-  def files(self) -> dict[str, str]:
-    """{file name: path}: what a checkpoint must carry to rebuild this tokenizer."""
-    return {os.path.basename(self.path): self.path}
-
-  @property
-  def vocab_size(self) -> int:
-    return len(self.vocab)
-
-  def id_to_token(self, i: int) -> str:
-    return self.vocab[i]
-
-  def decode_tokens(self, ids) -> list[str]:
-    return [self.vocab[int(i)] for i in ids]
-
-  def special_mask(self) -> np.ndarray:
-    """bool[vocab]: ids that are never masked nor drawn as random replacements."""
-    mask = np.zeros(self.vocab_size, bool)
-    mask[[i for i in self.special_ids.values() if i is not None]] = True
-    return mask
 
 
 class WordPieceTokenizer(_Tokenizer):
