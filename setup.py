@@ -63,6 +63,9 @@ setup(
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
         "bench": ["torch==2.13.0"],
+        # The documentation site (mkdocs.yml): `mkdocs build --strict`, offline; the API page reads the source
+        # statically (griffe), so the site builds without the rest of bert_jax's dependencies.
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],
         "tpu": ["jax[tpu]"],  # libtpu: TPU VMs, and `bert-jax compile` for a TPU slice on any machine

@@ -12,8 +12,8 @@ override num_train_epochs and warmup_ratio). The functions `run_steps`, `eval_ev
 `warmup_steps` apply it, in one place.
 
 A job's own fields (fine-tuning's train.mode, pretraining's optimizer.name, ...) are checked where they
-are read. README.md's config reference table is `markdown_table()`'s output, kept in step by
-tests/test_config_schema.py; rewrite it with `python3 -m bert_jax.config_schema README.md`.
+are read. docs/reference/configuration.md's config reference table is `markdown_table()`'s output, kept in step by
+tests/test_config_schema.py; rewrite it with `python3 -m bert_jax.config_schema docs/reference/configuration.md`.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ _JOBS = {BOTH: "all", (CORPUS,): "pretrain, general_distill", (DATASET,): "finet
 @dataclasses.dataclass(frozen=True)
 class Field:
   key: str  # "block.name"
-  allowed: str  # the allowed values, as the error and the README say them
+  allowed: str  # the allowed values, as the error and the configuration reference say them
   check: Callable[[Any], bool]
   meaning: str
   kinds: tuple[str, ...] = BOTH
@@ -218,13 +218,13 @@ def warmup_steps(optimizer: ml_collections.ConfigDict, num_steps: int) -> int:
 
 
 def markdown_table() -> str:
-  """README.md's config reference: one row per shared field."""
+  """docs/reference/configuration.md's config reference: one row per shared field."""
   rows = ["| field | jobs | allowed | meaning |", "|---|---|---|---|"]
   rows += [f"| `{f.key}` | {_JOBS[f.kinds]} | {f.allowed} | {f.meaning} |" for f in FIELDS]
   return "\n".join(rows)
 
 
-START = "<!-- config schema: start (python3 -m bert_jax.config_schema README.md) -->"
+START = "<!-- config schema: start (python3 -m bert_jax.config_schema docs/reference/configuration.md) -->"
 END = "<!-- config schema: end -->"
 
 
@@ -232,7 +232,7 @@ def with_table(readme: str) -> str:
   """`readme` with the text between START and END replaced by the current table."""
   pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
   if not pattern.search(readme):
-    raise UserError(f"the README has no {START} ... {END} block to write the table into")
+    raise UserError(f"the page has no {START} ... {END} block to write the table into")
   return pattern.sub(lambda _: f"{START}\n{markdown_table()}\n{END}", readme)
 
 

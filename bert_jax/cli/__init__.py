@@ -49,7 +49,7 @@ _EPILOG = """first steps:
   bert-jax finetune --config configs/glue.py:embedded --config.init_from=runs/demo --workdir runs/demo-ft
   bert-jax config show --config configs/bert.py:base                      (every field of a preset)
 
-A config is FILE:PRESET; change any field with --config.SECTION.KEY=VALUE (README.md, "Configs").
+A config is FILE:PRESET; change any field with --config.SECTION.KEY=VALUE (docs/reference/configuration.md).
 `bert-jax COMMAND --help` describes a command."""
 
 
