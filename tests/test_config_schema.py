@@ -1,6 +1,7 @@
 """The one schema of the shared config blocks: every preset of every job satisfies it, a bad value is one
 line naming the field and what it allows, a quantity in two units follows one rule in every job, and the
-README's config reference is the schema's table."""
+docs site's config reference (docs/reference/configuration.md) is the schema's table."""
+import glob
 import os
 import re
 
@@ -20,20 +21,25 @@ PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "
      "configs/continue.py:tiny", "configs/continue.py:base"]
 
 
+REFERENCE = os.path.join(ROOT, "docs", "reference", "configuration.md")
+DOCS = os.path.join(ROOT, "docs", "**", "*.md")  # the command tables: the site's pages together
+
+
 def test_the_readme_reference_is_the_schemas_table():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+  with open(REFERENCE, encoding="utf-8") as f:
     readme = f.read()
   assert config_schema.with_table(readme) == readme, \
-      "README's config reference is out of date: python3 -m bert_jax.config_schema README.md"
+      "the config reference is out of date: python3 -m bert_jax.config_schema docs/reference/configuration.md"
   for field in config_schema.FIELDS:
     assert f"| `{field.key}` |" in readme
 
 
 def test_the_readme_names_every_job_and_each_command_once():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    readme = f.read()
-  named = re.search(r"Every job \(`bert_jax/jobs.py`: (.*?); a config names", readme, re.S)
+  with open(REFERENCE, encoding="utf-8") as f:
+    reference = f.read()
+  named = re.search(r"Every job \(`bert_jax/jobs.py`: (.*?); a config names", reference, re.S)
   assert re.findall(r"`(\w+)`", named.group(1)) == list(jobs._JOBS)  # pylint: disable=protected-access
+  readme = "\n".join(open(path, encoding="utf-8").read() for path in sorted(glob.glob(DOCS, recursive=True)))
   rows = re.findall(r"^\| `(bert-jax [^`]*)` \|", readme, re.M)
   assert len(rows) > 10 and len(rows) == len(set(rows)), [r for r in rows if rows.count(r) > 1]
 

@@ -1,4 +1,4 @@
-"""Every `bert-jax` command the READMEs show exists in the CLI as written, so the docs cannot drift from the code.
+"""Every `bert-jax` command the READMEs and the docs site's pages (docs/**/*.md) show exists in the CLI as written, so the docs cannot drift from the code.
 
 Commands are read from the fenced and indented code blocks (line continuations joined, comments dropped,
 `NAME="..."` assignments substituted into `$NAME`) and from inline code spans (`bert-jax ...` in prose and
@@ -10,6 +10,7 @@ at test time, so sub-commands added later are checked the same way.
 """
 import argparse
 import functools
+import glob
 import os
 import re
 import shlex
@@ -20,9 +21,16 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", os.path.join("data_pipelines", "README.md"))
+DOCS = ("README.md", os.path.join("data_pipelines", "README.md")) + tuple(sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)))
 _CONFIG_FILE = re.compile(r"^configs/\w+\.py(:[\w.-]+)?$")
 _ASSIGNMENT = re.compile(r'^([A-Z_][A-Z0-9_]*)=(".*"|\'.*\'|\S*)$')
+
+
+def _read(doc: str) -> str:
+  """A page's text, less the troubleshooting page's error catalog (error messages, not commands)."""
+  text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
+  return re.sub(r"<!-- error catalog: start.*?<!-- error catalog: end -->", "", text, flags=re.S)
 
 
 def _code_blocks(text: str) -> list[list[str]]:
@@ -73,7 +81,7 @@ def _examples() -> list[tuple[str, str, bool]]:
   """(where, command, from a code block) for every command the docs show."""
   found = []
   for doc in DOCS:
-    text = open(os.path.join(ROOT, doc), encoding="utf-8").read()
+    text = _read(doc)
     found += [(doc, command, True) for block in _code_blocks(text) for command in _block_commands(block)]
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     found += [(doc, command, False) for command in _inline_commands(prose)]
@@ -151,7 +159,7 @@ def _check(command: str, from_block: bool) -> None:
 
 
 EXAMPLES = _examples()
-DOC_TEXT = "\n".join(open(os.path.join(ROOT, doc), encoding="utf-8").read() for doc in DOCS)
+DOC_TEXT = "\n".join(_read(doc) for doc in DOCS)
 
 
 def _keys(tree: dict, prefix: str = "") -> set[str]:
