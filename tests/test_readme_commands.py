@@ -21,8 +21,10 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", os.path.join("data_pipelines", "README.md")) + tuple(sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)))
+# docs/log.md is the dated record: its commands are as they were run then, not maintained.
+DOCS = ("README.md", "BENCHMARKS.md", os.path.join("data_pipelines", "README.md")) + tuple(sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+    if os.path.relpath(p, ROOT) != os.path.join("docs", "log.md")))
 _CONFIG_FILE = re.compile(r"^configs/\w+\.py(:[\w.-]+)?$")
 _ASSIGNMENT = re.compile(r'^([A-Z_][A-Z0-9_]*)=(".*"|\'.*\'|\S*)$')
 

@@ -238,7 +238,7 @@ def test_small_model_compiles_for_v4_8_and_agrees_with_plain_jax(capsys):
 
 
 @pytest.mark.parametrize("overrides,topology,step_ms,needed,shards,cores,fed", [
-    # BENCHMARKS.md's first row: BERT-large's 32k batch on v4-32 at its 1,871 ms roofline step:
+    # BENCHMARKS.md's TPU slices table: BERT-large's 32k batch on v4-32 at its 1,871 ms roofline step:
     # 32768 x 128 tokens / 1.871 s / 4 hosts = 0.56M tokens/s per host = 2.4 workers of 0.23M; the default
     # 8 shards give each of the 4 hosts 2, so 16 (a multiple of 4 dividing the batch) are needed.
     (["--config.train.batch_size=32768"], "v4-32", 1871, 3, 16, 1, None),
