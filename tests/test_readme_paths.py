@@ -1,4 +1,4 @@
-"""The README's paths, run as it writes them, at tiny sizes (issue 37): GLUE from tfds with no network, the
+"""The documented paths (README and the docs site), run as they are written, at tiny sizes (issue 37): GLUE from tfds with no network, the
 pod-scale records recipe with its hold-out, `info` on a mesh this machine lacks, RoBERTa `tiny`'s own
 SentencePiece vocabulary, whole-word masking on split words, predict on an adapters workdir fine-tuned
 from a pretraining run, an int8 teacher, and the shipped NER and SQuAD samples."""
@@ -42,7 +42,7 @@ def _batches(data_cfg, split, n=2):
 
 @pytest.fixture(scope="module")
 def records_run(tmp_path_factory):
-  """README "Input at pod scale": `data prepare --format bert_tfrecord`, then `pretrain` on the records, as
+  """docs/guides/data.md, "Input at pod scale": `data prepare --format bert_tfrecord`, then `pretrain` on the records, as
   written (no data.eval_corpus), with an evaluation; the workdir is the base the later tests fine-tune."""
   root = tmp_path_factory.mktemp("records")
   corpus = data_fixtures.write_corpus(root / "text", **CORPUS)
@@ -100,7 +100,7 @@ def test_glue_from_tfds_without_a_network_is_one_line(tmp_path, monkeypatch, cap
 
 
 def test_info_sizes_a_mesh_this_machine_lacks(capsys):
-  """README "Configs": the command as printed; a mesh of more devices than this process has (8) is sized on
+  """docs/reference/configuration.md: the command as printed; a mesh of more devices than this process has (8) is sized on
   an abstract mesh, and that sizes each device's bytes exactly as the real 8-device mesh does."""
   assert cli.main(["info", "--json", "--config", "configs/bert.py:large", "--config.mesh.fsdp=8"]) == 0
   large = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -190,7 +190,7 @@ def test_whole_word_masking_needs_split_words(tmp_path):
 
 @pytest.fixture(scope="module")
 def adapters_run(records_run):
-  """README "Fine-tuning": the embedded task with train.mode=adapters from the pretraining workdir."""
+  """docs/guides/finetuning.md: the embedded task with train.mode=adapters from the pretraining workdir."""
   root, _ = records_run
   run = ["--config.task.num_train=64", "--config.task.num_dev=16", "--config.data.max_seq_length=16",
          "--config.train.mode=adapters", "--config.train.adapter_size=4", *FINETUNE]
