@@ -5,7 +5,7 @@
 
 Each method is configs/glue.py:embedded with the overrides below, run once per seed (train.seed: head,
 data order and dropout together). Results go to WORKDIR/results.json as each run ends (a rerun skips the
-runs already there); the table printed at the end is the README's: dev accuracy mean +- std (ddof=1)
+runs already there); the table printed at the end is the fine-tuning guide's (docs/guides/finetuning.md): dev accuracy mean +- std (ddof=1)
 over seeds, the expected best of n runs (Dodge et al. 2019) and the trainable share.
 """
 from __future__ import annotations

@@ -96,7 +96,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 def train_config(**fields) -> ml_collections.ConfigDict:
   """The `train` block every job shares, with `fields` (a job's own fields among them) set; the meaning
-  and allowed values of each shared field: bert_jax/config_schema.py (README's config reference)."""
+  and allowed values of each shared field: bert_jax/config_schema.py (its table: docs/reference/configuration.md)."""
   c = ml_collections.ConfigDict({"batch_size": 32, "grad_accum_steps": 1, "grad_reduce_dtype": "float32",
                                  "num_steps": 0, "seed": 0,
                                  "log_every_steps": 50, "eval_every_steps": 0, "eval_batch_size": 0,
