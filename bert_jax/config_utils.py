@@ -129,7 +129,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """Loads, overrides and locks a config: afterwards a typo'd key raises instead of adding a key."""
+  """Loads, overrides and locks a config: afterwards a typo'd key raises instead of adding a key.
+
+  spec: `FILE:PRESET` as `--config` takes it (`configs/bert.py:demo`; a file of the working directory, the
+  checkout or the installed package); overrides: `--config.SECTION.KEY=VALUE` strings, as on the command
+  line. A misspelled key or a bad value raises UserError naming it.
+  """
   config = load_config_file(spec)
   apply_overrides(config, overrides)
   _masked_positions(config, overrides)

@@ -68,7 +68,19 @@ def _data_parallel_mesh():
 
 @dataclasses.dataclass(frozen=True)
 class Predictor:
-  """An inference handle on a fine-tuned model: `predictor(examples) -> records` (see the module doc)."""
+  """An inference handle on a fine-tuned model: `predictor(examples) -> records`.
+
+  `Predictor.load(workdir)` reads a `bert-jax finetune` workdir; calling it featurizes the examples as the
+  run's dev evaluation did, runs one jitted function over batches of one shape, and decodes one record per
+  example, by the head's kind:
+
+  - classification (GLUE, embedded): a sentence, a pair `("a", "b")` or `"a<TAB>b"` ->
+    `{"label", "score", "scores": {label: probability}}`
+  - regression (STS-B): the same inputs -> `{"value"}`
+  - ranking (QNLI with `task.head=ranking`): `("question", "candidate")` pairs -> `{"label", "score", "group"}`
+  - token (NER): words, a list or one string -> `{"words", "tags"}`
+  - span (SQuAD): `{"id", "question", "context"}` -> `{"id", "answer", "score", "null_score_diff"}`
+  """
   config: dict
   tokenizer: Any
   params: Any
@@ -86,6 +98,7 @@ class Predictor:
   @classmethod
   def build(cls, config: dict, params: Any, tokenizer, batch_size: int = 0, source: str = "model"
             ) -> "Predictor":
+    """From a fine-tuning run's config (as its config.json holds it), its parameters and tokenizer."""
     kind, num_labels, _ = head_info(config, source)
     batch_size = batch_size or config["train"]["eval_batch_size"]
     if batch_size <= 0:
@@ -110,13 +123,16 @@ class Predictor:
 
   @property
   def kind(self) -> str:
+    """The head's kind: classification, regression, ranking, token, span or xlnet_beam."""
     return self.config["task"]["head"]
 
   @property
   def labels(self) -> tuple[str, ...]:
+    """The label names by id, as the run recorded them in config.json (empty where it recorded none)."""
     return tuple(self.config["task"].get("labels") or ())
 
   def __call__(self, examples: Sequence, *, progress: bool = False) -> list[dict]:
+    """One record per example, in order (see the class doc for each kind's examples and records)."""
     return list(self.records(examples, progress=progress))
 
   def records(self, examples: Sequence, *, progress: bool = False) -> Iterator[dict]:
