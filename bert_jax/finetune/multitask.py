@@ -43,6 +43,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config_schema, workdir as workdir_lib
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, modes, optim
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
@@ -298,10 +299,7 @@ class MultiTaskRun:
     saved["task"]["heads"] = {name: {"head": t.head, "num_labels": t.num_labels, "labels": list(t.labels)}
                               for name, t in zip(self.names, self.tasks)}
     saved["trainable_parameters"] = self.trainable_parameters
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
-                         lower_case=self.tokenizer.lower_case)
-    if self.tokenizer.kind == "wordpiece":
-      saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, **tokenizer_kinds.saved_fields(self.tokenizer))
     return saved
 
   def exported(self, params: Any) -> Any:

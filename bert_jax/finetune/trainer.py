@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, memory, modes, optim, smart
 from bert_jax.finetune.batching import train_batches
@@ -112,10 +113,7 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved = config.to_dict()
   saved["model"] = model_config.to_dict()
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
-  saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
-                       lower_case=tokenizer.lower_case)
-  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
-    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
+  saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, **tokenizer_kinds.saved_fields(tokenizer))
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved

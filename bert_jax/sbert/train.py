@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 
 from bert_jax import config_schema, workdir as workdir_lib
 from bert_jax.conversion import native
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import init, modes, optim
 from bert_jax.finetune.batching import train_batches
@@ -242,10 +243,7 @@ class Training:
     """config.json: the run config, the encoder's model, the tokenizer's copy and the pooling."""
     saved = self.config.to_dict()
     saved["model"] = self.model.config.to_dict()
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
-                         lower_case=self.tokenizer.lower_case)
-    if self.tokenizer.kind == "wordpiece":
-      saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, **tokenizer_kinds.saved_fields(self.tokenizer))
     saved[native.SENTENCE_EMBEDDING] = self.model.pooling.to_dict()
     saved["trainable_parameters"] = self.trainable_parameters
     return saved
