@@ -188,7 +188,10 @@ class Run:
     else:
       print(f"train.mode={config.train.mode}: {count:,} of {total:,} parameters train "
             f"({100 * count / total:.2f}%)", flush=True)
-    self.tokens_per_step = config.train.batch_size * input_length(config)
+    # A ranking group ([G, K, T] features) is K rows: tokens/s counts them all (train.batch_size counts groups).
+    train = self.task.train
+    rows = train["input_ids"].shape[1] if train is not None and train["input_ids"].ndim == 3 else 1
+    self.tokens_per_step = config.train.batch_size * rows * input_length(config)
     self._rng = jax.random.key(self.seeds["dropout"])
 
   def initial_params(self) -> Any:
