@@ -503,7 +503,8 @@ def _fairseq(kind: str, hf_class: str) -> tokenizer_kinds.TokenizerKind:
 
 
 for _kind in (
-    tokenizer_kinds.TokenizerKind("wordpiece", lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
+    tokenizer_kinds.TokenizerKind("wordpiece",
+                                  lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
                                   ("vocab.txt",), hf_class="BertTokenizer", saved=_wordpiece_saved),
     tokenizer_kinds.TokenizerKind("sentencepiece",
                                   lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
@@ -515,7 +516,8 @@ for _kind in (
                                   hf_json=lambda path, lower: XLNetTokenizer(path, lower).hf_tokenizer_json()),
     _fairseq("camembert_spm", "CamembertTokenizer"),
     _fairseq("xlmr_spm", "XLMRobertaTokenizer"),
-    tokenizer_kinds.TokenizerKind(hf_tokenizer.KIND, lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
+    tokenizer_kinds.TokenizerKind(hf_tokenizer.KIND,
+                                  lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
                                   file_names=hf_tokenizer.FILE)):
   tokenizer_kinds.register(_kind)
 

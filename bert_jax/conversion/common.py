@@ -6,7 +6,8 @@ import os
 
 from etils import epath
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds, tokenizers  # noqa: F401 (registers the kinds)
+# tokenizers registers the built-in kinds that tokenizer_kinds is asked about here
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds, tokenizers  # noqa: F401
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 

@@ -299,7 +299,8 @@ class MultiTaskRun:
     saved["task"]["heads"] = {name: {"head": t.head, "num_labels": t.num_labels, "labels": list(t.labels)}
                               for name, t in zip(self.names, self.tasks)}
     saved["trainable_parameters"] = self.trainable_parameters
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, **tokenizer_kinds.saved_fields(self.tokenizer))
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name,
+                         **tokenizer_kinds.saved_fields(self.tokenizer))
     return saved
 
   def exported(self, params: Any) -> Any:

@@ -21,7 +21,8 @@ job says so, unless train.restart, which moves the finished run's files aside fi
 `Run` is the job's learner (training/driver.py owns the loop, keeping the best, early stopping, pausing
 and the finish); what it trains is its model learner's: `FineTuning` here (the task's model; what trains
 is train.mode's, finetune/modes.py; SMART's terms come from the objective, finetune/smart.py), or a
-student and its teacher (compress/distill.py). Three seeds (head, data, dropout) default to train.seed, so that a sweep may vary one of them
+student and its teacher (compress/distill.py). Three seeds (head, data, dropout) default to train.seed, so
+that a sweep may vary one of them
 at a time (Dodge et al. 2020).
 """
 from __future__ import annotations

@@ -243,7 +243,8 @@ class Training:
     """config.json: the run config, the encoder's model, the tokenizer's copy and the pooling."""
     saved = self.config.to_dict()
     saved["model"] = self.model.config.to_dict()
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, **tokenizer_kinds.saved_fields(self.tokenizer))
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name,
+                         **tokenizer_kinds.saved_fields(self.tokenizer))
     saved[native.SENTENCE_EMBEDDING] = self.model.pooling.to_dict()
     saved["trainable_parameters"] = self.trainable_parameters
     return saved
