@@ -41,12 +41,13 @@ def _configs(task: str, tmp: str) -> tuple[str, list[str]]:
                                   f"--config.init_from={minilm}"]
 
 
-def _epoch(run: trainer.Run, lengths: tuple, epoch: int) -> float:
-  setup, cfg = run.setup, run.config.train
+def _epoch(run, lengths: tuple, epoch: int) -> float:
+  """run: trainer.start's driver."""
+  setup, cfg, learner = run.setup, run.config.train, run.learner
   state, rng = run.state, jax.random.key(0)
   start = time.perf_counter()
-  for batch in batching.train_batches(run.task.train, cfg.batch_size, 0, epoch * run.steps_per_epoch,
-                                      (epoch + 1) * run.steps_per_epoch, lengths):
+  for batch in batching.train_batches(learner.task.train, cfg.batch_size, 0, epoch * learner.steps_per_epoch,
+                                      (epoch + 1) * learner.steps_per_epoch, lengths):
     state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), rng)
   jax.block_until_ready(metrics)
   run.state = state
@@ -57,18 +58,19 @@ def measure(spec: str, overrides: list[str], buckets: str, workdir: str) -> dict
   out = {}
   for name, extra in (("padded", []), ("bucketed", [f"--config.data.length_buckets=({buckets},)"])):
     config = load_config(spec, overrides + extra)
-    run = trainer.Run(config, os.path.join(workdir, name))
+    run = trainer.start(config, os.path.join(workdir, name))
     lengths = batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)
     first, second = _epoch(run, lengths, 0), _epoch(run, lengths, 1)
-    dev = run.task.evals[0].features
+    dev = run.learner.task.evals[0].features
     batching.run_model(run.setup.eval_step, run.state.params, run.setup.mesh, dev, config.train.eval_batch_size,
                        lengths)
     start = time.perf_counter()
     batching.run_model(run.setup.eval_step, run.state.params, run.setup.mesh, dev, config.train.eval_batch_size,
                        lengths)
     predict = time.perf_counter() - start
-    train_tokens = run.steps_per_epoch * config.train.batch_size * float(np.mean(batching.row_lengths(run.task.train)))
-    out[name] = {"first_epoch_s": first, "epoch_s": second, "predict_s": predict, "steps": run.steps_per_epoch,
+    train_tokens = (run.learner.steps_per_epoch * config.train.batch_size
+                    * float(np.mean(batching.row_lengths(run.learner.task.train))))
+    out[name] = {"first_epoch_s": first, "epoch_s": second, "predict_s": predict, "steps": run.learner.steps_per_epoch,
                  "train_real_tokens_per_s": train_tokens / second,
                  "dev_rows": len(dev["input_ids"]), "mean_tokens": float(np.mean(batching.row_lengths(dev)))}
   out["speedup"] = {k: out["padded"][k] / out["bucketed"][k] for k in ("first_epoch_s", "epoch_s", "predict_s")}

@@ -13,7 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import configs
+from bert_jax import configs, jobs
 from bert_jax.errors import UserError
 from bert_jax.models import families
 
@@ -43,10 +43,10 @@ def backbone_params(model: ml_collections.ConfigDict) -> int:
   return embeddings + copies[0] * attention + copies[1] * ffn + pooler + fused
 
 
-def _family(c: ml_collections.ConfigDict) -> str:
-  if "distill" in c:
+def _family(c: ml_collections.ConfigDict, job: jobs.Job) -> str:
+  if job.command == "distill":
     return "distill"
-  if "task" in c:
+  if job.schema is jobs.DATASET:
     return c.task.family
   if c.model.get("family"):  # a family with an encoder of its own (ModernBERT)
     return c.model.family
@@ -58,17 +58,18 @@ def _family(c: ml_collections.ConfigDict) -> str:
 
 
 def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> dict[str, Any]:
-  finetuning = "task" in c
+  job = jobs.get(c, f"configs/{file}.py:{name}")  # the config's `job`, not its other keys, says what it is
+  finetuning, distills = job.schema is jobs.DATASET, job.command == "distill"
   row = {"config": f"configs/{file}.py:{name}", "file": file, "preset": name, "for": purpose,
-         "kind": "fine-tuning" if finetuning else "pretraining", "family": _family(c),
+         "kind": "fine-tuning" if finetuning else "pretraining", "family": _family(c, job),
          "seq_length": c.data.max_seq_length, "batch_size": c.train.batch_size}
   if finetuning:
     row["epochs"] = c.train.epochs
   else:
     row["num_steps"] = c.train.num_steps
-  if "distill" in c and (c.distill.get("student_layers") or c.job == "theseus"):  # some of the teacher's layers
+  if distills and (c.distill.get("student_layers") or c.job == "theseus"):  # some of the teacher's layers
     row.update(model_from="the teacher")
-  elif (finetuning and "distill" not in c) or c.get("init_from_model"):  # the model is init_from's
+  elif (finetuning and not distills) or c.get("init_from_model"):  # the model is init_from's
     row.update(model_from="init_from")
   else:
     row.update(layers=c.model.num_layers, hidden=c.model.hidden_size, params=backbone_params(c.model))

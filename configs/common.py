@@ -136,16 +136,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.optimizer = optimizer_config(name="adamw", learning_rate=1e-4, warmup_steps=10_000)  # adamw | lamb | stable_adamw
   c.checkpoint = checkpoint_config(every_steps=5_000, keep=3, async_save=True)
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-  c.mesh.rules = LOGICAL_AXIS_RULES
-  # Sequence sharding: `tensor` splits each row's tokens instead of the weights (training/partitioning.py)
-  c.mesh.shard_sequence = False
+  c.mesh = mesh_config()
 
   c.init_from = ""
   return c
+
+
+def mesh_config() -> ml_collections.ConfigDict:
+  """The `mesh` block every job shares: all devices on the data axis, the logical axis rules, and sequence
+  sharding (`tensor` splits each row's tokens instead of the weights: training/partitioning.py) off."""
+  return ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "rules": LOGICAL_AXIS_RULES,
+                                    "shard_sequence": False})
 
 
 def check_preset(name: str, presets: dict) -> None:

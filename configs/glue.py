@@ -116,8 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sweep.eta = 2  # successive halving: keep the best 1/eta configurations at each rung
   c.sweep.min_fraction = 0.25  # the first rung trains this fraction of each run's steps
 
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  c.mesh.rules = common.LOGICAL_AXIS_RULES
+  c.mesh = common.mesh_config()
   return c
 
 

@@ -65,8 +65,7 @@ def get_config(arg: str = "sts") -> ml_collections.ConfigDict:
   c.optimizer.bias_correction = True
   c.train = common.train_config(batch_size=16, epochs=1.0, eval_batch_size=64, eval_every_epochs=1.0)
   c.checkpoint = common.checkpoint_config()
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  c.mesh.rules = common.LOGICAL_AXIS_RULES
+  c.mesh = common.mesh_config()
 
   if arg == "sts":
     c.train.epochs = 4.0

@@ -23,7 +23,7 @@ does). Its inputs are laid out as a <sep> b <sep> <cls>, padded on the left (`La
 CamemBERT's and XLM-R's SentencePiece, in fairseq's id layout and with transformers' pre-tokenization,
 are fairseq_spm.py's (kinds camembert_spm, xlmr_spm; `load_tokenizer(path, kind=...)`); a Hugging Face
 tokenizer.json of any kind (byte-level BPE, Unigram, WordPiece: ModernBERT's) is hf_tokenizer.py's (kind
-tokenizer_json), through the `tokenizers` library. `load_tokenizer` finds each kind's class in `_LOADERS`.
+tokenizer_json), through the `tokenizers` library. `load_tokenizer` finds each kind in the registry, tokenizer_kinds.py.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
@@ -487,18 +487,39 @@ class XLNetTokenizer(SentencePieceTokenizer):
                     "data.tokenizer=sentencepiece")
 
 
-# The tokenizer kinds (data.tokenizer; a family record's `tokenizer`): each kind's class (here, in fairseq_spm.py
-# or hf_tokenizer.py) from (path, lower_case, max_chars_per_word, quotes_to_double). "bpe" (RoBERTa's
-# byte-level BPE over vocab.json + merges.txt, conversion/bpe.py) is read from checkpoints only.
-_LOADERS = {
-    "wordpiece": lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
-    "sentencepiece": lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
-    "xlnet_spm": lambda path, lower, chars, quotes: XLNetTokenizer(path, lower),
-    **{kind: lambda path, lower, chars, quotes, kind=kind: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
-       for kind in fairseq_spm.KINDS},
-    hf_tokenizer.KIND: lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
-}
-KINDS = tuple(_LOADERS)
+# The built-in tokenizer kinds (data_pipelines/tokenizer_kinds.py: data.tokenizer; a family record's `tokenizer`),
+# each with its class (here, in fairseq_spm.py or hf_tokenizer.py). "bpe" (RoBERTa's byte-level BPE over
+# vocab.json + merges.txt, conversion/bpe.py) is read from checkpoints only.
+def _wordpiece_saved(tokenizer) -> dict:
+  return {"max_chars_per_word": tokenizer.max_chars_per_word}  # HF's 100 for a converted HF checkpoint
+
+
+def _fairseq(kind: str, hf_class: str) -> tokenizer_kinds.TokenizerKind:
+  files = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
+  load = lambda path, lower, chars, quotes: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)  # noqa: E731
+  return tokenizer_kinds.TokenizerKind(
+      kind, load, file_names=" or ".join(files), hf_class=hf_class, own_ids=True,
+      hf_json=lambda path, lower: fairseq_spm.hf_tokenizer_json(fairseq_spm.FairseqSentencePieceTokenizer(path, kind)))
+
+
+for _kind in (
+    tokenizer_kinds.TokenizerKind("wordpiece",
+                                  lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
+                                  ("vocab.txt",), hf_class="BertTokenizer", saved=_wordpiece_saved),
+    tokenizer_kinds.TokenizerKind("sentencepiece",
+                                  lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
+                                  ("spiece.model",), "spiece.model (any *.model)", hf_class="AlbertTokenizer"),
+    tokenizer_kinds.TokenizerKind("bpe", None, ("vocab.json", "merges.txt"), hf_class="RobertaTokenizer"),
+    tokenizer_kinds.TokenizerKind("xlnet_spm", lambda path, lower, chars, quotes: XLNetTokenizer(path, lower),
+                                  ("spiece.model",), f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
+                                  hf_class="XLNetTokenizer", own_ids=True,
+                                  hf_json=lambda path, lower: XLNetTokenizer(path, lower).hf_tokenizer_json()),
+    _fairseq("camembert_spm", "CamembertTokenizer"),
+    _fairseq("xlmr_spm", "XLMRobertaTokenizer"),
+    tokenizer_kinds.TokenizerKind(hf_tokenizer.KIND,
+                                  lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
+                                  file_names=hf_tokenizer.FILE)):
+  tokenizer_kinds.register(_kind)
 
 
 def kind_of_file(path: str) -> str:
@@ -511,14 +532,14 @@ def kind_of_file(path: str) -> str:
 
 def load_tokenizer(path: str, lower_case: bool = True, *, max_chars_per_word: int = GOOGLE_MAX_CHARS_PER_WORD,
                    quotes_to_double: bool = False, kind: str | None = None):
-  """The tokenizer of `kind` (KINDS) over `path`; without a kind, `kind_of_file(path)`'s.
+  """The tokenizer of `kind` (tokenizer_kinds.loadable()) over `path`; without a kind, `kind_of_file(path)`'s.
 
   Google's conventions by default; HF parity: max_chars_per_word=HF_MAX_CHARS_PER_WORD (WordPiece),
   quotes_to_double=True (SentencePiece, transformers' AlbertTokenizer). The fairseq kinds
   (fairseq_spm.py: CamemBERT's and XLM-R's) and tokenizer_json are cased as their files say, whatever
   `lower_case` says.
   """
-  kind = kind or kind_of_file(path)
-  if kind not in _LOADERS:
-    raise DataError(f"tokenizer kind {kind!r} is not one of {KINDS}")
-  return _LOADERS[kind](path, lower_case, max_chars_per_word, quotes_to_double)
+  record = tokenizer_kinds.get(kind or kind_of_file(path))
+  if record.load is None:
+    raise DataError(f"tokenizer kind {record.name!r} is not one of {tokenizer_kinds.loadable()}")
+  return record.load(path, lower_case, max_chars_per_word, quotes_to_double)

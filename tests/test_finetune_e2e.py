@@ -83,7 +83,7 @@ def test_two_stage_takes_encoder_and_drops_other_head(sst2_run, tmp_path):
                   ("index", "sentence1", "sentence2", "label"), n_train=32, n_dev=32)
   config = load_config("configs/glue.py:rte", overrides + [f"--config.init_from={workdir}",
                                                            f"--config.data.data_dir={rte}"])
-  run = trainer.Run(config, str(tmp_path / "run"))
+  run = trainer.start(config, str(tmp_path / "run"))
   saved, _ = trainer.checkpoint.load_params(workdir)
   same = jax.tree.map(np.array_equal, jax.device_get(run.state.params["encoder"]), saved["encoder"])
   assert all(jax.tree.leaves(same))
@@ -118,7 +118,7 @@ def test_paused_and_sigterm_stopped_runs_continue_exactly(sst2_run, tmp_path, mo
                            "--config.train.log_every_steps=1"]
   config = load_config("configs/glue.py:sst2", overrides)
   straight = trainer.finetune(config, str(tmp_path / "straight"))
-  paused = trainer.Run(config, str(tmp_path / "paused"))
+  paused = trainer.start(config, str(tmp_path / "paused"))
   paused.advance(1)
   paused.pause()
   command = ["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(tmp_path / "paused"), *overrides]
@@ -172,7 +172,7 @@ def test_divergence_stops_a_finetuning_run(sst2_run, tmp_path):
   config = load_config("configs/glue.py:sst2", overrides + [
       f"--config.data.data_dir={data}", "--config.train.epochs=1", "--config.data.train_limit=64",
       "--config.train.eval_every_steps=2"])
-  run = trainer.Run(config, str(tmp_path))
+  run = trainer.start(config, str(tmp_path))
   step = run.setup.train_step
 
   def poisoned(state, batch, rng):  # step 3 reports a non-finite loss

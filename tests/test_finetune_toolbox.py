@@ -317,7 +317,7 @@ def test_each_seed_drives_only_its_own_stream(tmp_path):
   import test_finetune_e2e as e2e  # pylint: disable=import-outside-toplevel
   data = e2e._glue_dir(tmp_path / "data", lambda i, s, y: f"{s}\t{y}", ("0", "1"), ("sentence", "label"),
                        n_train=64, n_dev=32)
-  run = trainer.Run(load_config("configs/glue.py:sst2", e2e.TINY + [
+  run = trainer.start(load_config("configs/glue.py:sst2", e2e.TINY + [
       f"--config.data.data_dir={data}", "--config.train.tensorboard=false", "--config.train.head_seed=1",
       "--config.train.data_seed=2", "--config.train.dropout_seed=3",
       "--config.optimizer.warmup_ratio=0.0"]), str(tmp_path / "run"))  # the first step moves the parameters
@@ -325,7 +325,7 @@ def test_each_seed_drives_only_its_own_stream(tmp_path):
   same = lambda a, b: all(jax.tree.leaves(jax.tree.map(np.array_equal, get(a), get(b))))  # noqa: E731
   assert same(run.state.params, setup.init_params(jax.random.key(1)))
   assert not same(run.state.params, setup.init_params(jax.random.key(0)))
-  batches = {seed: next(trainer.train_batches(run.task.train, 16, seed, 0, 1)) for seed in (0, 2)}
+  batches = {seed: next(trainer.train_batches(run.learner.task.train, 16, seed, 0, 1)) for seed in (0, 2)}
   assert not np.array_equal(batches[0]["input_ids"], batches[2]["input_ids"])
   batch = trainer.partitioning.global_batch(batches[2], setup.mesh)
   fresh = lambda: setup.make_state(setup.init_params(jax.random.key(1)))  # noqa: E731  (compiled by the run)

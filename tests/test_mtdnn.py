@@ -19,7 +19,7 @@ from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.errors import UserError
 from bert_jax.finetune import multitask
-from bert_jax.training import loop, partitioning
+from bert_jax.training import driver, loop, partitioning
 from core_helpers import slow
 
 SIZES = ["--config.model.num_layers=2", "--config.model.hidden_size=32", "--config.model.num_heads=2",
@@ -88,20 +88,21 @@ def test_presets_pass_and_bad_values_are_named(preset):
 def test_a_step_moves_the_encoder_and_only_its_tasks_head(trained, tmp_path):
   config = _config(trained[0])  # the trained run's: its step is compiled already
   multitask.validate(config)
-  run = multitask.MultiTaskRun(config, tmp_path / "w", loop.StopRequests())
-  assert run.names == ["first_word", "sst2"]
+  learner = multitask.MultiTaskRun(config, tmp_path / "w")
+  run = driver.Driver(config, tmp_path / "w", learner, loop.StopRequests())
+  assert learner.names == ["first_word", "sst2"]
   params = jax.device_get(run.state.params)
   assert set(params[multitask.HEADS]) == {"first_word", "sst2"} and "head" not in params
-  i = run.names.index("sst2")
-  batch = {k: v[:16] for k, v in run.tasks[i].train.items()}
-  objective = run.setups[i].objective
+  i = learner.names.index("sst2")
+  batch = {k: v[:16] for k, v in learner.tasks[i].train.items()}
+  objective = learner.setups[i].objective
   loss = lambda p: objective.loss(objective.sums(p, batch, None, True), objective.counts(batch))  # noqa: E731
   grads = jax.jit(jax.grad(loss))(params)
   assert all(np.all(g == 0) for g in jax.tree.leaves(grads[multitask.HEADS]["first_word"]))
   assert all(np.any(g != 0) for g in jax.tree.leaves(grads[multitask.HEADS]["sst2"]))
   state = run.state
   for _ in range(2):  # the first step's learning rate is 0 (warmup)
-    state, _ = run.setups[i].train_step(state, partitioning.global_batch(batch, run.setup.mesh), jax.random.key(0))
+    state, _ = learner.setups[i].train_step(state, partitioning.global_batch(batch, run.setup.mesh), jax.random.key(0))
   after = jax.device_get(state.params)
   for before_leaf, after_leaf in zip(jax.tree.leaves(params[multitask.HEADS]["first_word"]),
                                      jax.tree.leaves(after[multitask.HEADS]["first_word"])):
@@ -182,7 +183,7 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(trained, tmp_path):
   reference = multitask.train(config, str(tmp_path / "ref"))
   workdir = tmp_path / "w"
   multitask.validate(config)
-  run = multitask.MultiTaskRun(config, workdir, _StopAt(21))
+  run = driver.Driver(config, workdir, multitask.MultiTaskRun(config, workdir), _StopAt(21))
   run.advance()
   assert run.stopped_by == "SIGTERM" and run.step == 21 and (workdir / "state").exists()
   assert multitask.train(config, str(workdir))["dev"] == reference["dev"]
@@ -195,11 +196,11 @@ def test_a_2x2x2_mesh_trains_as_data_parallel(trained, tmp_path):
   for i, mesh in enumerate((["--config.mesh.data=8"], ["--config.mesh.data=2", "--config.mesh.fsdp=2",
                                                        "--config.mesh.tensor=2"])):
     config = _config(trained[0], *mesh)
-    run = multitask.MultiTaskRun(config, tmp_path / str(i), _StopAt(3))
+    run = driver.Driver(config, tmp_path / str(i), multitask.MultiTaskRun(config, tmp_path / str(i)), _StopAt(3))
     run.advance()
     assert run.step == 3
     params.append(jax.device_get(run.state.params))
-  assert {multitask.task_at(s, 0, run.p) for s in range(3)} == {0, 1}
+  assert {multitask.task_at(s, 0, run.learner.p) for s in range(3)} == {0, 1}
   for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
     np.testing.assert_allclose(a, b, atol=2e-5)
 

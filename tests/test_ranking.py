@@ -190,6 +190,13 @@ def test_a_short_run_ranks_the_positive_first(single, tmp_path, capsys):
                                              for i in range(len(members))]
 
 
+def test_tokens_per_second_count_every_row_of_a_group(single):
+  """train.batch_size counts groups: the logged tokens/s is 8 groups x 2 rows (group_size) x 24 tokens a step."""
+  _, workdir = single
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if "tokens_per_sec" in line]
+  assert rows and all(r["tokens_per_sec"] == pytest.approx(r["steps_per_sec"] * 8 * 2 * 24) for r in rows)
+
+
 def test_export_is_a_one_label_sequence_classifier(single, tmp_path):
   transformers = pytest.importorskip("transformers")
   torch = pytest.importorskip("torch")

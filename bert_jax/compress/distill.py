@@ -25,7 +25,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from bert_jax import params_checkpoint, workdir as workdir_lib
 from bert_jax.compress.teacher import Teacher, chosen_layers
@@ -34,7 +33,7 @@ from bert_jax.finetune import heads, init, optim, trainer
 from bert_jax.finetune.features import MODEL_INPUTS
 from bert_jax.finetune.objective import predict_step
 from bert_jax.finetune.tasks import Task
-from bert_jax.models import families
+from bert_jax.models import families, head_kinds
 from bert_jax.models.config import ModelConfig
 from bert_jax.ops import distill_losses as losses
 from bert_jax.training import partitioning
@@ -116,13 +115,9 @@ class DistillObjective:
     t = jax.lax.stop_gradient(self.teacher.apply({"params": teacher_params},
                                                  *(batch[k] for k in MODEL_INPUTS)))
     mask, mapped = batch["attention_mask"], jnp.asarray(self.mapping)
-    if self.kind == "regression":
-      out = {"hard": jnp.sum(jnp.square(s["logits"] - batch["label"])),
-             "soft": jnp.sum(jnp.square(s["logits"] - t["logits"]))}
-    else:
-      out = {"hard": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(s["logits"], batch["label"])),
-             "soft": (losses.logit_mse_sum(s["logits"], t["logits"]) if self.cfg.get("soft_loss") == "logit_mse"
-                      else losses.soft_target_sum(s["logits"], t["logits"], self.cfg.temperature))}
+    kind = head_kinds.get(self.kind)
+    out = {"hard": kind.loss({"logits": s["logits"]}, batch),
+           "soft": kind.distill_soft(s["logits"], t["logits"], self.cfg.temperature, self.cfg.get("soft_loss", "kl"))}
     if self.weights["hidden"]:
       out["hidden"] = losses.hidden_mse_sum(self._project(params, s["hidden_states"]),
                                             t["hidden_states"][jnp.concatenate([jnp.zeros(1, int), mapped])],
@@ -161,8 +156,8 @@ def student_config(config: ml_collections.ConfigDict, teacher: Teacher, layers) 
 
 
 def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: ModelConfig, kind: str) -> None:
-  if kind not in ("classification", "regression"):
-    raise UserError(f"distill supports classification and regression tasks, not a {kind} head")
+  if head_kinds.get(kind).distill_soft is None:
+    raise UserError(f"distill supports {head_kinds.distillable()} tasks, not a {kind} head")
   if cfg.temperature <= 0 or any(cfg[f"{k}_weight"] < 0 for k in LOSSES):
     raise UserError("distill.temperature must be > 0 and every distill.*_weight >= 0")
   if cfg.get("soft_loss", "kl") not in SOFT_LOSSES:

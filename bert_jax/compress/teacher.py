@@ -21,9 +21,9 @@ from bert_jax import params_checkpoint, workdir as workdir_lib
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
+from bert_jax.training.objectives import registry
 
 # Saved objectives whose params hold a BertModel with its MLM head (extra heads are not read).
-MLM_OBJECTIVES = ("bert", "spanbert", "structbert", "distill_mlm", "mobilebert_pkt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +61,9 @@ class Teacher:
       raise UserError(f"distill.teacher={location} is a fine-tuning workdir: general distillation needs a "
                       "pretraining workdir or converted checkpoint (task distillation: configs/distill.py:embedded)")
     objective = teacher.saved.get("objective", "bert")
-    if objective not in MLM_OBJECTIVES or not teacher.saved["model"].get("mlm_head", False):
+    if objective not in registry.with_bert_mlm() or not teacher.saved["model"].get("mlm_head", False):
       raise UserError(f"distill.teacher={location} (objective={objective!r}) has no BERT MLM head to take "
-                      f"soft targets from; use a teacher of objective {MLM_OBJECTIVES}")
+                      f"soft targets from; use a teacher of objective {registry.with_bert_mlm()}")
     return teacher
 
   @property

@@ -27,7 +27,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from bert_jax import params_checkpoint
 from bert_jax.compress.distill import Distillation, InnerModel
@@ -111,10 +110,7 @@ class TheseusObjective:
     draw_rng, rng = jax.random.split(rng) if rng is not None else (jax.random.key(0), None)
     replace = jax.random.bernoulli(draw_rng, p, (self.student.config.num_layers,))
     logits = self.mixed_logits(params, teacher["params"], batch, replace, rng, deterministic)
-    if self.kind == "regression":
-      task = jnp.sum(jnp.square(logits - batch["label"]))
-    else:
-      task = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]))
+    task = head_kinds.get(self.kind).loss({"logits": logits}, batch)
     n = self.counts(batch)["labels"]
     return {"hard": task, "replace_rate": p * n, "replaced": jnp.mean(replace.astype(jnp.float32)) * n}
 
@@ -161,8 +157,8 @@ class Theseus(Distillation):
     self.teacher_params: Any = None
 
   def model_config(self, config: ml_collections.ConfigDict, task: Task) -> ModelConfig:
-    if task.head not in ("classification", "regression"):
-      raise UserError(f"Theseus compression supports classification and regression tasks, not a {task.head} head")
+    if head_kinds.get(task.head).distill_soft is None:
+      raise UserError(f"Theseus compression supports {head_kinds.distillable()} tasks, not a {task.head} head")
     fields = {**self.teacher.saved["model"], "num_layers": len(self.layers),
               "hidden_dropout": config.model.hidden_dropout, "attention_dropout": config.model.attention_dropout}
     return heads.encoder_config(ModelConfig.from_dict(fields), task.head, "pooled")

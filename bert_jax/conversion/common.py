@@ -6,30 +6,29 @@ import os
 
 from etils import epath
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+# tokenizers registers the built-in kinds that tokenizer_kinds is asked about here
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds, tokenizers  # noqa: F401
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
-TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
-                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",)}
 # CamemBERT's and XLM-R's SentencePiece in fairseq's layout (data_pipelines/fairseq_spm.py): one file, the
 # first of these a folder holds (tokenizer.json is what transformers reads when both are there). Only a
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
 FAIRSEQ_FILES = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
-FAIRSEQ_KINDS = fairseq_spm.KINDS
 TOKENIZER_JSON = hf_tokenizer.KIND  # a Hugging Face tokenizer.json of any kind, read by the `tokenizers` library
-# The files a folder holds for each kind, as a message names them.
-_FILE_NAMES = {"wordpiece": "vocab.txt", "sentencepiece": "spiece.model (any *.model)",
-               "bpe": "vocab.json + merges.txt", "xlnet_spm": f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
-               **{kind: " or ".join(FAIRSEQ_FILES) for kind in FAIRSEQ_KINDS},
-               hf_tokenizer.KIND: hf_tokenizer.FILE}
+
+
+def tokenizer_files() -> dict[str, tuple[str, ...]]:
+  """{kind: the files a checkpoint folder holds it under}, for the kinds found by their files' names
+  (data_pipelines/tokenizer_kinds.py)."""
+  return {k: tokenizer_kinds.get(k).files for k in tokenizer_kinds.names() if tokenizer_kinds.get(k).files}
 
 
 def tokenizer_file_names(kind: str | None = None) -> str:
   """The tokenizer files bert_jax reads for `kind` (a family's tokenizer kind), or for every kind (None)."""
-  if kind in _FILE_NAMES:
-    return _FILE_NAMES[kind]
-  return ", ".join(dict.fromkeys(_FILE_NAMES.values()))
+  if kind in tokenizer_kinds.names():
+    return tokenizer_kinds.get(kind).described
+  return ", ".join(dict.fromkeys(tokenizer_kinds.get(k).described for k in tokenizer_kinds.names()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +84,8 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
   if preferred in fairseq_spm.KINDS:
     found = next((directory / n for n in FAIRSEQ_FILES if (directory / n).exists()), None)
     return Tokenizer(preferred, False, {found.name: os.fspath(found)}) if found else None
-  kinds = [k for k in sorted(TOKENIZER_FILES, key=lambda k: k != preferred)
-           if all((directory / n).exists() for n in TOKENIZER_FILES[k])]
+  files = tokenizer_files()
+  kinds = [k for k in sorted(files, key=lambda k: k != preferred) if all((directory / n).exists() for n in files[k])]
   fast = directory / hf_tokenizer.FILE
   if fast.exists() and preferred not in kinds[:1]:
     kind = hf_tokenizer.class_kind(directory) or ("xlnet_spm" if preferred == "xlnet_spm" else hf_tokenizer.KIND)
@@ -94,7 +93,7 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
     return Tokenizer(kind, lower_case and kind == "xlnet_spm", files)
   if kinds:
     return Tokenizer(kinds[0], lower_case and kinds[0] != "bpe",
-                     {n: os.fspath(directory / n) for n in TOKENIZER_FILES[kinds[0]]})
+                     {n: os.fspath(directory / n) for n in files[kinds[0]]})
   models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
   if models:
     return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})

@@ -12,8 +12,8 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
-from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS, XLNetTokenizer
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds
+from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
 from bert_jax.conversion import params as params_lib
@@ -23,15 +23,6 @@ from bert_jax.models import families, head_kinds, hf_config as hf_config_lib
 from bert_jax.models.families import Family
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-_TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
-                    "xlnet_spm": "XLNetTokenizer",
-                    "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer",
-                    hf_tokenizer.KIND: "PreTrainedTokenizerFast"}
-# The tokenizer.json written beside a SentencePiece model, by kind.
-_TOKENIZER_JSON = {
-    **{kind: lambda t: fairseq_spm.hf_tokenizer_json(
-        fairseq_spm.FairseqSentencePieceTokenizer(next(iter(t.files.values())), t.kind)) for kind in fairseq_spm.KINDS},
-    "xlnet_spm": lambda t: XLNetTokenizer(next(iter(t.files.values())), t.lower_case).hf_tokenizer_json()}
 # An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 
@@ -300,12 +291,14 @@ def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.To
     workdir.write_text(directory / hf_tokenizer.FILE, fast.to_json())
   else:
     workdir.write_tokenizer(directory, tokenizer.files)
-  if tokenizer.kind in _TOKENIZER_JSON and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
+  kind = tokenizer_kinds.get(tokenizer.kind)
+  if kind.hf_json is not None and fairseq_spm.HF_TOKENIZER_FILE not in tokenizer.files:
     # transformers reads tokenizer.json without the sentencepiece library (a SentencePiece model alone
     # needs it and protobuf): write the one its tokenizer class would save.
-    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE, _TOKENIZER_JSON[tokenizer.kind](tokenizer))
+    workdir.write_json(directory / fairseq_spm.HF_TOKENIZER_FILE,
+                       kind.hf_json(next(iter(tokenizer.files.values())), tokenizer.lower_case))
   own = tokenizer.kind == family.tokenizer  # a family trained with another kind of tokenizer gets its generic class
-  settings = {"tokenizer_class": family.hf.tokenizer_class if own else _TOKENIZER_CLASS[tokenizer.kind],
+  settings = {"tokenizer_class": family.hf.tokenizer_class if own else kind.hf_class,
               "do_lower_case": tokenizer.lower_case}
   if tokenizer.kind == hf_tokenizer.KIND:  # its normalizer cases it; transformers takes the roles from here
     settings = {"tokenizer_class": settings["tokenizer_class"], **fast.transformers_settings()}

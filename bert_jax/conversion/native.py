@@ -4,7 +4,7 @@ from __future__ import annotations
 from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
-from bert_jax.data_pipelines import hf_tokenizer
+from bert_jax.data_pipelines import hf_tokenizer, tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
@@ -29,10 +29,10 @@ def tokenizer(path: str) -> common.Tokenizer | None:
     files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
   elif kind == common.TOKENIZER_JSON:  # and the tokenizer_config.json copied beside it, if any
     files = hf_tokenizer.files_of(str(located))
-  elif kind in (*common.FAIRSEQ_KINDS, "xlnet_spm"):  # a SentencePiece model or tokenizer.json, under its own name
+  elif tokenizer_kinds.get(kind).own_ids:  # a SentencePiece model or tokenizer.json, under its own name
     files = {located.name: str(located)}
   else:
-    files = {common.TOKENIZER_FILES[kind][0]: str(located)}
+    files = {tokenizer_kinds.get(kind).files[0]: str(located)}
   return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))
 
 

@@ -18,11 +18,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax import params_checkpoint
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
-
-_OWN_SENTENCEPIECE = ("xlnet_spm", "camembert_spm", "xlmr_spm")  # SentencePiece in a family's own id layout
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
 MULTITASK_HEADS = params_checkpoint.MULTITASK_HEADS  # a multi-task workdir's heads by task name
@@ -63,7 +62,7 @@ def _vocab_kind(config: ml_collections.ConfigDict) -> str | None:
   family = bert_jax.pretrained.family_name(config.init_from) if config.init_from else None
   kind = families.get(family).tokenizer if family else None
   spm_file = vocab.endswith(".model") or vocab.endswith(".json")
-  return kind if spm_file and kind in _OWN_SENTENCEPIECE else None
+  return kind if spm_file and kind and tokenizer_kinds.get(kind).own_ids else None
 
 
 def _head_compatible(fresh_head: Any, saved_head: Any) -> bool:

@@ -31,7 +31,6 @@ Not (yet) here: SMART, train.mode adapters/feature, int8 training, eval_only and
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -44,15 +43,15 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config_schema, workdir as workdir_lib
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, modes, optim
 from bert_jax.finetune.objective import FinetuneObjective, predict_step
 from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
-from bert_jax.finetune.trainer import Progress, evaluate, seeds
+from bert_jax.finetune.trainer import evaluate, seeds
 from bert_jax.models import attention
-from bert_jax.training import checkpoint, finite, loop, partitioning, step as step_lib
-from bert_jax.training.metrics import MetricsLogger
+from bert_jax.training import checkpoint, driver, partitioning, step as step_lib
 from bert_jax.training.step import TrainSetup, sharded_setup
 
 HEADS = init.MULTITASK_HEADS
@@ -193,11 +192,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 class MultiTaskRun:
-  """One multi-task run in a locked workdir: `advance()` trains (resuming a saved state), `finish()` writes
-  the model, eval_results.json and finished.json."""
+  """The multi-task job's learner (training/driver.py): the tasks' batches, each task's step, and the mean of
+  the tasks' dev scores."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir, signals: loop.StopRequests):
-    self.config, self.workdir, self.signals = config, workdir_lib.path(workdir), signals
+  evaluates_start = False
+  score_name = "mean of the tasks' scores"
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir):
+    self.config, self.workdir = config, workdir_lib.path(workdir)
     self.names = task_names(config)
     self.configs = [task_config(config, name) for name in self.names]
     saved = workdir_lib.read_config(config.init_from) if config.init_from else None
@@ -221,9 +223,9 @@ class MultiTaskRun:
     self.seeds = seeds(config.train)
     self.setups, self.steps_per_epoch = self._setups()
     self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, config.train.mode)
-    self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
-    self.state, self.progress = self._start()
-    self.stopped_by: str | None = None
+    self.tokens_per_step = config.train.batch_size * config.data.max_seq_length
+    self._rng = jax.random.key(self.seeds["dropout"])
+    self._stream: TaskStream | None = None
 
   def _setups(self) -> tuple[list[TrainSetup], int]:
     """One sharded setup per task over the same tree, mesh and optimizer: its own jitted steps."""
@@ -256,50 +258,26 @@ class MultiTaskRun:
   def setup(self) -> TrainSetup:
     return self.setups[0]
 
-  @property
-  def step(self) -> int:
-    return int(self.state.step)
-
-  def _start(self):
-    """Own saved state > init_from's encoder over a fresh init > a fresh init."""
-    paused = checkpoint.resume_paused(self.workdir, self.setup.abstract_state, self.config)
-    if paused is not None:
-      return paused[0], Progress(**paused[1])
+  def initial_params(self) -> Any:
+    """init_from's encoder over a fresh init, or a fresh init."""
     params = self.setup.init_params(jax.random.key(self.seeds["head"]))
     if self.config.init_from:
       keep = [k for k in init.ENCODER_KEYS if k in params]
       params = checkpoint.load_params_into(self.config.init_from, params, keep=keep)
       print(f"initialised the shared encoder from {self.config.init_from}", flush=True)
-    return self.setup.make_state(params), Progress()
+    return params
 
-  def advance(self) -> None:
-    """Trains to the end (or a signal, or early stopping), evaluating on the way."""
-    cfg, num_steps = self.config.train, self.setup.num_steps
-    rng = jax.random.key(self.seeds["dropout"])
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
-    if self.step == 0:
-      logger.write_hparams(self.config.to_dict())
+  def batches(self, start: int, end: int) -> TaskStream:
     lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
-    stream = TaskStream([t.train for t in self.tasks], cfg.batch_size, self.seeds["data"], self.p, self.step,
-                        num_steps, lengths)
-    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
-    steps = loop.Loop(
-        step_fn=lambda state, batch: self.setups[stream.task].train_step(state, batch, rng), mesh=self.setup.mesh,
-        cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
-                             self.config.checkpoint.every_steps), logger=logger,
-        guard=self.guard, signals=self.signals,
-        save=lambda step, state: ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress)),
-        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * self.config.data.max_seq_length,
-        save_at_end=False, last_saved=self.progress.best_step if self.progress.best_step >= 0 else None,
-        counts_evaluation=self.progress.counts)
-    try:
-      outcome = steps.run(self.state, stream, self.step, num_steps)
-    finally:
-      ckpt.close()
-      logger.close()
-    self.state, self.stopped_by = outcome.state, outcome.stopped_by
+    self._stream = TaskStream([t.train for t in self.tasks], self.config.train.batch_size, self.seeds["data"],
+                              self.p, start, end, lengths)
+    return self._stream
 
-  def evaluate(self, params: Any) -> tuple[dict[str, dict[str, dict[str, float]]], dict, float]:
+  def step(self, state: Any, batch: dict) -> tuple[Any, dict]:
+    """The step of the task whose batch the stream gave last."""
+    return self.setups[self._stream.task].train_step(state, batch, self._rng)
+
+  def evaluate_tasks(self, params: Any) -> tuple[dict[str, dict[str, dict[str, float]]], dict, float]:
     """(per task: its eval sets' metrics; per task: the model outputs; the mean of the tasks' scores)."""
     per_task, outputs = {}, {}
     for name, setup, task in zip(self.names, self.setups, self.tasks):
@@ -307,23 +285,12 @@ class MultiTaskRun:
     scores = [score(task, per_task[name][task.evals[0].name]) for name, task in zip(self.names, self.tasks)]
     return per_task, outputs, float(np.mean(scores))
 
-  def _evaluate_and_keep(self, step: int, state: Any) -> loop.Evaluation:
-    per_task, _, current = self.evaluate(state.params)
-    progress = self.progress
-    progress.last_score, progress.evaluated_step = current, step
-    kept = current > progress.best_score
-    if kept:
-      progress.best_score, progress.best_step, progress.bad_evals = current, step, 0
-      if self.config.train.keep_best:
-        self.save_params(state.params)
-    else:
-      progress.bad_evals += 1
-    patience = self.config.train.early_stopping_patience
-    progress.stopped_early = bool(patience) and progress.bad_evals >= patience
+  def evaluate(self, params: Any) -> driver.Scored:
+    per_task, outputs, current = self.evaluate_tasks(params)
     scalars = {f"{name}/{k}": v for name, sets in per_task.items() for k, v in merge_metrics(sets).items()
                if isinstance(v, (int, float))}
-    return loop.Evaluation({"score": current, **scalars}, kept=kept and self.config.train.keep_best,
-                           stop=progress.stopped_early)
+    results = {**{name: merge_metrics(sets) for name, sets in per_task.items()}, "score": current}
+    return driver.Scored(current, {"score": current, **scalars}, results, outputs=outputs)
 
   def saved_config(self) -> dict:
     """config.json: the run config, the resolved model, the tokenizer and each task's head."""
@@ -332,51 +299,31 @@ class MultiTaskRun:
     saved["task"]["heads"] = {name: {"head": t.head, "num_labels": t.num_labels, "labels": list(t.labels)}
                               for name, t in zip(self.names, self.tasks)}
     saved["trainable_parameters"] = self.trainable_parameters
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
-                         lower_case=self.tokenizer.lower_case)
-    if self.tokenizer.kind == "wordpiece":
-      saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name,
+                         **tokenizer_kinds.saved_fields(self.tokenizer))
     return saved
+
+  def exported(self, params: Any) -> Any:
+    return params
 
   def save_params(self, params: Any) -> None:
     checkpoint.save_params(self.workdir, params, self.saved_config(), self.tokenizer.files)
 
-  def finish(self) -> dict[str, Any]:
-    """The kept (best, or last) parameters evaluated: eval_results.json, predictions, finished.json."""
-    keep_best = self.config.train.keep_best and self.progress.best_step >= 0
-    if keep_best:
-      params = checkpoint.load_params_into(self.workdir, self.setup.abstract_state.params)
-    else:
-      params = self.state.params
-      self.save_params(params)
-    per_task, outputs, mean = self.evaluate(params)
-    results = {**{name: merge_metrics(sets) for name, sets in per_task.items()}, "score": mean}
-    workdir_lib.write_json(self.workdir / workdir_lib.EVAL_RESULTS, results)
+  def write_outputs(self, params: Any, scored: driver.Scored) -> None:
+    """Each task's dev predictions (predict_split=dev) in predictions/<task>/."""
+    del params
     if self.config.predict_split == "dev":
       for name, task in zip(self.names, self.tasks):
         for eval_set in task.evals:
           eval_set.write_predictions(os.fspath(self.workdir / workdir_lib.PREDICTIONS / name),
-                                     outputs[name][eval_set.name])
-    loop.write_finished(self.workdir, {
-        "step": self.step, "num_steps": self.setup.num_steps, "best_step": self.progress.best_step,
-        "best_score": self.progress.best_score if self.progress.best_step >= 0 else None,
-        "score": "mean of the tasks' scores", "stopped_early": self.progress.stopped_early, "dev": results})
-    if (self.workdir / workdir_lib.PAUSED).exists():
-      (self.workdir / workdir_lib.PAUSED).rmtree()
-    return results
+                                     scored.outputs[name][eval_set.name])
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Multi-task fine-tuning in `workdir` (held locked). Returns {"dev": {task: metrics, ..., "score"}, "step",
   "num_steps", "best_step", "best_score", "stopped_by", "finished_before"}: a finished workdir is not trained
   again (finished_before, with its record), unless train.restart."""
-  def train_run(run: MultiTaskRun) -> dict[str, Any]:
-    run.advance()
-    result = {"step": run.step, "num_steps": run.setup.num_steps, "best_step": run.progress.best_step,
-              "best_score": run.progress.best_score if run.progress.best_step >= 0 else None,
-              "stopped_early": run.progress.stopped_early, "stopped_by": run.stopped_by, "finished_before": False}
-    return {**result, "dev": {} if run.stopped_by else run.finish()}
-  return loop.run_job(config, workdir, validate=validate, build=MultiTaskRun, train=train_run)
+  return driver.run_job(config, workdir, validate=validate, learner=MultiTaskRun)
 
 
 def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 
 from bert_jax import pretrained, workdir as workdir_lib
 from bert_jax.errors import UserError
-from bert_jax.finetune.trainer import Run, validate
+from bert_jax.finetune.trainer import start, validate
 from bert_jax.training import loop
 
 
@@ -79,7 +79,7 @@ def _train_rung(config, workdir: str, setting: Setting, seed: int, fraction: flo
   finished = loop.read_finished(location)
   if finished is not None:
     return finished["best_score"], finished["best_loss"]
-  run = Run(run_config(config, setting, seed), location, signals=signals)
+  run = start(run_config(config, setting, seed), location, signals=signals)
   best = run.advance(math.ceil(fraction * run.setup.num_steps))
   if run.stopped_by:
     return None

@@ -18,15 +18,15 @@ progress) and the workdir layout of bert_jax/workdir.py:
   predictions/                    GLUE leaderboard TSVs or SQuAD JSON
 Start order: own paused state > init_from > fresh init. A finished workdir is not trained again: the
 job says so, unless train.restart, which moves the finished run's files aside first (training/loop.py).
-What a run trains is its learner's: `FineTuning` here (the task's model; what trains is train.mode's,
-finetune/modes.py; SMART's terms come from the objective, finetune/smart.py), or a student and its
-teacher (compress/distill.py); everything else (the loop, evaluation, keeping the best, pausing) is
-`Run`'s. Three seeds (head, data, dropout) default to train.seed, so that a sweep may vary one of them
+`Run` is the job's learner (training/driver.py owns the loop, keeping the best, early stopping, pausing
+and the finish); what it trains is its model learner's: `FineTuning` here (the task's model; what trains
+is train.mode's, finetune/modes.py; SMART's terms come from the objective, finetune/smart.py), or a
+student and its teacher (compress/distill.py). Three seeds (head, data, dropout) default to train.seed, so
+that a sweep may vary one of them
 at a time (Dodge et al. 2020).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -39,6 +39,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads, init, memory, modes, optim, smart
 from bert_jax.finetune.batching import train_batches
@@ -48,8 +49,7 @@ from bert_jax.finetune.task_registry import build_task
 from bert_jax.finetune.tasks import Task, merge_metrics, score
 from bert_jax.models import attention
 from bert_jax.ops import int8
-from bert_jax.training import checkpoint, finite, loop, partitioning
-from bert_jax.training.metrics import MetricsLogger
+from bert_jax.training import checkpoint, driver, loop, partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup
 
 
@@ -114,10 +114,7 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
   saved = config.to_dict()
   saved["model"] = model_config.to_dict()
   saved["task"].update(head=task.head, num_labels=task.num_labels, labels=list(task.labels))
-  saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, tokenizer=tokenizer.kind,
-                       lower_case=tokenizer.lower_case)
-  if tokenizer.kind == "wordpiece":  # the longest word it keeps (HF's 100 for a converted HF checkpoint)
-    saved["data"]["max_chars_per_word"] = tokenizer.max_chars_per_word
+  saved["data"].update(vocab=workdir_lib.path(tokenizer.path).name, **tokenizer_kinds.saved_fields(tokenizer))
   if _saves_delta(config):
     saved[params_checkpoint.BASE] = str(workdir_lib.path(config.init_from))
   return saved
@@ -125,23 +122,6 @@ def _saved_config(config: ml_collections.ConfigDict, model_config, tokenizer, ta
 
 def _saves_delta(config: ml_collections.ConfigDict) -> bool:
   return config.train.mode == "adapters" and bool(config.init_from)
-
-
-@dataclasses.dataclass
-class Progress:
-  """What a paused run must remember besides its train state."""
-  best_score: float = -math.inf
-  best_step: int = -1
-  best_loss: float = math.nan  # the dev loss of the best evaluation (nan for tasks without one)
-  last_score: float = math.nan
-  bad_evals: int = 0
-  stopped_early: bool = False
-  # The last step whose evaluation these fields count: a state saved at an evaluation step is saved before
-  # that evaluation, so a run resumed there evaluates it again (training/loop.py: counts_evaluation).
-  evaluated_step: int = -1
-
-  def counts(self, step: int) -> bool:
-    return self.evaluated_step >= step
 
 
 class FineTuning:
@@ -178,16 +158,16 @@ class FineTuning:
 
 
 class Run:
-  """One fine-tuning run in a workdir; `advance(to_step)` trains until then or until it stops, `pause`
-  keeps its state for a later Run on the same workdir, `finish` evaluates and writes the outputs.
-  A signal (`signals`, training/loop.py) stops `advance` with the state saved (`stopped_by`)."""
+  """The fine-tuning job's learner (training/driver.py: its batches, step, evaluation and saved parameters):
+  one task's model, built by a model learner (`FineTuning` by default; compress/distill.py's `Distillation`,
+  compress/theseus.py's `Theseus`) that it asks only five things: its tokenizer, its model, its setup, where
+  its parameters start and what params/ keeps of them. `start` runs it under the driver."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str, learner: Any = None,
-               signals: loop.StopRequests | None = None):
+  evaluates_start = False
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir, learner: Any = None):
     self.config, self.workdir = config, workdir_lib.path(workdir)
     self.learner = learner or FineTuning()
-    self.signals = signals or loop.StopRequests()
-    self.stopped_by: str | None = None
     self.tokenizer = self.learner.tokenizer(config)
     self.task = build_task(config, self.tokenizer, need_train=not config.eval_only)
     if config.predict_split == "test" and not self.task.tests:
@@ -209,83 +189,38 @@ class Run:
     else:
       print(f"train.mode={config.train.mode}: {count:,} of {total:,} parameters train "
             f"({100 * count / total:.2f}%)", flush=True)
-    self.guard = finite.DivergenceGuard(config.train.skip_nonfinite_steps)
-    self.state, self.progress = self._start()
+    # A ranking group ([G, K, T] features) is K rows: tokens/s counts them all (train.batch_size counts groups).
+    train = self.task.train
+    rows = train["input_ids"].shape[1] if train is not None and train["input_ids"].ndim == 3 else 1
+    self.tokens_per_step = config.train.batch_size * rows * input_length(config)
+    self._rng = jax.random.key(self.seeds["dropout"])
 
-  def _start(self):
-    """Own paused state > the learner's initial parameters."""
-    paused = checkpoint.resume_paused(self.workdir, self.setup.abstract_state, self.config)
-    if paused is not None:
-      return paused[0], Progress(**paused[1])
-    params = self.learner.initial_params(self)
-    return self.setup.make_state(jax.device_put(params, self.setup.state_shardings.params)), Progress()
+  def initial_params(self) -> Any:
+    return jax.device_put(self.learner.initial_params(self), self.setup.state_shardings.params)
 
-  @property
-  def last_kept(self) -> int | None:
-    return self.progress.best_step if self.progress.best_step >= 0 else None
+  def batches(self, start: int, end: int):
+    lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
+    return train_batches(self.task.train, self.config.train.batch_size, self.seeds["data"], start, end, lengths)
 
-  @property
-  def step(self) -> int:
-    return int(self.state.step)
+  def step(self, state: Any, batch: dict) -> tuple[Any, dict]:
+    return self.setup.train_step(state, batch, self._rng)
 
-  @property
-  def finished(self) -> bool:
-    return self.progress.stopped_early or self.step >= self.setup.num_steps
-
-  def advance(self, to_step: int | None = None) -> float:
-    """Trains up to `to_step` (default: the end), evaluating on the way; returns the best dev score."""
-    cfg = self.config.train
-    num_steps = self.setup.num_steps
-    end = min(to_step or num_steps, num_steps)
-    rng = jax.random.key(self.seeds["dropout"])
-    logger = MetricsLogger(self.workdir, num_steps, self.step, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
-    if self.step == 0:
-      logger.write_hparams(self.config.to_dict())
-    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
-    steps = loop.Loop(
-        step_fn=lambda state, batch: self.setup.train_step(state, batch, rng), mesh=self.setup.mesh,
-        cadence=loop.Cadence(num_steps, cfg.log_every_steps, config_schema.eval_every(cfg, self.steps_per_epoch),
-                             self.config.checkpoint.every_steps), logger=logger,
-        guard=self.guard, signals=self.signals, save=lambda step, state: self._save_state(ckpt, step, state),
-        evaluate=self._evaluate_and_keep, tokens_per_step=cfg.batch_size * input_length(self.config),
-        save_at_end=False, last_saved=self.last_kept, counts_evaluation=self.progress.counts)
-    try:
-      lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
-      outcome = steps.run(self.state, train_batches(self.task.train, cfg.batch_size, self.seeds["data"],
-                                                    self.step, end, lengths), self.step, end)
-    finally:
-      ckpt.close()
-      logger.close()
-    self.state, self.stopped_by = outcome.state, outcome.stopped_by
-    return self.progress.best_score
-
-  def _evaluate_and_keep(self, step: int, state: Any) -> loop.Evaluation:
-    """Scores the dev set, saves the parameters if they are the best so far; stops early after
-    train.early_stopping_patience evaluations without a better score."""
-    per_set, _ = evaluate(self.setup, state.params, self.task, self.config.train.eval_batch_size)
-    current = score(self.task, per_set[self.task.evals[0].name])
-    self.progress.last_score, self.progress.evaluated_step = current, step
-    kept = current > self.progress.best_score
-    if kept:
-      self.progress.best_score, self.progress.best_step, self.progress.bad_evals = current, step, 0
-      self.progress.best_loss = float(per_set[self.task.evals[0].name].get("loss", math.nan))
-      if self.config.train.keep_best:
-        self.save_params(state.params)
-    else:
-      self.progress.bad_evals += 1
-    patience = self.config.train.early_stopping_patience
-    self.progress.stopped_early = bool(patience) and self.progress.bad_evals >= patience
-    if self.progress.stopped_early and jax.process_index() == 0:
-      print(f"early stopping at step {step} of {self.setup.num_steps}: {patience} evaluation(s) without a better "
-            f"dev {self.score_name} than {self.progress.best_score:.4g} (step {self.progress.best_step}); "
-            f"train.early_stopping_patience={patience}", flush=True)
-    return loop.Evaluation({"score": current, **merge_metrics(per_set)},
-                           kept=kept and self.config.train.keep_best, stop=self.progress.stopped_early)
+  def evaluate(self, params: Any) -> driver.Scored:
+    """The dev sets' metrics; the score is the first set's (the task's selection metric)."""
+    per_set, outputs = evaluate(self.setup, params, self.task, self.config.train.eval_batch_size)
+    first = per_set[self.task.evals[0].name]
+    current = score(self.task, first)
+    results = merge_metrics(per_set)
+    return driver.Scored(current, {"score": current, **results}, results, float(first.get("loss", math.nan)),
+                         outputs)
 
   @property
   def score_name(self) -> str:
     """What `score` is: the task's selection metric, or the mean of several."""
     return " and ".join(self.task.selection) if len(self.task.selection) > 1 else self.task.selection[0]
+
+  def exported(self, params: Any) -> Any:
+    return self.learner.exported(params)
 
   def save_params(self, params: Any) -> None:
     """The params checkpoint of the workdir: every parameter, or with adapters the trained ones."""
@@ -294,54 +229,22 @@ class Run:
       params = modes.trainable_subtree(params, self.learner.exported(self.trainable))
     checkpoint.save_params(self.workdir, params, self.saved_config, self.tokenizer.files)
 
-  def _save_state(self, ckpt: checkpoint.Checkpointer, step: int, state: Any) -> None:
-    ckpt.save(step, state, force=True, progress=dataclasses.asdict(self.progress))
-
-  def pause(self) -> None:
-    """Saves the train state so that a new Run on this workdir continues where this one stopped."""
-    self.guard.check_state(self.step, self.state, self.last_kept)
-    ckpt = checkpoint.Checkpointer.paused(self.workdir, self.config.checkpoint)
-    try:
-      self._save_state(ckpt, self.step, self.state)
-    finally:
-      ckpt.close()
-
-  def final_params(self) -> Any:
-    """The kept (best) parameters, with what params/ does not hold (a student's projection) from the state."""
-    if self.config.train.keep_best and self.progress.best_step >= 0:
-      abstract = self.learner.exported(self.setup.abstract_state.params)
-      return {**self.state.params, **checkpoint.load_params_into(self.workdir, abstract)}
-    return self.state.params
-
-  def finish(self) -> dict[str, float]:
-    """Final dev metrics (best kept parameters) to eval_results.json, predictions, finished.json (a
-    training run), state cleanup."""
-    params = self.state.params if self.config.eval_only else self.final_params()
-    if not self.config.eval_only and not (self.config.train.keep_best and self.progress.best_step >= 0):
-      self.save_params(params)
-    per_set, outputs = evaluate(self.setup, params, self.task, self.config.train.eval_batch_size)
-    results = merge_metrics(per_set)
-    workdir_lib.write_json(self.workdir / workdir_lib.EVAL_RESULTS, results)
-    self._write_predictions(params, outputs)
-    if not self.config.eval_only:
-      loop.write_finished(self.workdir, {
-          "step": self.step, "num_steps": self.setup.num_steps, "best_step": self.progress.best_step,
-          "best_score": self.progress.best_score if self.progress.best_step >= 0 else None,
-          "best_loss": self.progress.best_loss, "score": self.score_name,
-          "stopped_early": self.progress.stopped_early, "dev": results})
-    if (self.workdir / workdir_lib.PAUSED).exists():
-      (self.workdir / workdir_lib.PAUSED).rmtree()
-    return results
-
-  def _write_predictions(self, params: Any, dev_outputs: dict[str, dict[str, np.ndarray]]) -> None:
+  def write_outputs(self, params: Any, scored: driver.Scored) -> None:
+    """Predictions: GLUE leaderboard TSVs or SQuAD JSON of predict_split."""
     directory = os.fspath(self.workdir / workdir_lib.PREDICTIONS)
     if self.config.predict_split == "dev":
       for eval_set in self.task.evals:
-        eval_set.write_predictions(directory, dev_outputs[eval_set.name])
+        eval_set.write_predictions(directory, scored.outputs[eval_set.name])
     elif self.config.predict_split == "test":
       _, outputs = evaluate(self.setup, params, self.task, self.config.train.eval_batch_size, self.task.tests)
       for eval_set in self.task.tests:
         eval_set.write_predictions(directory, outputs[eval_set.name])
+
+
+def start(config: ml_collections.ConfigDict, workdir, learner: Any = None,
+          signals: loop.StopRequests | None = None) -> driver.Driver:
+  """A fine-tuning run in `workdir` under the driver (its paused state resumed): sweeps and tests step it."""
+  return driver.Driver(config, workdir, Run(config, workdir, learner), signals)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -365,28 +268,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def run_job(config: ml_collections.ConfigDict, workdir: str,
             make_learner: Callable[[ml_collections.ConfigDict], Any] = lambda config: FineTuning()) -> dict[str, Any]:
-  """Fine-tunes (or, with eval_only, evaluates) in `workdir`, which it holds locked before it reads
-  anything but the checkpoints it starts from, with the learner `make_learner(config)` builds before the
-  workdir is touched (default: plain fine-tuning; a distillation reads and checks its teacher). Returns {"dev":
-  the final dev metrics, "step", "num_steps", "best_step", "best_score", "score", "stopped_early",
-  "stopped_by", "finished_before"}: a finished workdir is not trained again (finished_before, with its
-  record), unless train.restart."""
-  def train(run: Run) -> dict[str, Any]:
-    if not run.config.eval_only:
-      run.advance()
-    result = {"step": run.step, "num_steps": run.setup.num_steps, "best_step": run.progress.best_step,
-              "best_score": run.progress.best_score if run.progress.best_step >= 0 else None,
-              "score": run.score_name, "stopped_early": run.progress.stopped_early,
-              "stopped_by": run.stopped_by, "finished_before": False}
-    return {**result, "dev": {} if run.stopped_by else run.finish()}
-
+  """Fine-tunes (or, with eval_only, evaluates) in `workdir` through the driver (training/driver.py:run_job),
+  with the model learner `make_learner(config)` builds before the workdir is touched (default: plain
+  fine-tuning; a distillation reads and checks its teacher)."""
   learners = []
 
   def checked(config: ml_collections.ConfigDict) -> None:
     validate(config)
     learners.append(make_learner(config))  # before the workdir: a distillation's teacher is read and checked
-  return loop.run_job(config, workdir, validate=checked, train=train,
-                      build=lambda config, run_dir, signals: Run(config, run_dir, learners[0], signals))
+  return driver.run_job(config, workdir, validate=checked,
+                        learner=lambda config, run_dir: Run(config, run_dir, learners[0]))
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

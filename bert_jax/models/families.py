@@ -201,6 +201,14 @@ class TFNames:
   own_heads: Callable[[dict, tuple[str, ...]], tuple[str, ...]] = lambda names, heads: heads
 
 
+@dataclasses.dataclass(frozen=True)
+class Flops:
+  """A family's analytic FLOP counts (training/benchmark.py, `bert-jax compile`'s MFU) where BERT's formula
+  over ModelConfig's fields does not describe it."""
+  forward: Callable[[Config, int, int, int], float]  # (config, batch, seq, predictions): one forward pass
+  attention: Callable[[Config, int, int], float]  # (config, batch, seq): the scores and weighted sums
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Family:
   """Everything bert_jax knows about one model family (see the module docstring).
@@ -219,7 +227,9 @@ class Family:
   hidden, attention): the config with the dropout rates a fine-tuning or inference run sets (BERT's
   `hidden_dropout` and `attention_dropout` by default; ModernBERT has embedding, MLP and attention
   dropouts instead). backbone_params(model section) -> int: the backbone's parameter count from a
-  config's model section (`bert-jax presets`), for a family whose sizes BERT's formula does not describe.
+  config's model section (`bert-jax presets`), for a family whose sizes BERT's formula does not describe;
+  flops: its FLOP counts (`Flops`), for the same reason (None: BERT's formula, and BertModel's heads-only
+  last layer).
   """
   name: str
   config: type
@@ -238,6 +248,7 @@ class Family:
   with_dropout: Callable[[Config, float, float], Config] = (
       lambda config, hidden, attention: config.replace(hidden_dropout=hidden, attention_dropout=attention))
   backbone_params: Callable[[Mapping[str, Any]], int] | None = None
+  flops: Flops | None = None
 
 
 _FAMILIES: dict[str, Family] = {}

@@ -43,6 +43,7 @@ from bert_jax.errors import UserError
 from bert_jax.models import bert, families, isobn, xlnet_qa
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.families import Row, dense_rows, hf_only, norm_rows
+from bert_jax.ops import distill_losses
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -189,7 +190,9 @@ class HeadKind:
   summed like the loss. records(outputs, labels) -> one prediction record per row (None: the task
   module decodes, as token and span outputs need the featurization). hf_class: the suffix of the HF
   class (Bert + ForSequenceClassification); hf_rows: its head's rows (a family may override them,
-  `HFNames.task_rows`); hf_config(labels) -> the keys its config.json adds.
+  `HFNames.task_rows`); hf_config(labels) -> the keys its config.json adds. distill_soft(student logits,
+  teacher logits, temperature, soft_loss) -> the summed soft-target loss of task distillation and Theseus
+  (a kind with one logits row per example; None: such jobs refuse the kind).
   """
   name: str
   module: Callable[..., nn.Module]
@@ -203,6 +206,7 @@ class HeadKind:
   records: Callable[[dict[str, np.ndarray], tuple[str, ...]], list[dict]] | None = None
   hf_read: bool = False
   label_inputs: tuple[str, ...] = ()
+  distill_soft: Callable[[Array, Array, float, str], Array] | None = None
 
   def build(self, config: Any, num_labels: int, pooling: str, dropout: float, cls_norm: str = "none") -> nn.Module:
     """The head module; cls_norm (head.cls_norm: none | isobn) only for the kinds that read the summary."""
@@ -242,6 +246,11 @@ def get(name: str) -> HeadKind:
   return _KINDS[name]
 
 
+def distillable() -> str:
+  """The kinds task distillation and Theseus take (a `distill_soft`), as a message names them."""
+  return " and ".join(k for k, v in _KINDS.items() if v.distill_soft is not None)
+
+
 _CLASSIFIER = hf_only(dense_rows("head/classifier", "classifier", None), part="task")
 
 register(HeadKind(
@@ -251,7 +260,9 @@ register(HeadKind(
     divergence=lambda a, b, batch: jnp.sum(symmetric_kl(a["logits"], b["logits"])),
     records=_class_records,
     hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER,
-    hf_config=_labelled("single_label_classification")))
+    hf_config=_labelled("single_label_classification"),
+    distill_soft=lambda s, t, temperature, soft_loss: (distill_losses.logit_mse_sum(s, t) if soft_loss == "logit_mse"
+                                                       else distill_losses.soft_target_sum(s, t, temperature))))
 
 register(HeadKind(
     name="regression", module=lambda **fields: SequenceHead(**fields, regression=True), reads_summary=True,
@@ -259,7 +270,8 @@ register(HeadKind(
     count=_per_row,
     divergence=lambda a, b, batch: jnp.sum(jnp.square(a["logits"] - b["logits"])),
     records=lambda outputs, labels: [{"value": float(v)} for v in outputs["logits"]],
-    hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER, hf_config=_labelled("regression")))
+    hf_class="ForSequenceClassification", hf_rows=_CLASSIFIER, hf_config=_labelled("regression"),
+    distill_soft=lambda s, t, temperature, soft_loss: jnp.sum(jnp.square(s - t))))
 
 register(HeadKind(
     name="token", module=TokenHead, reads_summary=False,

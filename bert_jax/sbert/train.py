@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 
 from bert_jax import config_schema, workdir as workdir_lib
 from bert_jax.conversion import native
+from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import init, modes, optim
 from bert_jax.finetune.batching import train_batches
@@ -47,8 +48,7 @@ from bert_jax.models import attention
 from bert_jax.models.pooling import Pooling
 from bert_jax.sbert import data, embed, embedded, evaluate, losses
 from bert_jax.sbert.model import ENCODER_KEYS, SentenceEncoder, encoder_config
-from bert_jax.training import checkpoint, finite, loop, partitioning
-from bert_jax.training.metrics import MetricsLogger
+from bert_jax.training import checkpoint, driver, partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup
 
 LOSSES = ("softmax", "cosine", "ranking")
@@ -179,11 +179,14 @@ def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective
 
 
 class Training:
-  """One bi-encoder run in a locked workdir: `train()` steps it (resuming a saved state), `finish()` writes
-  the model and its scores."""
+  """The bi-encoder job's learner (training/driver.py): its pairs' batches, its step, the dev STS scores
+  (Spearman is the score; the starting encoder's are evaluated first, as step 0) and the encoder as params/."""
 
-  def __init__(self, config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests):
-    self.config, self.run_dir, self.signals = config, run_dir, signals
+  evaluates_start = True
+  score_name = "spearman"
+
+  def __init__(self, config: ml_collections.ConfigDict, run_dir):
+    self.config, self.run_dir = config, run_dir
     saved = workdir_lib.read_config(config.init_from) if config.init_from else None
     model_config = encoder_config(init.model_config(config, saved))
     self.tokenizer = init.load_tokenizer(config)
@@ -197,8 +200,9 @@ class Training:
     # The whole encoder trains (and the softmax loss's classifier, which is not saved).
     self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, "finetune")
     self.embedder = self._embedder()
-    self.progress: dict[str, Any] = {}
-    self.state = self._start()  # before the job writes this run's config: a paused state is checked against its own
+    self.tokens_per_step = (config.train.batch_size * len(self.train_features["input_ids"][0])
+                            * config.data.max_seq_length)
+    self._rng = jax.random.key(config.train.seed)
 
   def _embedder(self) -> embed.Embedder:
     """An Embedder on the run's mesh, for the current parameters (dataclasses.replace its params)."""
@@ -213,90 +217,53 @@ class Training:
                           mesh=setup.mesh, batch_size=self.config.train.eval_batch_size,
                           buckets=embed.buckets_for(self.config.data.max_seq_length))
 
-  def evaluate(self, params: Any) -> dict[str, float]:
+  def evaluate(self, params: Any) -> driver.Scored:
     """Dev STS: Spearman and Pearson of cosine against the gold scores."""
     embedder = dataclasses.replace(self.embedder, params={k: params[k] for k in ENCODER_KEYS})
-    return {k: float(v) for k, v in evaluate.sts(embedder, self.dev).items()}
+    scores = {k: float(v) for k, v in evaluate.sts(embedder, self.dev).items()}
+    return driver.Scored(scores["spearman"], scores, scores)
 
-  def _start(self) -> Any:
-    """Own saved state > init_from's encoder over a fresh init > a fresh init."""
-    paused = checkpoint.resume_paused(self.run_dir, self.setup.abstract_state, self.config)
-    if paused is not None:
-      self.progress = paused[1]
-      return paused[0]
+  def initial_params(self) -> Any:
+    """init_from's encoder over a fresh init, or a fresh init."""
     params = self.setup.init_params(jax.random.key(self.config.train.seed))
     if self.config.init_from:
       params = checkpoint.load_params_into(self.config.init_from, params, keep=ENCODER_KEYS)
       print(f"initialised the encoder from {self.config.init_from}", flush=True)
     else:
       print(RANDOM_ENCODER, flush=True)
-    self.progress = {"initial": self.evaluate(params)}
-    return self.setup.make_state(params)
+    return params
 
-  def train(self) -> loop.Outcome:
-    cfg, setup = self.config.train, self.setup
-    state = self.state
-    ckpt = checkpoint.Checkpointer.paused(self.run_dir, self.config.checkpoint)
-    try:
-      start = int(state.step)
-      logger = MetricsLogger(self.run_dir, setup.num_steps, start, tensorboard=cfg.tensorboard, wandb=cfg.wandb)
-      if start == 0:
-        logger.write_hparams(self.config.to_dict())
-        logger.log_eval(0, self.progress["initial"])
-      rng = jax.random.key(cfg.seed)
-      steps = loop.Loop(
-          step_fn=lambda s, batch: setup.train_step(s, batch, rng), mesh=setup.mesh,
-          cadence=loop.Cadence(setup.num_steps, cfg.log_every_steps,
-                               config_schema.eval_every(cfg, self.steps_per_epoch), self.config.checkpoint.every_steps),
-          logger=logger, guard=finite.DivergenceGuard(cfg.skip_nonfinite_steps), signals=self.signals,
-          save=lambda step, s: ckpt.save(step, s, force=True, progress=self.progress),
-          evaluate=lambda step, s: loop.Evaluation(self.evaluate(s.params)),
-          tokens_per_step=cfg.batch_size * len(self.train_features["input_ids"][0]) * self.config.data.max_seq_length,
-          save_at_end=False)
-      try:
-        return steps.run(state, train_batches(self.train_features, cfg.batch_size, cfg.seed, start, setup.num_steps),
-                         start, setup.num_steps)
-      finally:
-        logger.close()
-    finally:
-      ckpt.close()
+  def batches(self, start: int, end: int):
+    return train_batches(self.train_features, self.config.train.batch_size, self.config.train.seed, start, end)
+
+  def step(self, state: Any, batch: dict) -> tuple[Any, dict]:
+    return self.setup.train_step(state, batch, self._rng)
 
   def saved_config(self) -> dict:
     """config.json: the run config, the encoder's model, the tokenizer's copy and the pooling."""
     saved = self.config.to_dict()
     saved["model"] = self.model.config.to_dict()
-    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name, tokenizer=self.tokenizer.kind,
-                         lower_case=self.tokenizer.lower_case)
-    if self.tokenizer.kind == "wordpiece":
-      saved["data"]["max_chars_per_word"] = self.tokenizer.max_chars_per_word
+    saved["data"].update(vocab=workdir_lib.path(self.tokenizer.path).name,
+                         **tokenizer_kinds.saved_fields(self.tokenizer))
     saved[native.SENTENCE_EMBEDDING] = self.model.pooling.to_dict()
     saved["trainable_parameters"] = self.trainable_parameters
     return saved
 
-  def finish(self, outcome: loop.Outcome) -> dict[str, float]:
-    """The encoder to params/, the final dev scores (and the initial ones) to eval_results.json,
-    finished.json; the train state removed."""
-    params = {k: outcome.state.params[k] for k in ENCODER_KEYS}
-    checkpoint.save_params(self.run_dir, params, self.saved_config(), self.tokenizer.files)
-    final = outcome.eval or self.evaluate(outcome.state.params)
-    results = {**final, **{f"initial/{k}": v for k, v in self.progress.get("initial", {}).items()}}
-    workdir_lib.write_json(self.run_dir / workdir_lib.EVAL_RESULTS, results)
-    loop.write_finished(self.run_dir, {"step": outcome.step, "num_steps": self.setup.num_steps, "dev": results})
-    if (self.run_dir / workdir_lib.PAUSED).exists():
-      (self.run_dir / workdir_lib.PAUSED).rmtree()
-    return results
+  def exported(self, params: Any) -> Any:
+    """The encoder (the softmax loss's classifier is dropped)."""
+    return {k: params[k] for k in ENCODER_KEYS}
+
+  def save_params(self, params: Any) -> None:
+    checkpoint.save_params(self.run_dir, self.exported(params), self.saved_config(), self.tokenizer.files)
+
+  def write_outputs(self, params: Any, scored: driver.Scored) -> None:
+    del params, scored
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains a bi-encoder in `workdir` (held locked). Returns {"dev": the final dev STS scores (and
-  initial/*), "step", "num_steps", "stopped_by", "finished_before"}: a finished workdir is not trained
-  again (finished_before), unless train.restart."""
-  def train_run(run: Training) -> dict[str, Any]:
-    outcome = run.train()
-    result = {"step": outcome.step, "num_steps": run.setup.num_steps, "stopped_by": outcome.stopped_by,
-              "finished_before": False}
-    return {**result, "dev": {} if outcome.stopped_by else run.finish(outcome)}
-  return loop.run_job(config, workdir, validate=validate, build=Training, train=train_run)
+  """Trains a bi-encoder in `workdir` through the driver (training/driver.py:run_job). Its "dev" holds the
+  final dev STS scores and the starting encoder's as initial/*."""
+  return driver.run_job(config, workdir, validate=validate, learner=Training)
 
 
 def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:

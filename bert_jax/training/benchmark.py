@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
-from bert_jax.models import attention, bert, modernbert
+from bert_jax.models import attention, bert, families
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.modernbert import ModernBertConfig
 from bert_jax.training import partitioning
@@ -52,8 +52,9 @@ def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq
   """The scores and the weighted sum (q k^T and p v) of one forward pass, every layer (but the last when
   not `last_layer`): what a fused attention kernel (splash) computes, so what a cost analysis of the
   compiled step cannot see."""
-  if isinstance(cfg, ModernBertConfig):
-    return modernbert.attention_forward_flops(cfg, batch, seq)
+  own = families.of(cfg).flops
+  if own is not None:
+    return own.attention(cfg, batch, seq)
   widths = _attention_widths(cfg)
   return float(batch * seq * sum(2 * 2 * seq * w for w in (widths if last_layer else widths[:-1])))
 
@@ -61,15 +62,16 @@ def attention_forward_flops(cfg: ModelConfig | ModernBertConfig, batch: int, seq
 def heads_only_applies(cfg: ModelConfig | ModernBertConfig) -> bool:
   """Whether the pretraining objective runs this model's last layer at the heads' positions only, with
   dot's attention (models/bert.py, BertModel's heads_only)."""
-  return isinstance(cfg, ModelConfig) and bert.runs_heads_only(cfg)
+  return families.of(cfg).flops is None and bert.runs_heads_only(cfg)
 
 
 def train_flops_per_step(cfg: ModelConfig | ModernBertConfig, batch: int, seq: int, predictions: int,
                          heads_only: bool = False) -> float:
   """heads_only: BertModel's last layer counted where the pretraining objective runs it, at [CLS] and the
   predictions only (models/bert.py, BertModel's heads_only)."""
-  if isinstance(cfg, ModernBertConfig):
-    return 3.0 * modernbert.forward_flops(cfg, batch, seq, predictions)
+  own = families.of(cfg).flops
+  if own is not None:
+    return 3.0 * own.forward(cfg, batch, seq, predictions)
   h, i, e, v = cfg.hidden_size, cfg.intermediate_size, cfg.embed_dim, cfg.vocab_size
   tokens = batch * seq
   widths = _attention_widths(cfg)

@@ -1,7 +1,7 @@
 """The one training loop. Every job (pretraining with each objective, ELECTRA included; fine-tuning;
 task-specific and general distillation) steps through `Loop.run` and so logs, evaluates, checkpoints
-and answers signals the same way; `hold` is how every job starts, and `run_job` how every
-fine-tuning-style job does.
+and answers signals the same way; `hold` is how every job starts. training/driver.py builds the loop
+(the only place that does) and owns what a run does around it.
 
 A job hands the loop its jitted step (rng and frozen inputs bound: `(state, batch) -> (state,
 metrics)`), an iterator of host batches whose first is step `start + 1`'s, and three actions:
@@ -16,8 +16,8 @@ metrics)`), an iterator of host batches whose first is step `start + 1`'s, and t
      state is checked finite and saved;
   5. every `eval_every` steps and at the end (`eval_every` = 0: no evaluation while training): the
      state is checked finite and evaluated; the job may answer "stop" (early stopping).
-With `Cadence.eval_at_start`, a run from step 0 also evaluates its starting state first, logged as step 0
-(continued pretraining's "before"); a resumed run does not.
+With `Cadence.eval_at_start`, a run from step 0 with an evaluation also evaluates its starting state first,
+logged as step 0 (continued pretraining's "before", sbert's starting encoder); a resumed run does not.
 A checkpoint comes before the evaluation of its step, so an evaluation that fails loses no step: a run
 resumed at a step whose evaluation is due and has no row in metrics.jsonl (killed during it) evaluates it
 first; a run resumed at its end (killed before the job's finish) reports that step's logged metrics.
@@ -33,12 +33,11 @@ import threading
 from typing import Any, Callable, Iterator
 
 import jax
-import ml_collections
 from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from bert_jax import pretrained, run_lock, workdir as workdir_lib
+from bert_jax import run_lock, workdir as workdir_lib
 from bert_jax.training import finite, partitioning
 from bert_jax.training.metrics import MetricsLogger
 
@@ -120,25 +119,6 @@ def hold(workdir: str, restart: bool = False) -> Iterator[tuple[epath.Path, Stop
     yield run_dir, signals
 
 
-def run_job(config: ml_collections.ConfigDict, workdir: str, *, validate: Callable[[Any], None],
-            build: Callable[[Any, epath.Path, StopRequests], Any], train: Callable[[Any], dict]) -> dict:
-  """How a fine-tuning-style job (fine-tuning, MT-DNN, Sentence-BERT) runs: `validate(config)` and
-  init_from's check before anything is written; then, holding the workdir (`hold`), a finished run's
-  record (finished_before) unless train.restart, or: init_from converted into the workdir, the run
-  built (`build(config, run_dir, signals)`, which checks a paused state against the run config it was
-  saved with), the new run config written, and `train(run)`'s result."""
-  validate(config)
-  pretrained.check_init_from(config)
-  with hold(workdir, restart=config.train.restart) as (run_dir, signals):
-    before = read_finished(run_dir)
-    if before is not None:
-      return {**before, "stopped_by": None, "finished_before": True}
-    config = pretrained.native_init_from(config, run_dir)
-    run = build(config, run_dir, signals)
-    workdir_lib.write_json(run_dir / workdir_lib.RUN_CONFIG, config.to_dict())
-    return train(run)
-
-
 def read_finished(run_dir: epath.Path) -> dict | None:
   """The record a job wrote when it ran to its end (WORKDIR/finished.json), or None."""
   file = run_dir / workdir_lib.FINISHED
@@ -173,7 +153,7 @@ class Cadence:
   log_every: int
   eval_every: int = 0
   checkpoint_every: int = 0
-  eval_at_start: bool = False  # with eval_every > 0: evaluate the starting state, as step 0, when start == 0
+  eval_at_start: bool = False  # evaluate the starting state, as step 0, when start == 0 (also with eval_every 0)
 
 
 @dataclasses.dataclass
@@ -221,7 +201,7 @@ class Loop:
     """Steps start + 1 .. end (or until a signal or early stopping)."""
     outcome, window, in_flight = Outcome(state, start), [], None
     resumed = start % self.cadence.log_every != 0  # the first row after it averages fewer steps
-    if start == 0 and self.cadence.eval_at_start and self._evaluates() and self._evaluate(0, state, outcome):
+    if start == 0 and self.cadence.eval_at_start and self.evaluate is not None and self._evaluate(0, state, outcome):
       return outcome
     if start > 0 and self._pick_up(start, end, state, outcome):
       return outcome

@@ -8,6 +8,7 @@ SIGTERM and Ctrl-C save a checkpoint at the step the run is on and stop (trainin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 from typing import Any
 
@@ -18,8 +19,7 @@ from bert_jax import config_schema, config_utils, pretrained, workdir as workdir
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
 from bert_jax.models import attention
-from bert_jax.training import checkpoint, finite, loop, memory, objectives, partitioning
-from bert_jax.training.metrics import MetricsLogger
+from bert_jax.training import checkpoint, driver, finite, loop, memory, objectives, partitioning
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, eval_carry, summarize_eval
 
 
@@ -111,6 +111,24 @@ def evaluate(setup: TrainSetup, params: Any, inputs: Any, start_dir: str) -> dic
   return summarize_eval(setup.objective, totals)
 
 
+@dataclasses.dataclass
+class _Pretraining:
+  """Pretraining as the driver steps it (training/driver.py:segment): the corpus input, restored to its
+  position, and the sharded step with its frozen inputs (a distillation teacher's params) bound."""
+  setup: TrainSetup
+  inputs: Any
+  rng: jax.Array
+  frozen: tuple
+  tokens_per_step: int
+
+  def batches(self, start: int, end: int) -> Any:
+    del start, end  # the input was restored to the checkpoint's position
+    return self.inputs
+
+  def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    return self.setup.train_step(state, batch, self.rng, *self.frozen)
+
+
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir` (a local path or gs://...), which it holds locked;
   returns {"step", "num_steps", "train", "eval", "stopped_by", "skipped_steps", "finished_before"}: the
@@ -160,13 +178,12 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
       eval_inputs = setup.objective.feed(eval_inputs, 0, "eval", config, *where)
     if general_inputs is not None:
       general_inputs = setup.objective.feed(general_inputs, 0, "eval", config, *where)
-  rng = jax.random.key(train_cfg.seed + 1)
+  learner = _Pretraining(setup, inputs, jax.random.key(train_cfg.seed + 1), frozen,
+                         train_cfg.batch_size * config.data.max_seq_length)
+  guard = finite.DivergenceGuard(train_cfg.skip_nonfinite_steps)
   with contextlib.ExitStack() as stack:
     eval_start = stack.enter_context(tempfile.TemporaryDirectory())
     general_start = stack.enter_context(tempfile.TemporaryDirectory())
-    logger = MetricsLogger(run_dir, train_cfg.num_steps, start, tensorboard=train_cfg.tensorboard,
-                            wandb=train_cfg.wandb)
-    stack.callback(logger.close)
     stack.callback(ckpt.close)
     stack.callback(inputs.close)
     if eval_inputs is not None:
@@ -177,7 +194,6 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
       stack.callback(general_inputs.close)
       general_inputs.save(general_start)
       _check_eval_split(general_inputs, config.data, general=True)
-    logger.write_hparams(config.to_dict())
 
     def held_out(step: int, state) -> loop.Evaluation:
       del step
@@ -187,21 +203,18 @@ def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequ
         scalars.update({f"general_{k}": v for k, v in general.items()})
       return loop.Evaluation(scalars)
 
-    steps = loop.Loop(
-        step_fn=lambda state, batch: setup.train_step(state, batch, rng, *frozen), mesh=setup.mesh,
-        cadence=loop.Cadence(train_cfg.num_steps, train_cfg.log_every_steps, train_cfg.eval_every_steps,
-                             config.checkpoint.every_steps, train_cfg.eval_at_start),
-        logger=logger, guard=finite.DivergenceGuard(train_cfg.skip_nonfinite_steps), signals=signals,
+    # The checkpoint is the run's output (and a longer run's start): saved at the end too.
+    outcome = driver.segment(
+        config, run_dir, learner, signals, guard, state=state, start=start, end=train_cfg.num_steps,
         save=lambda step, state: ckpt.save(step, state, force=True, data=inputs),
-        evaluate=held_out if eval_inputs is not None else None,
-        tokens_per_step=train_cfg.batch_size * config.data.max_seq_length, last_saved=start or None)
-    outcome = steps.run(state, inputs, start, train_cfg.num_steps)
+        evaluate=held_out if eval_inputs is not None else None, eval_every=train_cfg.eval_every_steps,
+        save_at_end=True, last_saved=start or None, eval_at_start=train_cfg.eval_at_start)
     ckpt.wait()
     ckpt.keep_newest()
   result = {"step": outcome.step, "num_steps": train_cfg.num_steps, "train": outcome.train, "eval": outcome.eval}
   if outcome.step == train_cfg.num_steps:
     loop.write_finished(run_dir, result)
-  return {**result, "stopped_by": outcome.stopped_by, "skipped_steps": steps.guard.skipped,
+  return {**result, "stopped_by": outcome.stopped_by, "skipped_steps": guard.skipped,
           "finished_before": False}
 
 

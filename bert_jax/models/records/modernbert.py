@@ -196,4 +196,5 @@ FAMILY = families.register(families.Family(
     token_transform=TokenTransform,
     with_dropout=with_dropout,
     backbone_params=modernbert.backbone_params,
+    flops=families.Flops(modernbert.forward_flops, modernbert.attention_forward_flops),
 ))

@@ -77,6 +77,6 @@ class BertPretraining:
     return metrics
 
 
-@register("bert")
+@register("bert", bert_mlm=True)
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> BertPretraining:
   return BertPretraining(model_config)

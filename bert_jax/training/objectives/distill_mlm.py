@@ -112,7 +112,7 @@ def check_student(student: ModelConfig, teacher: ModelConfig, cfg: ml_collection
                     f"equal the teacher's ({teacher.hidden_size}); set it to 0")
 
 
-@register("distill_mlm")
+@register("distill_mlm", bert_mlm=True)
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> DistillMlmPretraining:
   """The student (config.model) and the teacher (distill.teacher's config.json) from a run config."""
   if "distill" not in config:

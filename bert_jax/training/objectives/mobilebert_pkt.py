@@ -165,7 +165,7 @@ def check(student: Any, teacher: Any, cfg: ml_collections.ConfigDict) -> None:
                     "attention_weight >= 0")
 
 
-@register("mobilebert_pkt")
+@register("mobilebert_pkt", bert_mlm=True)
 def from_config(config: ml_collections.ConfigDict, model_config: Any) -> ProgressiveTransfer:
   """The student (config.model) and the IB-BERT teacher (distill.teacher's config.json) from a run config."""
   if "distill" not in config or "stage_steps" not in config.distill:

@@ -19,18 +19,27 @@ from bert_jax.training.objectives.base import PretrainingObjective, refuse_struc
 Factory = Callable[[ml_collections.ConfigDict, ModelConfig], PretrainingObjective]
 _FACTORIES: dict[str, Factory] = {}
 _STRUCTURAL: set[str] = set()
+_BERT_MLM: list[str] = []
 
 
-def register(name: str, structural_inputs: bool = False) -> Callable[[Factory], Factory]:
-  """Decorator: `factory(config, model_config)` builds the objective `name`."""
+def register(name: str, structural_inputs: bool = False, bert_mlm: bool = False) -> Callable[[Factory], Factory]:
+  """Decorator: `factory(config, model_config)` builds the objective `name`. bert_mlm: its model keeps BERT's
+  MLM head, so its checkpoint can teach general distillation (compress/teacher.py)."""
   def add(factory: Factory) -> Factory:
     if name in _FACTORIES:
       raise ValueError(f"objective {name!r} is registered twice")
     _FACTORIES[name] = factory
     if structural_inputs:
       _STRUCTURAL.add(name)
+    if bert_mlm:
+      _BERT_MLM.append(name)
     return factory
   return add
+
+
+def with_bert_mlm() -> tuple[str, ...]:
+  """The objectives registered with bert_mlm=True."""
+  return tuple(_BERT_MLM)
 
 
 def make_objective(config: ml_collections.ConfigDict) -> PretrainingObjective:

@@ -68,7 +68,7 @@ class SpanBertPretraining(BertPretraining):
             "sbo_accuracy": sums["sbo_correct"] / n}
 
 
-@register("spanbert")
+@register("spanbert", bert_mlm=True)
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> SpanBertPretraining:
   """SpanBERT from a run config, after checking its masking and heads."""
   if config.data.masking != "span":

@@ -69,7 +69,7 @@ class StructBertPretraining(BertPretraining):
             "sso_accuracy": sums["sso_correct"] / counts["rows"]}
 
 
-@register("structbert", structural_inputs=True)
+@register("structbert", structural_inputs=True, bert_mlm=True)
 def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) -> StructBertPretraining:
   """StructBERT from a run config, after checking its data and heads."""
   data = config.data

@@ -1,0 +1,67 @@
+"""The registry of tokenizer kinds (data.tokenizer; a family record's `tokenizer`): one `TokenizerKind` per
+kind says everything the rest of bert_jax asks about it: how to load it, the files a checkpoint folder
+holds it under, transformers' class for it, and what a workdir's config.json records of it. A new kind is
+one `register(TokenizerKind(...))` beside its class (tokenizers.py: wordpiece, sentencepiece, xlnet_spm,
+bpe; fairseq_spm.py: camembert_spm, xlmr_spm; hf_tokenizer.py: tokenizer_json); tests/test_family_record.py
+registers a toy one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from bert_jax.data_pipelines.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerKind:
+  name: str
+  # (path, lower_case, max_chars_per_word, quotes_to_double) -> the tokenizer; None: read from checkpoints only
+  load: Callable[[str, bool, int, bool], Any] | None
+  files: tuple[str, ...] = ()  # the names a checkpoint folder holds it under (the first: the file copied into one)
+  file_names: str = ""  # the files, as a message names them ("" : `files` joined)
+  hf_class: str = "PreTrainedTokenizerFast"  # transformers' tokenizer_class for a generic export
+  # The tokenizer.json transformers reads beside a SentencePiece model, from (model path, lower_case); None: none
+  hf_json: Callable[[str, bool], dict] | None = None
+  own_ids: bool = False  # SentencePiece in a family's own id layout: a *.model/*.json file is read as this kind
+  saved: Callable[[Any], dict] = lambda tokenizer: {}  # what config.json records of it besides kind and case
+
+  @property
+  def described(self) -> str:
+    return self.file_names or " + ".join(self.files)
+
+
+_KINDS: dict[str, TokenizerKind] = {}
+
+
+def register(kind: TokenizerKind) -> TokenizerKind:
+  if kind.name in _KINDS:
+    raise ValueError(f"tokenizer kind {kind.name!r} is registered twice")
+  _KINDS[kind.name] = kind
+  return kind
+
+
+def unregister(name: str) -> None:
+  """Removes a kind (a test's toy kind)."""
+  _KINDS.pop(name, None)
+
+
+def get(name: str) -> TokenizerKind:
+  if name not in _KINDS:
+    raise DataError(f"tokenizer kind {name!r} is not one of {loadable()}")
+  return _KINDS[name]
+
+
+def names() -> tuple[str, ...]:
+  """Every registered kind, in registration order."""
+  return tuple(_KINDS)
+
+
+def loadable() -> tuple[str, ...]:
+  """The kinds `load_tokenizer` reads (data.tokenizer's choices)."""
+  return tuple(k for k, v in _KINDS.items() if v.load is not None)
+
+
+def saved_fields(tokenizer: Any) -> dict:
+  """What a workdir's config.json `data` section records of a run's tokenizer (its copy's name is the caller's)."""
+  return {"tokenizer": tokenizer.kind, "lower_case": tokenizer.lower_case, **get(tokenizer.kind).saved(tokenizer)}
