@@ -35,7 +35,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, t5_spm
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
@@ -497,6 +497,7 @@ _LOADERS = {
     **{kind: lambda path, lower, chars, quotes, kind=kind: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
        for kind in fairseq_spm.KINDS},
     hf_tokenizer.KIND: lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
+    t5_spm.KIND: lambda path, lower, chars, quotes: t5_spm.T5Tokenizer(path),
 }
 KINDS = tuple(_LOADERS)
 
