@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import bert_jax
+from core_helpers import slow
 from bert_jax import cli
 from bert_jax.models import families
 from bert_jax.models.t5 import T5Config, T5Model, relative_position_bucket
@@ -24,11 +25,11 @@ SHAPES = {"v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False
           "original": dict(feed_forward_proj="relu", tie_word_embeddings=True)}
 
 
-def hf_t5(path, shape: str, seed: int = 0, own_head: bool = True):
+def hf_t5(path, shape: str, seed: int = 0, own_head: bool = True, **overrides):
   """A tiny random T5ForConditionalGeneration saved at `path` (norms away from 1, so a skipped one shows). v1.1
   with `own_head` gets an lm_head of its own (transformers 5 ties it to `shared` unless the weights differ)."""
   torch.manual_seed(seed)
-  model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_TINY, **SHAPES[shape])).eval()
+  model = transformers.T5ForConditionalGeneration(transformers.T5Config(**HF_TINY, **{**SHAPES[shape], **overrides})).eval()
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "layer_norm" in name:
@@ -141,3 +142,35 @@ def test_family_record_and_parameter_count():
   assert counted == family.backbone_params(cfg.to_dict())
   assert params["encoder"]["layers"]["attention"]["query"].shape == (2, 16, 2, 8)
   assert params["decoder"]["layers"]["cross_attention"]["out"].shape == (3, 2, 8, 16)
+
+
+@pytest.mark.parametrize("shape", ["v1_1", pytest.param("original", marks=slow)])
+def test_greedy_equals_transformers_generate_and_beam_search_is_exhaustive_with_every_beam(tmp_path, shape):
+  from bert_jax.models import t5_decode  # pylint: disable=import-outside-toplevel
+  # transformers' generate sizes its cache by num_layers: a deeper decoder than encoder fails there.
+  theirs = hf_t5(tmp_path, shape, seed=4, num_decoder_layers=2)
+  ids, mask, _ = batch(4)
+  model, params = bert_jax.load_pretrained(str(tmp_path))
+  length = 12
+  with torch.no_grad():
+    want = theirs.generate(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=length,
+                           do_sample=False, num_beams=1, min_length=0).numpy()[:, 1:]
+  got = np.asarray(t5_decode.greedy(model, params, jnp.asarray(ids), jnp.asarray(mask), length))
+  np.testing.assert_array_equal(got[:, :want.shape[1]], want)
+  assert np.all(got[:, want.shape[1]:] == 0)  # transformers stops when every row has ended: the rest is padding
+  # One beam is greedy; as many beams as the vocabulary is exhaustive: over two steps, the best pair of tokens.
+  one = t5_decode.beam_search(model, params, jnp.asarray(ids), jnp.asarray(mask), length, num_beams=1)
+  np.testing.assert_array_equal(np.asarray(one), got)
+  beams = np.asarray(t5_decode.beam_search(model, params, jnp.asarray(ids), jnp.asarray(mask), 2, num_beams=VOCAB))
+  for row in range(len(ids)):
+    enc = jnp.asarray(np.repeat(ids[row:row + 1], VOCAB, 0))
+    dec = np.zeros((VOCAB, 2), np.int64)
+    dec[:, 1] = np.arange(VOCAB)
+    logp = np.asarray(jax.nn.log_softmax(model.apply(
+        {"params": params}, enc, attention_mask=jnp.asarray(np.repeat(mask[row:row + 1], VOCAB, 0)),
+        decoder_input_ids=jnp.asarray(dec)).logits))
+    pair = logp[0, 0][:, None] + logp[:, 1]  # first token a, then b (row a of the decoder batch)
+    pair[1] = -np.inf
+    pair[1, 0] = logp[0, 0, 1]  # </s> first: padding after it, at no cost
+    a, b = np.unravel_index(np.argmax(pair), pair.shape)
+    assert beams[row].tolist() == [a, b], (row, beams[row], a, b)
