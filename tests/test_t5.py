@@ -174,3 +174,18 @@ def test_greedy_equals_transformers_generate_and_beam_search_is_exhaustive_with_
     pair[1, 0] = logp[0, 0, 1]  # </s> first: padding after it, at no cost
     a, b = np.unravel_index(np.argmax(pair), pair.shape)
     assert beams[row].tolist() == [a, b], (row, beams[row], a, b)
+
+
+def test_a_bert_checkpoint_as_t5_init_is_one_line(tmp_path, capsys):
+  from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
+  from bert_jax.conversion import native  # pylint: disable=import-outside-toplevel
+  config = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   intermediate_size=32)
+  transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "hf")
+  native.write(str(tmp_path / "bert"), pretrained.read_checkpoint(str(tmp_path / "hf")))
+  capsys.readouterr()
+  assert cli.main(["pretrain", "--config", "configs/t5.py:tiny", f"--config.init_from={tmp_path / 'bert'}",
+                   "--workdir", str(tmp_path / "run"), "--config.train.num_steps=1"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "family 'bert'" in err and "family 't5'" in err and len(err.splitlines()) == 1, err
+  assert not (tmp_path / "run").exists()
