@@ -208,9 +208,9 @@ class Attention(nn.Module):
     cfg = self.config
     n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
     axes = ("embed", "heads", "kv")
-    q = on_rows(lambda r: jnp.einsum("rh,hnd->rnd", r, _weight(self, cfg, "query", (h, n, d), axes, (h * d) ** -0.5)), x)
-    k = on_rows(lambda r: jnp.einsum("rh,hnd->rnd", r, _weight(self, cfg, "key", (h, n, d), axes, h ** -0.5)), memory)
-    v = on_rows(lambda r: jnp.einsum("rh,hnd->rnd", r, _weight(self, cfg, "value", (h, n, d), axes, h ** -0.5)),
+    q = on_rows(lambda r: jnp.einsum("...h,hnd->...nd", r, _weight(self, cfg, "query", (h, n, d), axes, (h * d) ** -0.5)), x)
+    k = on_rows(lambda r: jnp.einsum("...h,hnd->...nd", r, _weight(self, cfg, "key", (h, n, d), axes, h ** -0.5)), memory)
+    v = on_rows(lambda r: jnp.einsum("...h,hnd->...nd", r, _weight(self, cfg, "value", (h, n, d), axes, h ** -0.5)),
                 memory)
     scores = jnp.einsum("btnd,bsnd->bnts", q, k).astype(jnp.float32)
     if bias is not None:
@@ -234,12 +234,12 @@ class FeedForward(nn.Module):
 
     def dense_in(name):
       kernel = _weight(self, cfg, name, (h, f), ("embed", "mlp"), h ** -0.5)
-      return on_rows(lambda r: jnp.einsum("rh,hf->rf", r, kernel), x)
+      return on_rows(lambda r: jnp.einsum("...h,hf->...f", r, kernel), x)
 
     y = act(dense_in("wi_0")) * dense_in("wi_1") if cfg.gated else act(dense_in("wi"))
     y = Dropout(cfg.dropout)(y, deterministic=deterministic)
     wo = _weight(self, cfg, "wo", (f, h), ("mlp", "embed"), f ** -0.5)
-    return on_rows(lambda r: jnp.einsum("rf,fh->rh", r, wo), y)
+    return on_rows(lambda r: jnp.einsum("...f,fh->...h", r, wo), y)
 
 
 class EncoderLayer(nn.Module):
@@ -409,4 +409,4 @@ class T5Model(nn.Module):
     if cfg.tie_word_embeddings:
       return self.shared.attend(hidden).astype(jnp.float32)
     kernel = self.lm_head.astype(cfg.compute_dtype)
-    return on_rows(lambda r: jnp.einsum("rh,hv->rv", r, kernel), hidden).astype(jnp.float32)
+    return on_rows(lambda r: jnp.einsum("...h,hv->...v", r, kernel), hidden).astype(jnp.float32)
