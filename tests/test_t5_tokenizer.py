@@ -43,3 +43,12 @@ def test_kind_is_registered_and_decode_writes_sentinels(model_path):
   assert tok.special_mask()[tok.sentinel(5)] and not tok.special_mask()[3]
   with pytest.raises(DataError, match="sentinels 0..99"):
     tok.sentinel(100)
+
+
+def test_a_t5_folder_reads_its_spiece_model_as_t5s_kind(tmp_path, model_path):
+  import json, shutil  # pylint: disable=import-outside-toplevel,multiple-imports
+  from bert_jax.conversion import hf  # pylint: disable=import-outside-toplevel
+  shutil.copyfile(model_path, tmp_path / "spiece.model")
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+  found = hf.tokenizer(str(tmp_path))
+  assert found.kind == "t5_spm" and not found.lower_case and list(found.files) == ["spiece.model"]

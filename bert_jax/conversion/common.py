@@ -11,7 +11,7 @@ from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
 TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
-                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",)}
+                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",), "t5_spm": ("spiece.model",)}
 # CamemBERT's and XLM-R's SentencePiece in fairseq's layout (data_pipelines/fairseq_spm.py): one file, the
 # first of these a folder holds (tokenizer.json is what transformers reads when both are there). Only a
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
