@@ -189,3 +189,17 @@ def test_a_bert_checkpoint_as_t5_init_is_one_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert "family 'bert'" in err and "family 't5'" in err and len(err.splitlines()) == 1, err
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_remat_gives_the_same_gradients(scan_layers):
+  cfg = T5Config(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, intermediate_size=24,
+                 scan_layers=scan_layers)
+  ids = jnp.asarray(np.arange(10).reshape(2, 5) + 2)
+  params = nn.meta.unbox(T5Model(cfg).init(jax.random.key(0), ids)["params"])
+
+  def grads(remat):
+    model = T5Model(cfg.replace(remat=remat))
+    return jax.grad(lambda p: model.apply({"params": p}, ids, decoder_input_ids=ids).logits.sum())(params)
+  for a, b in zip(jax.tree.leaves(grads("none")), jax.tree.leaves(grads("full"))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
