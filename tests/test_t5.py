@@ -202,4 +202,4 @@ def test_remat_gives_the_same_gradients(scan_layers):
     model = T5Model(cfg.replace(remat=remat))
     return jax.grad(lambda p: model.apply({"params": p}, ids, decoder_input_ids=ids).logits.sum())(params)
   for a, b in zip(jax.tree.leaves(grads("none")), jax.tree.leaves(grads("full"))):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # gradients up to ~40
