@@ -124,9 +124,10 @@ FIELDS = (
           "linear warmup from 0 over N steps; > 0 wins over optimizer.warmup_ratio; both 0: no warmup"),
     Field("optimizer.warmup_ratio", "in [0, 1)", _number(0, 1, high_open=True),
           "linear warmup over this share of the run's steps, when optimizer.warmup_steps is 0"),
-    Field("optimizer.decay", *_one_of("linear", "polynomial", "constant", "1-sqrt"),
-          "after warmup: linear or polynomial (decay_power) to end_learning_rate at the last step, constant, or "
-          "warmup-stable-decay (1-sqrt: the peak until decay_start, then 1 - sqrt down over decay_steps)"),
+    Field("optimizer.decay", *_one_of("linear", "polynomial", "constant", "1-sqrt", "rsqrt"),
+          "after warmup: linear or polynomial (decay_power) to end_learning_rate at the last step, constant, "
+          "warmup-stable-decay (1-sqrt: the peak until decay_start, then 1 - sqrt down over decay_steps), or T5's "
+          "inverse square root (rsqrt: the peak, no ramp, for warmup_steps, then peak * sqrt(warmup / step))"),
     Field("optimizer.decay_steps", ">= 0", _int(0),
           "the length of the 1-sqrt decay (optimizer.decay='1-sqrt' needs >= 1)"),
     Field("optimizer.decay_start", ">= -1", _int(-1),

@@ -23,7 +23,7 @@ import sys
 import sysconfig
 import tempfile
 
-from bert_jax.data_pipelines import corpora, fairseq_spm, vocab
+from bert_jax.data_pipelines import corpora, fairseq_spm, t5_spm, vocab
 
 VOCAB_SIZE = 8192
 _RECIPE = "embedded-v2"  # v2: the tensorflow-text WordPiece learner (deterministic)
@@ -109,6 +109,8 @@ def default_vocab(data_cfg) -> str:
     return ensure_sentencepiece(data_cfg.lower_case)
   if data_cfg.tokenizer in fairseq_spm.KINDS:
     return ensure_fairseq_sentencepiece()
+  if data_cfg.tokenizer == t5_spm.KIND:
+    return t5_spm.ensure_embedded_model(ensure_embedded()[0])
   return ensure_embedded()[1]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bert_jax.data_pipelines import span_corruption
 from bert_jax.data_pipelines.knowledge import split_tags
 from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, predictions_per_seq, row_keys
 from bert_jax.data_pipelines.shuffling import shuffle_trigrams, trigram_slots
@@ -64,6 +65,8 @@ ROW_FIELDS = ("ids", "length", "segment_ids", "label", "document_ids", "shard", 
 
 def feature_spec(data_cfg) -> dict:
   """The contract for this config: name -> (dtype, shape, meaning)."""
+  if data_cfg.get("example_builder") == span_corruption.BUILDER:  # an encoder-decoder's rows (T5)
+    return dict(span_corruption.FEATURES)
   spec = dict(FEATURES)
   if data_cfg.packing:
     spec.update(PACKING_FEATURES)
@@ -82,6 +85,8 @@ def feature_shapes(data_cfg, batch_size: int) -> dict:
   """The contract for this config with its sizes: name -> (dtype, shape) for `batch_size` rows."""
   sizes = {"B": batch_size, "T": data_cfg.max_seq_length, "P": predictions_per_seq(data_cfg),
            "S": trigram_slots(data_cfg.max_seq_length, data_cfg.trigram_shuffle_rate)}
+  if data_cfg.get("example_builder") == span_corruption.BUILDER:
+    sizes["U"] = span_corruption.target_length(data_cfg)
   return {name: (dtype, tuple(sizes[d] for d in dims)) for name, (dtype, dims, _) in feature_spec(data_cfg).items()}
 
 

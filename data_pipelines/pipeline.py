@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.data_pipelines import corpora, xlnet_stream
+from bert_jax.data_pipelines import corpora, span_input, xlnet_stream
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer, feature_spec
 from bert_jax.data_pipelines.shards import (Context, check_model_fit, make_context, make_tokenizer, masking_config,
@@ -222,10 +222,15 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
   return bert_records.RecordInput(files, ctx, shards, rows_per_shard, process_index, data_cfg.service_address)
 
 
+# Builders whose rows are not the masked-LM contract's, each with its own input: XLNet's parallel streams, T5's
+# corrupted spans.
+_OWN_INPUTS = {"xlnet_stream": xlnet_stream.for_config, span_input.BUILDER: span_input.for_config}
+
+
 def for_config(config, split: str, batch_size: int, process_index: int = 0, process_count: int = 1):
   """The input a pretraining run of `config` reads: the trainer and `data preview` both build it here."""
-  if config.data.example_builder == "xlnet_stream":  # XLNet's parallel streams, not shuffled rows
-    return xlnet_stream.for_config(config, split, batch_size, process_index, process_count)
+  if config.data.example_builder in _OWN_INPUTS:
+    return _OWN_INPUTS[config.data.example_builder](config, split, batch_size, process_index, process_count)
   return make_pretrain_input(config.data, global_batch_size=batch_size, process_index=process_index,
                              process_count=process_count, split=split,
                              max_position_embeddings=config.model.max_position_embeddings,

@@ -35,7 +35,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, t5_spm, tokenizer_kinds
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
@@ -518,7 +518,9 @@ for _kind in (
     _fairseq("xlmr_spm", "XLMRobertaTokenizer"),
     tokenizer_kinds.TokenizerKind(hf_tokenizer.KIND,
                                   lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
-                                  file_names=hf_tokenizer.FILE)):
+                                  file_names=hf_tokenizer.FILE),
+    tokenizer_kinds.TokenizerKind(t5_spm.KIND, lambda path, lower, chars, quotes: t5_spm.T5Tokenizer(path),
+                                  ("spiece.model",), hf_class="T5Tokenizer", own_ids=True)):
   tokenizer_kinds.register(_kind)
 
 

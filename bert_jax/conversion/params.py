@@ -81,9 +81,8 @@ def _rows(config: Config, family: Family, extra: Sequence[Row] = ()):
       yield row, 0, "", False
   for row in extra:
     yield row, 0, "", False
-  layer_rows = family.layout.rows_in_layer(config)
   for i, prefix, stacked in family.layout.layer_slots(config):
-    for row in layer_rows:
+    for row in family.layout.rows_at(config, prefix):
       yield row, i, prefix + "/", stacked
 
 

@@ -117,7 +117,9 @@ class Layout:
   sits in the params. constants(config): foreign tensors without a bert_jax parameter, fixed by the
   config (written as these values, checked on read: ALBERT's E -> H projection is the identity when
   E == H). relayout(params, config, scan_layers): the params re-arranged for stacked or unrolled
-  layers (None: the family has one arrangement).
+  layers (None: the family has one arrangement). slot_rows(config, prefix): the rows of the layer at a
+  slot's prefix, for a family with more than one kind of layer (T5's encoder and decoder layers; None:
+  every slot has `layer_rows`, which then lists every kind's rows).
   """
   global_rows: tuple[Row, ...]
   layer_rows: tuple[Row, ...] | Callable[[Config], tuple[Row, ...]]
@@ -126,6 +128,11 @@ class Layout:
   adapter_rows: tuple[Row, ...] = ()
   constants: Callable[[Config], list[tuple[Row, np.ndarray]]] = _no_constants
   relayout: Callable[[dict, Config, bool], dict] | None = None
+  slot_rows: Callable[[Config, str], tuple[Row, ...]] | None = None
+
+  def rows_at(self, config: Config, prefix: str) -> tuple[Row, ...]:
+    """The rows of the layer at the slot `prefix`."""
+    return self.rows_in_layer(config) if self.slot_rows is None else tuple(self.slot_rows(config, prefix))
 
   def rows_in_layer(self, config: Config) -> tuple[Row, ...]:
     """One layer's rows for `config`, adapters included where it has them."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -40,7 +41,7 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda p, _: _leaf_name(p) not in _NO_DECAY_NAMES, params)
 
 
-DECAYS = ("linear", "polynomial", "constant", "1-sqrt")
+DECAYS = ("linear", "polynomial", "constant", "1-sqrt", "rsqrt")
 
 
 def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
@@ -57,9 +58,19 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict, num_steps: int,
     after = optax.polynomial_schedule(lr, cfg.end_learning_rate, power, max(num_steps - warmup, 1))
   elif cfg.decay == "1-sqrt":
     return _warmup_stable_decay(cfg, num_steps, lr, warmup, warm)
+  elif cfg.decay == "rsqrt":
+    return inverse_sqrt(lr, warmup)
   else:
     raise UserError(f"optimizer.decay={cfg.decay!r} is not one of {DECAYS}")
   return optax.join_schedules([warm, after], [warmup])
+
+
+def inverse_sqrt(lr: float, warmup: int) -> optax.Schedule:
+  """T5's schedule: the peak `lr` held for `warmup` steps (no ramp), then lr * sqrt(warmup / step); T5's
+  1 / sqrt(max(step, 10^4)) is lr=0.01, warmup=10^4."""
+  def schedule(step):
+    return lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(jnp.asarray(step, jnp.float32), max(warmup, 1)))
+  return schedule
 
 
 def _warmup_stable_decay(cfg: ml_collections.ConfigDict, num_steps: int, lr: float, warmup: int,
@@ -172,7 +183,17 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: 
   )
 
 
-OPTIMIZERS = ("lamb", "adamw", "stable_adamw")
+def adafactor(learning_rate: optax.ScalarOrSchedule, *, clip_norm: float = 0.0) -> optax.GradientTransformation:
+  """T5's Adafactor (optax's: factored second moments, decay 0.8, update clipping at 1, scaled by each
+  parameter's RMS, no momentum, no weight decay); clip_norm > 0 adds global-norm clipping before it."""
+  inner = optax.adafactor(learning_rate, decay_rate=0.8, clipping_threshold=1.0, multiply_by_parameter_scale=True)
+  # Its factored moments (a row and a column per matrix) do not have their parameter's shape, so they cannot
+  # take its logical axes: they start from the unboxed parameters and are replicated (they are small).
+  unboxed = optax.GradientTransformation(lambda params: inner.init(nn.meta.unbox(params)), inner.update)
+  return optax.chain(optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(), unboxed)
+
+
+OPTIMIZERS = ("lamb", "adamw", "stable_adamw", "adafactor")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any = None
@@ -186,4 +207,6 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any 
     return adamw(schedule, **common), schedule
   if cfg.name == "stable_adamw":
     return stable_adamw(schedule, stacked=stacked, **common), schedule
+  if cfg.name == "adafactor":
+    return adafactor(schedule, clip_norm=cfg.clip_norm), schedule
   raise UserError(f"optimizer.name={cfg.name!r} is not one of {OPTIMIZERS}")

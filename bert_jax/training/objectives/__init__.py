@@ -3,7 +3,8 @@
 teacher; mobilebert_pkt.py: MobileBERT's progressive knowledge transfer from IB-BERT), and the registry that
 builds the one a config names (registry.py)."""
 from bert_jax.training.objectives import (bert, distill_mlm, electra, ernie2, ernie_thu, ltr,  # noqa: F401
-                                          mobilebert_pkt, spanbert, structbert, xlnet)  # each registers itself
+                                          mobilebert_pkt, span_corruption, spanbert, structbert,  # each registers itself
+                                          xlnet)
 from bert_jax.training.objectives.base import (CARRY, CarryingObjective, ScheduledObjective,  # noqa: F401
                                                StagedObjective, TeacherObjective, example_batch, model_inputs,
                                                token_nll_and_correct)
