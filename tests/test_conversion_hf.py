@@ -93,6 +93,8 @@ def max_differences(model, params, reference, ids, mask, types):
 @pytest.mark.parametrize("scan_layers", [True, False])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_parity_with_transformers(tmp_path, family, scan_layers):
+  if scan_layers and family != "bert" and not os.environ.get("BERT_JAX_SLOW_TESTS"):
+    pytest.skip("scanned layers of the other families: weekly (BERT_JAX_SLOW_TESTS=1); the mapping is the same")
   hf_model = build_hf(family)
   hf_model.save_pretrained(tmp_path)
   cfg = hf_model.config

@@ -179,7 +179,7 @@ def test_interpreter_exits_cleanly_with_running_workers(corpus):
       os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("how", ["exit", "close"])
+@pytest.mark.parametrize("how", [pytest.param("exit", marks=slow), "close"])  # exit: weekly (~15 s quiet)
 def test_in_process_prefetch_never_blocks_exit_or_close(corpus, how):
   # The prefetch thread is mid-generator (building ahead) when the input is dropped or the interpreter
   # exits; tf.data's from_generator deadlocked on the GIL here.

@@ -123,6 +123,7 @@ def _command(workdir, teacher, data, *extra):
           f"--config.distill.teacher={teacher}", f"--config.data.data_dir={data}", *extra]
 
 
+@slow  # ~20 s quiet: the one driver's pause path is covered by pretraining's and fine-tuning's SIGTERM tests
 def test_sigterm_during_distill_saves_says_where_and_the_same_command_resumes(task_teacher, tmp_path, monkeypatch,
                                                                                capsys):
   """SIGTERM while step 2's row is written: the student's state is saved at step 3, the run says so and

@@ -56,8 +56,10 @@ def test_masked_position_head_equals_full_logits_then_gather():
   np.testing.assert_allclose(at, np.take_along_axis(np.asarray(full), positions[..., None], 1), atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg,packed", [(CFG, True), (CFG.replace(scan_layers=False, remat="dots"), False),
-                                        (CFG.replace(share_layers="all", attention_dropout=1e-9), False)])
+@pytest.mark.parametrize("cfg,packed", [(CFG, True),  # the other two weekly (~10 s each quiet)
+                                        pytest.param(CFG.replace(scan_layers=False, remat="dots"), False, marks=slow),
+                                        pytest.param(CFG.replace(share_layers="all", attention_dropout=1e-9), False,
+                                                     marks=slow)])
 def test_heads_only_last_layer_gives_the_full_models_heads_and_gradients(cfg, packed):
   """heads_only runs the last layer at [CLS] and the masked positions only: the same MLM and NSP logits
   and parameter gradients as the full model (the reference), scanned (stacked parameters sliced) or

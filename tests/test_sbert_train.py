@@ -130,6 +130,7 @@ def test_the_compiled_ranking_step_all_gathers_the_embeddings(loss, gathers):
   assert any(shape[-1] == 32 and np.prod(shape[:-1]) == 2 * 16 for shape in shapes) == gathers, shapes
 
 
+@slow  # a learning chain (~30 s quiet); the job's steps and losses are covered by the default tests
 def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_sts_set(sst2_finetuned, tmp_path, capsys):
   """A tiny encoder (the session's fine-tuned sst2 model, tests/conftest.py) trained with the cosine loss for
   40 steps on the embedded STS set: dev Spearman rises about 0.1 above that of its untrained mean pooling,

@@ -6,7 +6,8 @@ import transformers
 
 from bert_jax.data_pipelines import fairseq_spm, t5_spm
 from bert_jax.data_pipelines.errors import DataError
-from bert_jax.data_pipelines.tokenizers import KINDS, load_tokenizer
+from bert_jax.data_pipelines import tokenizer_kinds
+from bert_jax.data_pipelines.tokenizers import load_tokenizer
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "A sentinel marks each dropped span of text.",
              "Numbers like 1,234 and 56.7 stay."] * 40
@@ -36,7 +37,7 @@ def test_ids_equal_transformers_t5_tokenizer(model_path):
 
 
 def test_kind_is_registered_and_decode_writes_sentinels(model_path):
-  assert "t5_spm" in KINDS
+  assert "t5_spm" in tokenizer_kinds.loadable()
   tok = load_tokenizer(model_path, kind="t5_spm")
   ids = tok.encode("the lazy <extra_id_0> fox") + [tok.eos_id, tok.pad_id]
   assert tok.decode(ids) == "the lazy <extra_id_0> fox"
