@@ -41,6 +41,8 @@ HELD_OUT = [
     "  spaces\tand tabs   between\nlines  ",
     "[MASK] and <mask> as text, [CLS] too",
     "Ω≈ç√∫ µ unseen ДОМ 🦄",
+    "Москва — столица России; ёлка и Ёж.",
+    "日本語のテキスト、한국어 문장도 있어요。",
 ]
 
 
