@@ -37,7 +37,8 @@ import numpy as np
 from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
-from bert_jax.data_pipelines.tokenizer_base import BERT_LAYOUT, XLNET_LAYOUT, Layout, layout_of  # pylint: disable=unused-import
+from bert_jax.data_pipelines.tokenizer_base import (  # noqa: F401  (the kinds' layouts, read from here)
+    BERT_LAYOUT, XLNET_LAYOUT, Layout, layout_of)
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
