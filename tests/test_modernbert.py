@@ -15,6 +15,7 @@ import transformers
 from core_helpers import slow
 
 import bert_jax
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.conversion import common, hf, native
@@ -297,7 +298,6 @@ def test_mmbert_phases_anneal_the_masking_rate(size):
   """mmBERT's three phases (configs/modernbert.py MASK_SCHEDULE): 30%, 15% and 5% of the real tokens masked
   (counted over 400 masked rows of 128 tokens), Gemma 2's vocabulary, the later phases at 8192 tokens with RoPE
   theta 160k, each init_from the one before, the decay falling as 1 - sqrt to 2% of the rate."""
-  from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   ids = rng.integers(5, 1000, (400, 128)).astype(np.int32)
   special = np.arange(1000) < 5
