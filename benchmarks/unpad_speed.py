@@ -170,16 +170,23 @@ def main() -> None:
           result = tpu_estimate(config, feats, args.tpu)
         else:
           result = finetune_eval(config, feats, args.rounds)
-        out["results"].append({"set": dist, "mean_tokens": mean, "model": name, "what": "finetune eval/predict",
-                               **result})
+        _report(out, {"set": dist, "mean_tokens": mean, "model": name, "what": "finetune eval/predict",
+                      **result}, args.json)
       if not args.tpu:
         bert = models(tokenizer.vocab_size)["bert (minilm-l6 shape)"]
-        out["results"].append({"set": dist, "mean_tokens": mean, "model": "bert (minilm-l6 shape)", "what": "embed",
-                               **embed(os.path.dirname(vocab), bert, texts, args.rounds, tmp)})
-  print(json.dumps(out, indent=1) if args.json else "\n".join(
-      f"{r['set']:18s} {r['model']:28s} {r['what']:22s} padded {r['padded_tokens_per_s']:9.0f} tok/s  "
-      f"unpadded {r.get('unpadded_tokens_per_s', r.get('packed_tokens_per_s')):9.0f} tok/s  x{r['speedup']:.2f}"
-      for r in out["results"]))
+        _report(out, {"set": dist, "mean_tokens": mean, "model": "bert (minilm-l6 shape)", "what": "embed",
+                      **embed(os.path.dirname(vocab), bert, texts, args.rounds, tmp)}, args.json)
+  if args.json:
+    print(json.dumps(out))
+
+
+def _report(out: dict, r: dict, as_json: bool) -> None:
+  """Each result as it comes (a line; all of them as one JSON object at the end with --json)."""
+  out["results"].append(r)
+  print(json.dumps(r) if as_json else
+        f"{r['set']:18s} {r['model']:28s} {r['what']:22s} padded {r['padded_tokens_per_s']:9.0f} tok/s  "
+        f"unpadded {r.get('unpadded_tokens_per_s', r.get('packed_tokens_per_s')):9.0f} tok/s  x{r['speedup']:.2f}",
+        flush=True)
 
 
 if __name__ == "__main__":
