@@ -149,7 +149,7 @@ def run_model(apply: Callable, params: Any, mesh, features: Features, batch_size
     for start in range(0, len(members), batch_size):
       rows = members[start:start + batch_size]
       batch = cut(inputs, np.concatenate([rows, np.full(batch_size - len(rows), rows[0])]), length)
-      if unpad_config is not None:
+      if unpad_config is not None and batch["input_ids"].ndim == 2:  # not a ranking head's groups [G, K, T]
         batch = _packed(batch, len(rows), unpad_config, mesh)
       got = jax.device_get(apply(params, partitioning.global_batch(batch, mesh)))
       for k, v in got.items():
