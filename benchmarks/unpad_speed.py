@@ -141,7 +141,7 @@ def tpu_estimate(config, feats: dict, topology: str) -> dict:
   padded = seconds({k: (BATCH, LENGTH) for k in features.MODEL_INPUTS})
   packed = seconds({**{k: (rows_needed, LENGTH) for k in unpad.PACKED}, "attention_mask": (BATCH, LENGTH),
                     unpad.INDEX: (BATCH, LENGTH)})
-  return {"topology": topology, "packed_rows": rows_needed, "mean_rows_needed": float(np.mean(packed_rows)),
+  return {"topology": topology, "packed_rows": rows_needed, "packed_rows_mean": float(np.mean(packed_rows)),
           "padded_tokens_per_s": real / padded, "unpadded_tokens_per_s": real / packed, "speedup": padded / packed,
           "attention": getattr(config, "attention", "dot")}
 
