@@ -12,7 +12,8 @@ them, from tokenizer_config.json or special_tokens_map.json beside the file (cls
 and otherwise from the file itself: the post-processor's template ([CLS] the special token before the
 text, [SEP] the one after it), the model's unknown token, the padding's token, then the usual names
 ([PAD]/<pad>, [MASK]/<mask>, ...), bos and eos standing in for [CLS] and [SEP]. A role the tokenizer
-lacks is None, and asking for it (special_ids["[MASK]"]) is a DataError that names it.
+lacks is None, and asking for it (special_ids["[MASK]"]) is a DataError that names it. A pair's rows follow
+the file's pair template (`layout`): BERT's [CLS] a [SEP] b [SEP], or RoBERTa's <s> a </s> </s> b </s>.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from etils import epath
 
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary
-from bert_jax.data_pipelines.tokenizer_base import TokenizerBase
+from bert_jax.data_pipelines.tokenizer_base import BERT_LAYOUT, Layout, TokenizerBase
 
 KIND = "tokenizer_json"
 FILE = "tokenizer.json"
@@ -91,6 +92,26 @@ def _template_roles(processor: dict | None) -> dict[str, str]:
   return roles
 
 
+def _template_layout(processor: dict | None) -> Layout:
+  """The rows' Layout by the post-processor's pair template: [CLS] $A, then the [SEP]s between a and b with
+  their token types (RoBERTa's </s> </s>), then $B typed as the template types it; BERT's otherwise."""
+  kind = (processor or {}).get("type")
+  if kind == "Sequence":
+    return next((found for p in processor.get("processors", []) if (found := _template_layout(p)) != BERT_LAYOUT),
+                BERT_LAYOUT)
+  if kind == "RobertaProcessing":
+    return Layout(between=(0, 0), b_type=0)
+  pair = (processor.get("pair") or []) if kind == "TemplateProcessing" else []
+  where = {piece["Sequence"]["id"]: i for i, piece in enumerate(pair) if "Sequence" in piece}
+  if set(where) != {"A", "B"} or where["A"] != 1 or where["B"] <= where["A"] + 1 or "SpecialToken" not in pair[0]:
+    return BERT_LAYOUT
+  between = pair[where["A"] + 1:where["B"]]
+  if not all("SpecialToken" in piece for piece in between):
+    return BERT_LAYOUT
+  return Layout(between=tuple(p["SpecialToken"].get("type_id", 0) for p in between),
+                b_type=pair[where["B"]]["Sequence"].get("type_id", 0))
+
+
 class _Roles(dict):
   """special_ids: a role the tokenizer lacks maps to None, and indexing it is a DataError naming it."""
   path = ""
@@ -129,6 +150,7 @@ class TokenizerJson(TokenizerBase):
     self.special_ids = self._roles(spec, ids, beside)
     self._special = {ids[a.content] for a in self._tokenizer.get_added_tokens_decoder().values() if a.special}
     self.lower_case = _lowercases(spec.get("normalizer"))
+    self.layout = _template_layout(spec.get("post_processor"))
 
   def _add_tokens_named(self, spec: dict, beside: dict) -> None:
     """The tokens tokenizer_config.json names (added_tokens_decoder, the special tokens, the extra ones) that the

@@ -28,7 +28,6 @@ tokenizer_json), through the `tokenizers` library. `load_tokenizer` finds each k
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import re
 import unicodedata
@@ -38,6 +37,8 @@ import numpy as np
 from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, t5_spm, tokenizer_kinds
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
+from bert_jax.data_pipelines.tokenizer_base import (  # noqa: F401  (the kinds' layouts, read from here)
+    BERT_LAYOUT, XLNET_LAYOUT, Layout, layout_of)
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -48,44 +49,6 @@ _ASCII_CONTROL = {c: None for c in [*range(0, 9), 11, 12, *range(14, 32), 127]}
 _ASCII_PUNCT = r"!-/:-@\[-`{-~"
 _ASCII_WORDS = re.compile(rf"[^\s{_ASCII_PUNCT}]+|[{_ASCII_PUNCT}]")
 _WORD_CACHE_LIMIT = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """Where a model's inputs put the special tokens and the padding (finetune/features.py builds rows by it).
-
-  cls_first: [CLS] a [SEP] (b [SEP]) (BERT); otherwise a [SEP] (b [SEP]) [CLS] (XLNet's a <sep> b <sep> <cls>).
-  Token types 0 for a and its [SEP] (and the padding), 1 for b and its [SEP], cls_type for [CLS]; the
-  padding is on the left with pad_left. SQuAD's rows put the question first with cls_first, the context
-  first otherwise (transformers' SQuAD features for a tokenizer that pads on the left).
-  """
-  cls_first: bool = True
-  pad_left: bool = False
-  cls_type: int = 0
-
-  def wrap(self, cls: int, sep: int, a: list[int], b: list[int] | None = None) -> tuple[list[int], list[int]]:
-    """(ids, token types) of a (and b) with the special tokens."""
-    ids, types = [*a, sep], [0] * (len(a) + 1)
-    if b is not None:
-      ids, types = ids + [*b, sep], types + [1] * (len(b) + 1)
-    if self.cls_first:
-      return [cls, *ids], [0, *types]
-    return [*ids, cls], [*types, self.cls_type]
-
-  @property
-  def before_a(self) -> int:
-    """How many special tokens precede a's first."""
-    return int(self.cls_first)
-
-
-BERT_LAYOUT = Layout()
-# transformers' XLNetTokenizer (5.x pads with token type 0; its slow tokenizer's 3 reaches nothing: pads are masked)
-XLNET_LAYOUT = Layout(cls_first=False, pad_left=True, cls_type=2)
-
-
-def layout_of(tokenizer) -> Layout:
-  """The tokenizer kind's input layout (BERT's unless the kind says otherwise)."""
-  return getattr(tokenizer, "layout", BERT_LAYOUT)
 
 
 def _is_whitespace(char):

@@ -15,6 +15,7 @@ import transformers
 from core_helpers import slow
 
 import bert_jax
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.conversion import common, hf, native
@@ -283,10 +284,36 @@ def _shapes(preset):
   return param_shapes(config)
 
 
-@pytest.mark.parametrize("preset,released", [("base", 149e6), ("large", 395e6)])
+@pytest.mark.parametrize("preset,released", [
+    ("base", 149e6), ("large", 395e6), ("ettin_17m", 17e6), ("ettin_32m", 32e6), ("ettin_68m", 68e6),
+    ("ettin_150m", 150e6), ("ettin_400m", 400e6), ("ettin_1b", 1e9), ("mmbert_small", 140e6),
+    ("mmbert_base", 307e6)])
 def test_presets_have_the_released_sizes(preset, released):
   backbone = sum(int(np.prod(s)) for k, s in _shapes(preset).items() if not k.startswith("mlm_head"))
   assert abs(backbone / released - 1) < 0.04, backbone
+
+
+@pytest.mark.parametrize("size", ["small", "base"])
+def test_mmbert_phases_anneal_the_masking_rate(size):
+  """mmBERT's three phases (configs/modernbert.py MASK_SCHEDULE): 30%, 15% and 5% of the real tokens masked
+  (counted over 400 masked rows of 128 tokens), Gemma 2's vocabulary, the later phases at 8192 tokens with RoPE
+  theta 160k, each init_from the one before, the decay falling as 1 - sqrt to 2% of the rate."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 1000, (400, 128)).astype(np.int32)
+  special = np.arange(1000) < 5
+  got = {}
+  for phase, rate in (("", 0.3), ("_mid", 0.15), ("_decay", 0.05)):
+    config = load_config(f"configs/modernbert.py:mmbert_{size}{phase}", [])
+    assert config.model.vocab_size == 256_000 and config.data.tokenizer == "tokenizer_json"
+    cfg = MaskingConfig(config.data.masking, config.data.mask_rate, 128, 4, special, np.zeros(1000, bool))
+    out = mask_batch(ids, np.full(400, 128, np.int32), row_keys((1,), np.zeros(400), np.arange(400)), cfg)
+    got[phase] = float(np.asarray(out["masked_lm_weights"]).sum()) / ids.size
+    assert abs(got[phase] - rate) < 0.01, (phase, got[phase])
+  mid, decay = (load_config(f"configs/modernbert.py:mmbert_{size}_{p}", []) for p in ("mid", "decay"))
+  assert (mid.data.max_seq_length, mid.model.global_rope_theta, mid.model.local_rope_theta) == (8192, 16e4, 16e4)
+  assert mid.init_from == f"runs/mmbert_{size}" and decay.init_from == f"runs/mmbert_{size}_mid"
+  assert (decay.optimizer.decay, decay.optimizer.decay_steps, decay.train.num_steps) == ("1-sqrt", 2649, 2649)
+  assert decay.optimizer.end_learning_rate == pytest.approx(0.02 * decay.optimizer.learning_rate)
 
 
 def test_tiny_parameter_table():

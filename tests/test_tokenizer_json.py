@@ -41,6 +41,8 @@ HELD_OUT = [
     "  spaces\tand tabs   between\nlines  ",
     "[MASK] and <mask> as text, [CLS] too",
     "Ω≈ç√∫ µ unseen ДОМ 🦄",
+    "Москва — столица России; ёлка и Ёж.",
+    "日本語のテキスト、한국어 문장도 있어요。",
 ]
 
 
@@ -194,6 +196,37 @@ def test_tokens_tokenizer_config_names_are_added_as_transformers_adds_them(folde
   assert back(line, add_special_tokens=False)["input_ids"] == ours.encode(line) and back.mask_token == "hund"
 
 
+@pytest.mark.parametrize("processor", ["template", "roberta"])
+def test_a_roberta_pair_template_lays_out_rows_as_transformers(folders, tmp_path, processor):
+  """A tokenizer.json whose pair template is RoBERTa's (<s> a </s> </s> b </s>, types 0; as a template or
+  RobertaProcessing): fine-tuning's rows and SQuAD's answer offsets follow it, truncated longest-first and
+  padded to max_len as transformers' tokenizer(a, b) does; BERT's template keeps BERT's layout."""
+  from bert_jax.finetune import features  # pylint: disable=import-outside-toplevel
+  spec = json.loads((folders["unigram"] / "tokenizer.json").read_text())
+  ids = {a["content"]: a["id"] for a in spec["added_tokens"]}
+  spec["post_processor"] = ({"type": "RobertaProcessing", "sep": ["</s>", ids["</s>"]], "cls": ["<s>", ids["<s>"]],
+                             "trim_offsets": True, "add_prefix_space": False} if processor == "roberta" else
+                            json.loads(processors.TemplateProcessing(
+                                single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+                                special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])]).__getstate__()))
+  folder = tmp_path / "roberta"
+  shutil.copytree(folders["unigram"], folder)
+  (folder / "tokenizer.json").write_text(json.dumps(spec))
+  theirs = transformers.AutoTokenizer.from_pretrained(folder)
+  ours = bert_jax.load_tokenizer(str(folder))
+  assert ours.layout.pair_specials == 4 and bert_jax.load_tokenizer(str(folders["unigram"])).layout == BERT_LAYOUT
+  for a, b in zip(HELD_OUT, HELD_OUT[1:]):
+    for max_len in (64, 12):
+      row = features.encode_pair(ours, ours.encode(a), ours.encode(b), max_len)
+      want = theirs(a, b, truncation="longest_first", max_length=max_len, padding="max_length",
+                    return_token_type_ids=True)
+      assert list(row["input_ids"]) == want["input_ids"] and list(row["attention_mask"]) == want["attention_mask"]
+      assert list(row["token_type_ids"]) == want["token_type_ids"]
+  query, context = ours.encode(HELD_OUT[0]), ours.encode(HELD_OUT[1])
+  row_ids, _ = ours.layout.wrap(ours.special_ids["[CLS]"], ours.special_ids["[SEP]"], query, context)
+  assert row_ids[len(query) + ours.layout.pair_specials - 1:][:len(context)] == context
+
+
 def test_continuation_pieces_by_kind(folders):
   """Whole-word masking's table: WordPiece's ##x, Metaspace's pieces without ▁, byte-level pieces without Ġ."""
   for kind, starts in (("wordpiece", None), ("unigram", "\u2581"), ("byte_level_bpe", "\u0120")):
@@ -264,6 +297,9 @@ def test_convert_round_trip_and_finetune_tokenizer(folders, tmp_path, capsys):
     assert back(line)["input_ids"] == want(line)["input_ids"]
     assert native.encode(line) == want(line, add_special_tokens=False)["input_ids"]
   assert (back.cls_token, back.sep_token, back.pad_token, back.mask_token) == ("[CLS]", "[SEP]", "[PAD]", "[MASK]")
+  exported = json.loads((tmp_path / "back" / "config.json").read_text())  # not HF's defaults of its own vocabulary
+  assert [exported[f"{r}_token_id"] for r in ("cls", "sep", "bos", "eos", "pad")] == [
+      want.cls_token_id, want.sep_token_id, want.cls_token_id, want.sep_token_id, want.pad_token_id]
   from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
   from bert_jax.finetune import init  # pylint: disable=import-outside-toplevel
   config = load_config("configs/glue.py:embedded", [f"--config.init_from={tmp_path / 'mb'}"])
@@ -293,6 +329,40 @@ def test_data_prepare_and_pretraining_read_a_tokenizer_json(folders, tmp_path):
   with pytest.raises(DataError, match="data.tokenizer=tokenizer_json"):
     shards.make_tokenizer(config.data)
   assert hf_tokenizer.KIND == "tokenizer_json" and prepare.vocab_fingerprint(vocab)
+
+
+def test_continued_pretraining_from_a_tokenizer_json_folder(folders, tmp_path):
+  """configs/continue.py from a ModernBERT folder with a Unigram tokenizer.json: the run reads its corpus with
+  the folder's tokenizer (rows [CLS] ids [SEP] of the file's roles, masks by its [MASK]) and its model scores
+  those masked rows as transformers' ModernBertForMaskedLM does (the step-0 evaluation's loss, within 1e-4)."""
+  from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import trainer  # pylint: disable=import-outside-toplevel
+  reference, _ = _modernbert_folder(folders["unigram"], tmp_path / "mb")
+  lines = _lines(60, seed=1)
+  (tmp_path / "corpus.txt").write_text("\n\n".join("\n".join(lines[i:i + 3]) for i in range(0, 60, 3)) + "\n")
+  config = load_config("configs/continue.py:tiny", [
+      f"--config.init_from={tmp_path / 'mb'}", f"--config.data.corpus={tmp_path / 'corpus.txt'}",
+      f"--config.data.eval_corpus={tmp_path / 'corpus.txt'}", "--config.data.num_shards=1",
+      "--config.data.max_seq_length=48", "--config.train.eval_batch_size=4"])
+  resolved = pretrained.with_init_from_model(pretrained.native_init_from(config, tmp_path / "run"))
+  assert resolved.data.tokenizer == "tokenizer_json" and resolved.model.family == "modernbert"
+  ours = bert_jax.load_tokenizer(str(tmp_path / "mb"))
+  batch = next(trainer.make_inputs(resolved, "eval", 4))
+  ids, real = np.asarray(batch["input_ids"]), np.asarray(batch["input_mask"]) > 0
+  restored = ids.copy()
+  np.put_along_axis(restored, np.asarray(batch["masked_lm_positions"]),
+                    np.where(batch["masked_lm_weights"] > 0, batch["masked_lm_ids"],
+                             np.take_along_axis(ids, np.asarray(batch["masked_lm_positions"]), 1)), 1)
+  corpus_ids = {i for line in lines for i in ours.encode(line)}
+  assert restored[:, 0].tolist() == [ours.special_ids["[CLS]"]] * 4
+  assert set(restored[real].tolist()) <= corpus_ids | {ours.special_ids["[CLS]"], ours.special_ids["[SEP]"]}
+  assert (ids[real] == ours.special_ids["[MASK]"]).any()
+  model, params = bert_jax.load_pretrained(str(tmp_path / "run" / "init_from"))
+  got = np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(batch["input_mask"])).mlm_logits)
+  with torch.no_grad():
+    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(batch["input_mask"])).logits.numpy()
+  np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
 
 
 @slow  # a fine-tuning run, predict, an export and embed: about a minute on two cores

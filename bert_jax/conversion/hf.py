@@ -12,7 +12,7 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds
+from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, tokenizer_kinds, tokenizers
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
@@ -259,7 +259,8 @@ def write(directory: str, converted: common.Converted) -> list[str]:
   export = (_pretraining_export if converted.task_head is None else _task_export)(converted)
   names = {"b": family.hf.base_prefix if export.prefixed else ""}
   hf_config = {"architectures": [export.architecture], "model_type": family.hf.model_type,
-               **family.hf.write_config(export.config), **export.extra_config}
+               **family.hf.write_config(export.config), **export.extra_config,
+               **_token_ids(family, converted.tokenizer)}
   tensors = params_lib.from_params(export.config, family, converted.params, "hf", names, export.extra_rows)
   out = workdir.create(directory)
   workdir.write_bytes(out / "model.safetensors", safetensors.numpy.save(tensors, metadata={"format": "pt"}))
@@ -283,6 +284,16 @@ def write(directory: str, converted: common.Converted) -> list[str]:
     notes.append(f"a sentence-transformers folder too ({'+'.join(converted.pooling.modes)} pooling"
                  f"{', normalized' if converted.pooling.normalize else ''}): SentenceTransformer(DIR) loads it")
   return notes
+
+
+def _token_ids(family: Family, tokenizer: common.Tokenizer | None) -> dict[str, int]:
+  """config.json's special token ids the family's HF config keeps (family.hf.token_ids), by the roles of the
+  tokenizer exported beside it (HF's defaults are its released vocabulary's ids)."""
+  if not family.hf.token_ids or tokenizer is None or tokenizer.kind not in tokenizer_kinds.loadable():
+    return {}
+  loaded = tokenizers.load_tokenizer(next(iter(tokenizer.files.values())), tokenizer.lower_case, kind=tokenizer.kind)
+  return {key: found for key, role in family.hf.token_ids.items()
+          if (found := loaded.special_ids.get(role)) is not None}
 
 
 def _write_tokenizer(directory: epath.Path, family: Family, tokenizer: common.Tokenizer, max_length: int = 0) -> None:

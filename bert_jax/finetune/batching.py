@@ -22,6 +22,7 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.finetune.features import MODEL_INPUTS
+from bert_jax.models import families, unpad
 from bert_jax.training import partitioning
 
 Features = dict[str, np.ndarray]
@@ -111,11 +112,32 @@ def _length_axes(apply: Callable, params: Any, rows: int, lengths: Sequence[int]
   return {k: next((i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y), None) for k in a}
 
 
+def unpad_config(data, model_config) -> Any:
+  """The encoder config `run_model` packs batches for when data.unpad is on (the default; a workdir written
+  before the field existed reads as on) and the family restores packed rows (models/unpad.py), else None."""
+  if model_config is None or not data.get("unpad", True):
+    return None
+  return model_config if unpad.can_unpad(type(families.build(model_config)), model_config) else None
+
+
+def _packed(batch: Features, real: int, encoder_config, mesh) -> Features:
+  """The batch's real tokens packed into fewer rows (models/unpad.py), the filler rows past `real` empty.
+  Several hosts pack to the whole batch's row count, which they all share."""
+  batch = {**batch, "attention_mask": batch["attention_mask"].copy()}
+  batch["attention_mask"][real:] = 0
+  size, hosts = len(batch["input_ids"]), jax.process_count()
+  devices = max(1, partitioning.data_parallel_size(mesh) // hosts)
+  return unpad.pack(batch, encoder_config, unit=unpad.default_unit(size, devices) if hosts == 1 else size,
+                    process_index=jax.process_index(), process_count=hosts)
+
+
 def run_model(apply: Callable, params: Any, mesh, features: Features, batch_size: int,
-              lengths: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+              lengths: tuple[int, ...] = (), unpad_config=None) -> dict[str, np.ndarray]:
   """`apply(params, batch)` (jitted, batch-sharded outputs) over every row of `features`, one row of
   outputs per row in order; with buckets, in batches of one bucket padded to batch_size rows (one
-  compiled shape per bucket), length axes padded back to max_seq_length with zeros."""
+  compiled shape per bucket), length axes padded back to max_seq_length with zeros. unpad_config: the
+  encoder's config, to run each batch's real tokens packed into fewer rows (models/unpad.py; `apply`
+  takes a packed batch and gives the padded batch's outputs), or None."""
   inputs = {k: features[k] for k in MODEL_INPUTS}
   full = inputs["input_ids"].shape[1]
   lengths = lengths or (full,)
@@ -127,6 +149,8 @@ def run_model(apply: Callable, params: Any, mesh, features: Features, batch_size
     for start in range(0, len(members), batch_size):
       rows = members[start:start + batch_size]
       batch = cut(inputs, np.concatenate([rows, np.full(batch_size - len(rows), rows[0])]), length)
+      if unpad_config is not None and batch["input_ids"].ndim == 2:  # not a ranking head's groups [G, K, T]
+        batch = _packed(batch, len(rows), unpad_config, mesh)
       got = jax.device_get(apply(params, partitioning.global_batch(batch, mesh)))
       for k, v in got.items():
         v = v[:len(rows)]

@@ -115,12 +115,12 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int) -> tuple[list[int
 def encode_pair(tokenizer, a: list[int], b: list[int] | None, max_len: int) -> dict[str, np.ndarray]:
   """a (and b) with the special tokens where the tokenizer's layout puts them (BERT's [CLS] a [SEP] b [SEP],
   XLNet's a <sep> b <sep> <cls>), truncated longest-first and padded to max_len."""
-  cls, sep = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"]
+  cls, sep, layout = tokenizer.special_ids["[CLS]"], tokenizer.special_ids["[SEP]"], layout_of(tokenizer)
   if b is None:
     a = a[:max_len - 2]
   else:
-    a, b = truncate_pair(a, b, max_len - 3)
-  return pad_row(tokenizer, *layout_of(tokenizer).wrap(cls, sep, a, b), max_len)
+    a, b = truncate_pair(a, b, max_len - layout.pair_specials)
+  return pad_row(tokenizer, *layout.wrap(cls, sep, a, b), max_len)
 
 
 def pad_start(tokenizer, length: int, max_len: int) -> int:

@@ -14,7 +14,7 @@ import ml_collections
 
 from bert_jax.finetune import heads, smart
 from bert_jax.finetune.features import MODEL_INPUTS
-from bert_jax.models import head_kinds
+from bert_jax.models import head_kinds, unpad
 
 
 class FinetuneObjective:
@@ -38,9 +38,10 @@ class FinetuneObjective:
     rngs = None if deterministic else {"dropout": rng}
     labels = {k: batch[k] for k in self.head.label_inputs} if labelled and self.head.label_inputs else None
     extra = {"labels": labels} if labels else {}
+    args, packed = unpad.model_inputs(batch)  # a packed batch's rows (models/unpad.py) or the padded one
     return smart.with_embedding_perturbation(
-        lambda: self.model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
-                                 deterministic=deterministic, rngs=rngs, head_mask=head_mask, **extra), delta)
+        lambda: self.model.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs,
+                                 head_mask=head_mask, **extra, **packed), delta)
 
   def counts(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return {"labels": self.head.count(batch)}

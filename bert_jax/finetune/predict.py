@@ -45,7 +45,7 @@ from bert_jax.configs import common
 from bert_jax.errors import UserError
 from bert_jax.finetune import batching, embedded, glue, heads, ner, ranking, squad
 from bert_jax.finetune import features as feats
-from bert_jax.models import families, head_kinds
+from bert_jax.models import families, head_kinds, unpad
 from bert_jax.ops import int8
 from bert_jax.training import partitioning
 
@@ -113,7 +113,9 @@ class Predictor:
     params_checkpoint.check_shapes(params, nn.meta.unbox(abstract), source)
     mesh, rules = _data_parallel_mesh(), common.LOGICAL_AXIS_RULES
     shardings = partitioning.logical_shardings(abstract, mesh, rules)
-    forward = lambda p, batch: model.apply({"params": p}, *(batch[k] for k in feats.MODEL_INPUTS))  # noqa: E731
+    def forward(p, batch):
+      args, packed = unpad.model_inputs(batch)  # a packed batch (models/unpad.py) or the padded one
+      return model.apply({"params": p}, *args, **packed)
     data = partitioning.batch_sharding(mesh)
     devices = partitioning.data_parallel_size(mesh)
     return cls(config=config, tokenizer=tokenizer, params=jax.device_put(params, shardings),
@@ -168,7 +170,10 @@ class Predictor:
   def run(self, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model's outputs (numpy, one row per feature row) in batches of batch_size (of one length
     bucket each with data.length_buckets)."""
-    return batching.run_model(self.apply, self.params, self.mesh, features, self.batch_size, self.lengths)
+    quantized = (self.config.get("quantization") or {}).get("activations") == "int8"
+    packing = None if quantized else batching.unpad_config(self.config["data"],
+                                                           families.model_config(self.config["model"]))
+    return batching.run_model(self.apply, self.params, self.mesh, features, self.batch_size, self.lengths, packing)
 
   def outputs(self, examples: Sequence) -> dict[str, np.ndarray]:
     """The raw model outputs (logits) for `examples`, one row per feature row."""

@@ -201,14 +201,14 @@ def featurize(examples: list[Example], tokenizer, task_cfg, max_len: int, traini
       target = next((t for t in (answer_tokens(spans, *a) for a in example.answers[:1]) if t), None)
       if target is None:  # an answer that is not in its context: nothing to learn from
         continue
-    placed = windows(len(ids), max_len - len(query) - 3, task_cfg.doc_stride)
+    placed = windows(len(ids), max_len - len(query) - layout.pair_specials, task_cfg.doc_stride)
     for (start, length), best in zip(placed, max_context(placed)):
       context = ids[start:start + length]
       row_ids, types = (layout.wrap(cls, sep, query, context) if layout.cls_first
                         else layout.wrap(cls, sep, context, query))
       rows.append(feats.pad_row(tokenizer, row_ids, types, max_len))
       first = feats.pad_start(tokenizer, len(row_ids), max_len)
-      offset = first + (len(query) + 2 if layout.cls_first else 0)
+      offset = first + (len(query) + layout.pair_specials - 1 if layout.cls_first else 0)
       null = first if layout.cls_first else first + len(row_ids) - 1
       inside = target is not None and start <= target[0] and target[1] < start + length
       starts.append(target[0] - start + offset if inside else null)

@@ -94,7 +94,9 @@ def seeds(train: ml_collections.ConfigDict) -> dict[str, int]:
 def run_model(setup: TrainSetup, params: Any, features: dict[str, np.ndarray], batch_size: int
               ) -> dict[str, np.ndarray]:
   lengths = batching.buckets(setup.config.data.get("length_buckets", ()), features["input_ids"].shape[1])
-  return batching.run_model(setup.eval_step, params, setup.mesh, features, batch_size, lengths)
+  model = getattr(setup.objective, "model", None)  # a FinetuneModel's batches unpad (not a quantized one's)
+  packing = batching.unpad_config(setup.config.data, model.config if isinstance(model, heads.FinetuneModel) else None)
+  return batching.run_model(setup.eval_step, params, setup.mesh, features, batch_size, lengths, packing)
 
 
 def evaluate(setup: TrainSetup, params: Any, task: Task, batch_size: int, eval_sets=None

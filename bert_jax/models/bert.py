@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.models import attention
+from bert_jax.models import attention, unpad
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.dropout import Dropout
 
@@ -620,7 +620,8 @@ class BertModel(nn.Module):
                deterministic: bool = True, output_hidden_states: bool = False,
                output_attentions: bool = False, head_mask: Optional[Array] = None,
                task_ids: Optional[Array] = None, entity_vectors: Optional[Array] = None,
-               entity_mask: Optional[Array] = None, heads_only: bool = False) -> ModelOutput:
+               entity_mask: Optional[Array] = None, heads_only: bool = False,
+               unpad_index: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids, document_ids: int32[B, T];
     entity_vectors: float[B, T, entity_dim], entity_mask: int32[B, T] (config.entity_layers > 0): the frozen
     vector of the entity aligned to each token (a mention's first one), 1 in the mask there; none when None;
@@ -629,7 +630,9 @@ class BertModel(nn.Module):
     head_mask: float[L, N] or [N] (every layer), multiplying each head's attention probabilities;
     heads_only (with masked_positions): the last layer runs only where the pooler and MLM head read,
     [CLS] and the masked positions (a pretraining step's work; the same outputs), and last_hidden_state
-    is None. Without masked_positions, or where `runs_heads_only` says no, it changes nothing but that."""
+    is None. Without masked_positions, or where `runs_heads_only` says no, it changes nothing but that.
+    unpad_index: int32[B', T] (models/unpad.py): the inputs are packed rows of a padded batch [B', T], and the
+    outputs come back in that padded layout (pooler on its [CLS], heads on its tokens)."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -658,9 +661,15 @@ class BertModel(nn.Module):
                                            None if queries is None else queries.astype(jnp.int32))
     if cfg.entity_layers:
       h = KnowledgeEncoder(cfg, name="knowledge_encoder")(h, entity_vectors, entity_mask, segments, deterministic)
+    hidden_states = jnp.concatenate([x[None], layer_outputs], axis=0) if output_hidden_states else None
+    if unpad_index is not None:
+      if queries is not None or output_attentions:
+        raise ValueError("unpad_index: no heads_only or attentions on packed rows")
+      h = unpad.restore(h, unpad_index)
+      hidden_states = None if hidden_states is None else unpad.restore(hidden_states, unpad_index)
     out = {"last_hidden_state": None if heads_only else h, "attentions": attentions}
     if output_hidden_states:
-      out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)
+      out["hidden_states"] = hidden_states
     if cfg.use_pooler:
       out["pooled_output"] = jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), "pooler")(h[:, 0]))
     if cfg.mlm_head:

@@ -168,7 +168,8 @@ class HFNames:
   module never reads them (ModernBERT's layer-0 attention norm, an identity in HF): filled with the
   value on read, not written. tokenizer_class, tokenizer_settings: tokenizer_config.json's for a
   tokenizer of the family's kind (another kind gets its generic class); lower_case: the default when a
-  checkpoint's tokenizer_config.json does not say.
+  checkpoint's tokenizer_config.json does not say. token_ids: {config.json key: the exported tokenizer's
+  role} for the special token ids the HF config keeps (ModernBERT's cls/sep/bos/eos_token_id).
   """
   model_type: str
   class_prefix: str
@@ -185,6 +186,7 @@ class HFNames:
   absent: Mapping[str, float] = dataclasses.field(default_factory=dict)
   tokenizer_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   lower_case: bool = True
+  token_ids: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.errors import UserError
-from bert_jax.models import attention, rope
+from bert_jax.models import attention, rope, unpad
 from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, heads_out, layer_head_mask,
                                   lookup, on_rows, tied_logits)
 from bert_jax.models.config import FamilyConfig
@@ -375,10 +375,12 @@ class ModernBertModel(nn.Module):
                token_type_ids: Optional[Array] = None, position_ids: Optional[Array] = None,
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
                deterministic: bool = True, output_hidden_states: bool = False,
-               output_attentions: bool = False, head_mask: Optional[Array] = None) -> ModelOutput:
+               output_attentions: bool = False, head_mask: Optional[Array] = None,
+               unpad_index: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, position_ids (restarting per packed document), document_ids: int32[B, T];
     token_type_ids: ignored; masked_positions: int32[B, P] (MLM logits only there; every position when
-    None); head_mask: float[L, N] or [N]."""
+    None); head_mask: float[L, N] or [N]. unpad_index: int32[B', T] (models/unpad.py): the inputs are packed
+    rows of a padded batch [B', T], and the outputs come back in that padded layout (pooling, heads)."""
     del token_type_ids  # ModernBERT has no token types
     cfg = self.config
     if input_ids.ndim != 2:
@@ -397,9 +399,18 @@ class ModernBertModel(nn.Module):
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
     h, layer_outputs, attentions = encoder(x, segments, position_ids, layer_head_mask(cfg, head_mask),
                                            deterministic)
-    out = {"last_hidden_state": h, "attentions": attentions}
+    hidden_states = None
     if output_hidden_states:  # as Hugging Face: the last entry is the final norm's output
-      out["hidden_states"] = jnp.concatenate([x[None], layer_outputs[:-1], h[None]], axis=0)
+      hidden_states = jnp.concatenate([x[None], layer_outputs[:-1], h[None]], axis=0)
+    if unpad_index is not None:
+      if output_attentions:
+        raise ValueError("unpad_index: no attentions on packed rows")
+      attention_mask = unpad.real_of(unpad_index, h.shape[0] * h.shape[1])
+      h = unpad.restore(h, unpad_index)
+      hidden_states = None if hidden_states is None else unpad.restore(hidden_states, unpad_index)
+    out = {"last_hidden_state": h, "attentions": attentions}
+    if output_hidden_states:
+      out["hidden_states"] = hidden_states
     if cfg.use_pooler:
       out["pooled_output"] = PredictionHead(cfg, name="pooler")(self._pool(h, attention_mask))
     if cfg.mlm_head:
