@@ -132,3 +132,11 @@ def test_token_budget_chunks_are_the_one_pass_steps():
     assert int(metrics["chunks"]) == chunks < 24, chunks
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), jax.device_get(state.params),
                jax.device_get(ref_state.params))
+
+
+def test_a_token_budget_as_large_as_the_batch_is_one_error():
+  """A chunk that would hold a device's whole batch (16 rows x 3 sentences x 12 tokens) is a mistaken setting."""
+  from bert_jax.errors import UserError
+  with pytest.raises(UserError, match=r"ranking.chunk_tokens=576 is not below a device's whole batch \(576 tokens: "
+                                      r"16 rows x 3 sentences x 12\)"):
+    _setup(["--config.ranking.chunk_tokens=576"], jax.devices()[:1])

@@ -40,7 +40,8 @@ def _evaluate(args):
   elif args.beir:
     from bert_jax.sbert import beir  # pylint: disable=import-outside-toplevel
     ks = evaluate.parse_ks(args.k)
-    results = beir.evaluate(_embedder(args), beir.read(args.beir, args.split), ks)
+    folder = beir.read(args.beir, args.split)
+    results = beir.evaluate(_embedder(args), folder, ks)
   else:
     ks = evaluate.parse_ks(args.k)
     queries, corpus = embed.read_lines(args.queries, "--queries"), embed.read_lines(args.corpus, "--corpus")

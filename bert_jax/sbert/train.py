@@ -125,13 +125,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
   pooling(config)
   if config.loss == "ranking":
-    check_ranking(config.ranking)
+    check_ranking(config.ranking, config.data.max_seq_length)
   if config.loss == "cosine" and config.cosine.score_scale <= 0:
     raise UserError(f"cosine.score_scale={config.cosine.score_scale} must be > 0")
 
 
-def check_ranking(ranking: ml_collections.ConfigDict) -> None:
-  """The ranking block as sentence-transformers' MultipleNegativesRankingLoss checks its arguments."""
+def check_ranking(ranking: ml_collections.ConfigDict, length: int) -> None:
+  """The ranking block as sentence-transformers' MultipleNegativesRankingLoss checks its arguments; a token
+  budget that holds one longest sentence."""
   if ranking.scale <= 0:
     raise UserError(f"ranking.scale={ranking.scale} must be > 0")
   directions = tuple(ranking.directions)
@@ -141,6 +142,9 @@ def check_ranking(ranking: ml_collections.ConfigDict) -> None:
     raise UserError(f"ranking.partition_mode={ranking.partition_mode!r} is not one of {losses.PARTITION_MODES}")
   if ranking.chunk_tokens < 0:
     raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} must be >= 0 (0: chunks of rows)")
+  if 0 < ranking.chunk_tokens < length:
+    raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} is below one sentence of data.max_seq_length="
+                    f"{length} tokens")
   if ranking.partition_mode == "per_direction" and {"query_to_query", "doc_to_doc"} & set(directions):
     raise UserError("ranking.partition_mode='per_direction' takes the directions query_to_doc and doc_to_query "
                     "only (as sentence-transformers)")
@@ -214,11 +218,9 @@ def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective
 
 
 def check_chunk_tokens(config: ml_collections.ConfigDict, columns: int, data_parallel: int) -> None:
-  """A token budget holds one longest sentence and less than a device's whole batch."""
+  """A token budget below a device's whole batch (a chunk larger than the batch is a mistaken setting)."""
   budget, length = config.ranking.chunk_tokens, config.data.max_seq_length
   tokens = config.train.batch_size // data_parallel * columns * length
-  if budget and budget < length:
-    raise UserError(f"ranking.chunk_tokens={budget} is below one sentence of data.max_seq_length={length} tokens")
   if budget >= tokens:
     raise UserError(f"ranking.chunk_tokens={budget} is not below a device's whole batch ({tokens:,} tokens: "
                     f"{config.train.batch_size // data_parallel} rows x {columns} sentences x {length}); 0 turns "
