@@ -53,6 +53,10 @@ def get_config(arg: str = "sts") -> ml_collections.ConfigDict:
   # > 0: GradCache embeds each device's sentences in chunks of at most this many (padded) tokens, in length
   # order at the smallest length bucket that holds them (sbert/gradcache.py: TokenChunks); 0: chunks of rows
   c.ranking.chunk_tokens = 0
+  # Matryoshka (sentence-transformers' MatryoshkaLoss): the loss summed over these prefixes of the embedding,
+  # e.g. (768, 512, 256, 128, 64), weighted by matryoshka_weights (empty: 1 each); `bert-jax embed --dim`
+  c.ranking.matryoshka_dims = ()
+  c.ranking.matryoshka_weights = ()
 
   c.data = ml_collections.ConfigDict()
   # softmax: premise<TAB>hypothesis<TAB>label; cosine: sentence1<TAB>sentence2<TAB>score; ranking:

@@ -55,7 +55,7 @@ def _same(run, reference, rtol=1e-5, atol=1e-5):
 
 
 SYMMETRIC = ["--config.ranking.directions=('query_to_doc','doc_to_query')",
-             "--config.ranking.partition_mode=per_direction"]
+             "--config.ranking.partition_mode=per_direction", "--config.ranking.matryoshka_dims=(32,16,4)"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +80,8 @@ def test_cached_steps_are_the_one_pass_steps_with_its_dropout_masks():
 
 
 def test_cached_symmetric_steps_on_a_2x2x2_mesh_are_the_one_device_steps():
-  """The symmetric loss (sentence-transformers' MultipleNegativesSymmetricRankingLoss) on data 2 x fsdp 2 x
+  """The symmetric loss (sentence-transformers' MultipleNegativesSymmetricRankingLoss), Matryoshka over 3
+  prefixes, on data 2 x fsdp 2 x
   tensor 2, 2 chunks of 2 rows per device (the embeddings all-gathered, their gradients reduce-scattered back
   to their devices), dropout on: the one-device one-pass steps."""
   assert jax.device_count() == 8
@@ -140,3 +141,20 @@ def test_a_token_budget_as_large_as_the_batch_is_one_error():
   with pytest.raises(UserError, match=r"ranking.chunk_tokens=576 is not below a device's whole batch \(576 tokens: "
                                       r"16 rows x 3 sentences x 12\)"):
     _setup(["--config.ranking.chunk_tokens=576"], jax.devices()[:1])
+
+
+def test_the_matryoshka_loss_is_sentence_transformers_over_the_prefixes():
+  """ranking.matryoshka_dims=(32, 8) with weights (1, 0.5): the loss of random embeddings is 1 x
+  sentence-transformers' MultipleNegativesRankingLoss of all 32 dimensions + 0.5 x that of the first 8."""
+  torch = pytest.importorskip("torch")
+  st_losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+  setup = _setup(["--config.ranking.matryoshka_dims=(32,8)", "--config.ranking.matryoshka_weights=(1.0,0.5)"],
+                 jax.devices()[:1])
+  e = np.random.default_rng(3).normal(size=(6, 3, 32)).astype(np.float32)
+  reference = st_losses.MultipleNegativesRankingLoss(torch.nn.Module(), scale=20.0)
+  want = sum(w * float(reference.compute_loss_from_embeddings([torch.tensor(e[:, k, :d]) for k in range(3)], None))
+             for d, w in [(32, 1.0), (8, 0.5)])
+  assert float(np.mean(setup.objective.rows_loss(e, e, 0))) == pytest.approx(want, rel=1e-5)
+  from bert_jax.errors import UserError
+  with pytest.raises(UserError, match="ranking.matryoshka_dims=\\[64\\]: 64 is not between 1 and the embedding's 32"):
+    _setup(["--config.ranking.matryoshka_dims=(64,)"], jax.devices()[:1])

@@ -16,12 +16,13 @@ def _embed(args):
   sentences = embed.read_lines(args.input, "--input")
   notes = []
   embedder = _embedder(args, notes.append)
-  embed.check_space(args.output, len(sentences), embedder.dimension)
+  dimension = embed.check_dim(args.dim, embedder.dimension)
+  embed.check_space(args.output, len(sentences), dimension)
   for note in notes:  # the model's notes once the last check passed: an error stays the only line
     print(note, file=sys.stderr, flush=True)
-  embeddings = embedder(sentences, progress=True)
+  embeddings = embedder(sentences, progress=True)[:, :dimension]
   embed.write_npy(args.output, embeddings)
-  print(f"{len(sentences)} embeddings of {embedder.dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"
+  print(f"{len(sentences)} embeddings of {dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"
         f"{', normalized' if embedder.pooling.normalize else ''}) to {args.output}", file=sys.stderr)
 
 
@@ -76,6 +77,8 @@ def register(subparsers) -> None:
   _common(p)
   p.add_argument("--input", required=True, help="one sentence per line (UTF-8)")
   p.add_argument("--output", required=True, help="OUT.npy")
+  p.add_argument("--dim", type=int, default=0, help="keep the first DIM floats of each embedding (a Matryoshka "
+                                                    "model's shorter vectors, sentence-transformers' truncate_dim)")
   p.set_defaults(handler=_embed)
 
   p = subparsers.add_parser(

@@ -63,9 +63,10 @@ class BiEncoderObjective:
   attention_mask int32[B, K, T] (K sentences per row: 2, or 3 with a hard negative), label [B]."""
 
   def __init__(self, model: SentenceEncoder, loss: str, num_labels: int = 0, scale: float = 20.0,
-               directions: tuple[str, ...] = ("query_to_doc",), partition_mode: str = "joint"):
+               directions: tuple[str, ...] = ("query_to_doc",), partition_mode: str = "joint",
+               matryoshka: tuple[tuple[int, float], ...] = ()):
     self.model, self.kind, self.num_labels, self.scale = model, loss, num_labels, scale
-    self.directions, self.partition_mode = tuple(directions), partition_mode
+    self.directions, self.partition_mode, self.matryoshka = tuple(directions), partition_mode, tuple(matryoshka)
 
   def init(self, rng: jax.Array, batch: dict[str, jax.Array]) -> Any:
     params = dict(self.model.init(rng, batch["input_ids"][:, 0], batch["attention_mask"][:, 0])["params"])
@@ -99,8 +100,14 @@ class BiEncoderObjective:
     return self.rows_loss(e, e, 0)
 
   def rows_loss(self, rows: jax.Array, whole: jax.Array, first: jax.Array | int) -> jax.Array:
-    """The ranking loss of rows [R, K, D], rows first .. first + R of the batch's embeddings whole [B, K, D]."""
-    return losses.ranking_rows(rows, whole, first, self.scale, self.directions, self.partition_mode)
+    """The ranking loss of rows [R, K, D], rows first .. first + R of the batch's embeddings whole [B, K, D];
+    with matryoshka (dimension, weight) pairs, sentence-transformers' MatryoshkaLoss: the weighted sum of the
+    loss of each prefix of the embeddings (normalised again after the cut)."""
+    loss = functools.partial(losses.ranking_rows, first=first, scale=self.scale, directions=self.directions,
+                             partition_mode=self.partition_mode)
+    if not self.matryoshka:
+      return loss(rows, whole)
+    return sum(weight * loss(rows[..., :dim], whole[..., :dim]) for dim, weight in self.matryoshka)
 
   def sums(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None, deterministic: bool
            ) -> dict[str, jax.Array]:
@@ -153,7 +160,22 @@ def check_ranking(ranking: ml_collections.ConfigDict, length: int) -> None:
 def objective_for(config: ml_collections.ConfigDict, model: SentenceEncoder) -> BiEncoderObjective:
   r = config.ranking
   return BiEncoderObjective(model, config.loss, len(config.softmax.labels), r.scale, tuple(r.directions),
-                            r.partition_mode)
+                            r.partition_mode, matryoshka(r, model.pooling.dimension(model.config.hidden_size)))
+
+
+def matryoshka(ranking: ml_collections.ConfigDict, dimension: int) -> tuple[tuple[int, float], ...]:
+  """ranking.matryoshka_dims with their weights (1 each unless ranking.matryoshka_weights), checked against
+  the embedding's dimension."""
+  dims, weights = tuple(ranking.matryoshka_dims), tuple(ranking.matryoshka_weights) or (1.0,) * len(
+      ranking.matryoshka_dims)
+  if len(weights) != len(dims):
+    raise UserError(f"ranking.matryoshka_weights={list(weights)}: one weight per dimension of "
+                    f"ranking.matryoshka_dims={list(dims)}")
+  bad = [d for d in dims if not 1 <= d <= dimension]
+  if bad:
+    raise UserError(f"ranking.matryoshka_dims={list(dims)}: {bad[0]} is not between 1 and the embedding's "
+                    f"{dimension} dimensions")
+  return tuple(zip(dims, map(float, weights)))
 
 
 def pooling(config: ml_collections.ConfigDict) -> Pooling:
