@@ -158,3 +158,40 @@ def test_the_matryoshka_loss_is_sentence_transformers_over_the_prefixes():
   from bert_jax.errors import UserError
   with pytest.raises(UserError, match="ranking.matryoshka_dims=\\[64\\]: 64 is not between 1 and the embedding's 32"):
     _setup(["--config.ranking.matryoshka_dims=(64,)"], jax.devices()[:1])
+
+
+def test_embed_dim_keeps_the_first_floats(sst2_finetuned, tmp_path, capsys):
+  """`bert-jax embed --dim 8`: the first 8 floats of each of the model's embeddings; more than it has is one line."""
+  import bert_jax
+  from bert_jax import cli
+  _, model, _ = sst2_finetuned
+  (tmp_path / "in.txt").write_text("a short sentence\nanother one, a little longer than the first\n")
+  args = ["embed", "--model", model, "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.npy")]
+  assert cli.main([*args, "--dim", "8"]) == 0
+  full = bert_jax.Embedder.load(model)(["a short sentence", "another one, a little longer than the first"])
+  np.testing.assert_allclose(np.load(tmp_path / "out.npy"), full[:, :8], atol=1e-6)
+  assert full.shape[1] > 8 and "2 embeddings of 8 floats" in capsys.readouterr().err
+  assert cli.main([*args, "--dim", str(full.shape[1] + 1)]) == 2
+  err = capsys.readouterr().err
+  assert f"--dim {full.shape[1] + 1}: the model's embeddings have {full.shape[1]} dimensions" in err
+  assert len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("directions,mode", [
+    (("query_to_doc",), "joint"), (("query_to_doc", "doc_to_query"), "per_direction"),
+    (("query_to_doc", "query_to_query", "doc_to_query", "doc_to_doc"), "joint"),
+    (("query_to_doc", "doc_to_doc"), "joint")])
+def test_ranking_rows_is_sentence_transformers_loss(directions, mode):
+  """losses.ranking_rows against sentence-transformers' MultipleNegativesRankingLoss (its directions and
+  partition modes) on random (query, positive, hard negative) embeddings: the batch's mean, and rows 2..3
+  scored against the whole batch as a chunk of them is."""
+  torch = pytest.importorskip("torch")
+  st_losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
+  from bert_jax.sbert import losses
+  e = np.random.default_rng(0).normal(size=(6, 3, 8)).astype(np.float32)
+  reference = st_losses.MultipleNegativesRankingLoss(torch.nn.Module(), scale=20.0, directions=directions,
+                                                     partition_mode=mode)
+  want = float(reference.compute_loss_from_embeddings([torch.tensor(e[:, k]) for k in range(3)], None))
+  rows = np.asarray(losses.ranking_rows(e, e, 0, 20.0, directions, mode))
+  assert float(rows.mean()) == pytest.approx(want, rel=1e-5)
+  np.testing.assert_allclose(losses.ranking_rows(e[2:4], e, 2, 20.0, directions, mode), rows[2:4], rtol=1e-5)
