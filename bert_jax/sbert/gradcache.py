@@ -47,7 +47,8 @@ class RowChunks:
   (batch_rows.chunk): the one-pass step's dropout masks."""
   count: int
 
-  def embed(self, embed: Embed, params: Any, batch: dict, rng: jax.Array) -> jax.Array:
+  def embed(self, embed: Embed, params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(float32[rows, columns, D], the number of chunks)."""
     def body(_, xs):
       part, i = xs
       with batch_rows.chunk(i, self.count):
@@ -92,8 +93,7 @@ class TokenChunks:
 
   def _loop(self, batch: dict, rng: jax.Array, init: Any, step: Callable) -> tuple[Any, jax.Array]:
     """Runs step(carry, ids [n, L], mask, start, key) -> carry over the chunks; (carry, chunk count)."""
-    order, ids, mask, lengths, total = self._sorted(batch)
-    del order
+    _, ids, mask, lengths, total = self._sorted(batch)
 
     def branch(bucket):
       rows = self.budget // bucket
@@ -113,7 +113,8 @@ class TokenChunks:
                                           (jnp.int32(0), jnp.int32(0), init))
     return carry, count.astype(jnp.float32)
 
-  def embed(self, embed: Embed, params: Any, batch: dict, rng: jax.Array) -> jax.Array:
+  def embed(self, embed: Embed, params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(float32[rows, columns, D], the number of chunks)."""
     order, ids, *_ = self._sorted(batch)
     rows, columns = batch["input_ids"].shape[:2]
 
