@@ -55,7 +55,7 @@ def _same(run, reference, rtol=1e-5, atol=1e-5):
 
 
 SYMMETRIC = ["--config.ranking.directions=('query_to_doc','doc_to_query')",
-             "--config.ranking.partition_mode=per_direction", "--config.ranking.matryoshka_dims=(32,16,4)"]
+             "--config.ranking.partition_mode=per_direction"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,8 +80,7 @@ def test_cached_steps_are_the_one_pass_steps_with_its_dropout_masks():
 
 
 def test_cached_symmetric_steps_on_a_2x2x2_mesh_are_the_one_device_steps():
-  """The symmetric loss (sentence-transformers' MultipleNegativesSymmetricRankingLoss), Matryoshka over 3
-  prefixes, on data 2 x fsdp 2 x
+  """The symmetric loss (sentence-transformers' MultipleNegativesSymmetricRankingLoss) on data 2 x fsdp 2 x
   tensor 2, 2 chunks of 2 rows per device (the embeddings all-gathered, their gradients reduce-scattered back
   to their devices), dropout on: the one-device one-pass steps."""
   assert jax.device_count() == 8
