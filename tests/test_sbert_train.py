@@ -215,8 +215,13 @@ def test_every_preset_passes_the_shared_schema(preset):
 
 
 @pytest.mark.parametrize("command,args,named", [
-    ("finetune", ["--config.train.grad_accum_steps=2"], "loss=ranking takes the global batch's rows as each row's "
-                                                         "negatives: it needs train.grad_accum_steps=1"),
+    ("finetune", ["--config.train.grad_accum_steps=128"], "train.batch_size=64 must be divisible by data-parallel "
+                                                           "size (mesh.data x mesh.fsdp = 8) x train.grad_accum_steps "
+                                                           "(128) = 1024"),
+    ("finetune", ["--config.ranking.chunk_tokens=100"], "ranking.chunk_tokens=100 is below one sentence of "
+                                                        "data.max_seq_length=128 tokens"),
+    ("finetune", ["--config.ranking.directions=('doc_to_query',)"], "ranking.directions=['doc_to_query']: "
+                                                                    "query_to_doc and any of"),
     ("finetune", ["--config.loss=triplet"], "loss='triplet' is not one of ('softmax', 'cosine', 'ranking')"),
     ("finetune", ["--config.pooling.modes=('weighted',)"], "pooling modes ['weighted']: each must be one of"),
     ("sweep", [], "configs/sbert.py:mnr is not a fine-tuning config: bert-jax sweep runs configs of job finetune"),

@@ -16,26 +16,33 @@ def _embed(args):
   sentences = embed.read_lines(args.input, "--input")
   notes = []
   embedder = _embedder(args, notes.append)
-  embed.check_space(args.output, len(sentences), embedder.dimension)
+  dimension = embed.check_dim(args.dim, embedder.dimension)
+  embed.check_space(args.output, len(sentences), dimension)
   for note in notes:  # the model's notes once the last check passed: an error stays the only line
     print(note, file=sys.stderr, flush=True)
-  embeddings = embedder(sentences, progress=True)
+  embeddings = embedder(sentences, progress=True)[:, :dimension]
   embed.write_npy(args.output, embeddings)
-  print(f"{len(sentences)} embeddings of {embedder.dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"
+  print(f"{len(sentences)} embeddings of {dimension} floats ({'+'.join(embedder.pooling.modes)} pooling"
         f"{', normalized' if embedder.pooling.normalize else ''}) to {args.output}", file=sys.stderr)
 
 
 def _evaluate(args):
   from bert_jax.errors import UserError  # pylint: disable=import-outside-toplevel
   from bert_jax.sbert import data, embed, evaluate  # pylint: disable=import-outside-toplevel
-  if (args.sts is None) == (args.queries is None) or (args.queries is None) != (args.corpus is None):
-    raise UserError("say one evaluation: --sts FILE, or --queries FILE --corpus FILE")
+  if (sum(x is not None for x in (args.sts, args.queries, args.beir)) != 1
+      or (args.queries is None) != (args.corpus is None)):
+    raise UserError("say one evaluation: --sts FILE, --queries FILE --corpus FILE, or --beir FOLDER")
   # Every input is read and checked before the model loads: a bad file is the only line printed.
   if args.sts:
     if not args.score_scale > 0:
       raise UserError(f"--score-scale {args.score_scale} must be > 0 (5 for STS-B's 0-5 scores)")
     pairs = evaluate.check_sts_pairs(data.read_scored_pairs(args.sts, args.score_scale), "--sts " + args.sts)
     results = evaluate.sts(_embedder(args), pairs)
+  elif args.beir:
+    from bert_jax.sbert import beir  # pylint: disable=import-outside-toplevel
+    ks = evaluate.parse_ks(args.k)
+    folder = beir.read(args.beir, args.split)
+    results = beir.evaluate(_embedder(args), folder, ks)
   else:
     ks = evaluate.parse_ks(args.k)
     queries, corpus = embed.read_lines(args.queries, "--queries"), embed.read_lines(args.corpus, "--corpus")
@@ -70,19 +77,26 @@ def register(subparsers) -> None:
   _common(p)
   p.add_argument("--input", required=True, help="one sentence per line (UTF-8)")
   p.add_argument("--output", required=True, help="OUT.npy")
+  p.add_argument("--dim", type=int, default=0, help="keep the first DIM floats of each embedding (a Matryoshka "
+                                                    "model's shorter vectors, sentence-transformers' truncate_dim)")
   p.set_defaults(handler=_embed)
 
   p = subparsers.add_parser(
-      "embed-eval", help="evaluate sentence embeddings: STS Spearman, or retrieval recall@k and MRR@10",
+      "embed-eval",
+      help="evaluate sentence embeddings: STS Spearman, retrieval recall@k and MRR@10, or a BEIR folder's nDCG@10",
       description="--sts FILE: sentence1<TAB>sentence2<TAB>score lines; Spearman (and Pearson) of the cosine "
                   "against the scores. --queries Q --corpus C: query line i's answer is corpus line i (further "
-                  "corpus lines are distractors); recall@k and MRR@10 of cosine ranking. JSON on stdout.")
+                  "corpus lines are distractors); recall@k and MRR@10 of cosine ranking. --beir FOLDER: a BEIR-format "
+                  "folder's judged queries against its corpus; nDCG@k, MRR@k, recall@k. JSON on stdout.")
   _common(p)
   p.add_argument("--sts", help="sentence1<TAB>sentence2<TAB>score per line")
   p.add_argument("--score-scale", type=float, default=1.0, help="divides the scores (5 for STS-B's 0-5)")
   p.add_argument("--queries", help="one query per line")
   p.add_argument("--corpus", help="one document per line; line i answers query i")
-  p.add_argument("--k", default="1,5,10", help="the cut-offs of recall@k")
+  p.add_argument("--beir", help="a BEIR-format folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv): nDCG@k, "
+                                 "MRR@k and recall@k as the beir package scores them")
+  p.add_argument("--split", default="test", help="--beir's qrels/SPLIT.tsv")
+  p.add_argument("--k", default="1,5,10", help="the cut-offs of recall@k (and of --beir's nDCG and MRR; 10 always)")
   p.set_defaults(handler=_evaluate)
 
   p = subparsers.add_parser("search", help="semantic search: a corpus's nearest lines to a query, by cosine")

@@ -7,7 +7,9 @@ Within `shard(axes)` the model knows it holds the `axis_index(axes)`-th equal sl
 `row_offset` turns a local row number into the global one (dropout's counters,
 models/dropout.py), and `row_keys` gives each row its own key (SMART's noise, ELECTRA's samples). So
 the same seed draws the same numbers for a row on one device, a 2x2x2 mesh or two processes.
-Outside `shard` (evaluation, prediction, one unsharded array) the offset is 0.
+Outside `shard` (evaluation, prediction, one unsharded array) the offset is 0. Within `chunk(i, n)` the
+traced array is the i-th of n equal consecutive slices of those rows (GradCache's chunks, sbert/gradcache.py),
+so a chunk draws the slice of the whole batch's numbers, as the uncached step does.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 _AXES: list[tuple[str, ...]] = []  # the innermost `shard` context's mesh axes; empty outside one
+_CHUNKS: list[tuple[jax.Array | int, int]] = []  # the innermost `chunk` context's (index, count)
 
 
 @contextlib.contextmanager
@@ -30,11 +33,29 @@ def shard(axes: tuple[str, ...]) -> Iterator[None]:
     _AXES.pop()
 
 
+@contextlib.contextmanager
+def chunk(index: jax.Array | int, count: int) -> Iterator[None]:
+  """While tracing, arrays lead with the `index`-th of `count` equal consecutive slices of the rows that
+  `shard` (or the whole batch) would otherwise see."""
+  _CHUNKS.append((index, count))
+  try:
+    yield
+  finally:
+    _CHUNKS.pop()
+
+
+def axes() -> tuple[str, ...]:
+  """The mesh axes the batch is split over where this is traced (inside `shard`); () elsewhere."""
+  return _AXES[-1] if _AXES else ()
+
+
 def row_offset(local_rows: int) -> jax.Array | int:
   """The global index of this device's first row, for an array of `local_rows` rows (leading axes)."""
-  if not _AXES or not _AXES[-1]:
-    return 0
-  return jax.lax.axis_index(_AXES[-1]).astype(jnp.uint32) * jnp.uint32(local_rows)
+  index, count = _CHUNKS[-1] if _CHUNKS else (0, 1)
+  if not axes():
+    return 0 if not _CHUNKS else jnp.asarray(index, jnp.uint32) * jnp.uint32(local_rows)
+  device = jax.lax.axis_index(axes()).astype(jnp.uint32)
+  return (device * jnp.uint32(count) + jnp.asarray(index, jnp.uint32)) * jnp.uint32(local_rows)
 
 
 def row_keys(key: jax.Array, rows: int) -> jax.Array:

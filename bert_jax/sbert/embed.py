@@ -362,6 +362,14 @@ def write_npy(path: str, array: np.ndarray) -> None:
       raise workdir.write_error(path, e, "--output") from None
 
 
+def check_dim(dim: int, dimension: int) -> int:
+  """The embedding's first `dim` floats (0: all of them, the model's `dimension`)."""
+  if not 0 <= dim <= dimension:
+    raise UserError(f"--dim {dim}: the model's embeddings have {dimension} dimensions; keep 1 to {dimension} "
+                    "of them (0: all)")
+  return dim or dimension
+
+
 def check_space(path: str, rows: int, dimension: int) -> None:
   """UserError before the embedding work when the disk holding --output has no room for the file."""
   needed = rows * dimension * 4 + 128  # float32 rows and the .npy header

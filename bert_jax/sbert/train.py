@@ -9,8 +9,10 @@ and its pooling (sbert/model.py) fine-tuned on sentence pairs with one of sbert/
            negative of the *global* batch, scale * cosine, cross-entropy. The loss is one computation
            on the whole batch under jit: with the rows split over the mesh's data axes, XLA all-gathers
            the candidates' embeddings (tests/test_sbert_train.py reads it in the HLO), so more devices
-           give each row more negatives. Hence train.grad_accum_steps=1 and grad_reduce_dtype=float32:
-           micro-batches and the per-device reduction (training/accumulate.py) would see fewer.
+           give each row more negatives. ranking.directions and ranking.partition_mode choose
+           sentence-transformers' variants (the symmetric loss, GTE's). train.grad_accum_steps=K runs the
+           step through GradCache (sbert/gradcache.py): the global batch in K chunks per device, the
+           same loss and gradient as one pass, in a chunk's memory.
 A pair's sentences run through the encoder as one batch of rows ([B, K, T] -> [B * K, T]).
 
 It runs as every job does: the workdir lock, the shared sharded step (training/step.py), the one loop
@@ -46,7 +48,7 @@ from bert_jax.finetune import init, modes, optim
 from bert_jax.finetune.batching import train_batches
 from bert_jax.models import attention
 from bert_jax.models.pooling import Pooling
-from bert_jax.sbert import data, embed, embedded, evaluate, losses
+from bert_jax.sbert import data, embed, embedded, evaluate, gradcache, losses
 from bert_jax.sbert.model import ENCODER_KEYS, SentenceEncoder, encoder_config
 from bert_jax.training import checkpoint, driver, partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup
@@ -60,8 +62,11 @@ class BiEncoderObjective:
   """The bi-encoder's loss as a sum over rows (training/step.py's objective): batch input_ids and
   attention_mask int32[B, K, T] (K sentences per row: 2, or 3 with a hard negative), label [B]."""
 
-  def __init__(self, model: SentenceEncoder, loss: str, num_labels: int = 0, scale: float = 20.0):
+  def __init__(self, model: SentenceEncoder, loss: str, num_labels: int = 0, scale: float = 20.0,
+               directions: tuple[str, ...] = ("query_to_doc",), partition_mode: str = "joint",
+               matryoshka: tuple[tuple[int, float], ...] = ()):
     self.model, self.kind, self.num_labels, self.scale = model, loss, num_labels, scale
+    self.directions, self.partition_mode, self.matryoshka = tuple(directions), partition_mode, tuple(matryoshka)
 
   def init(self, rng: jax.Array, batch: dict[str, jax.Array]) -> Any:
     params = dict(self.model.init(rng, batch["input_ids"][:, 0], batch["attention_mask"][:, 0])["params"])
@@ -92,8 +97,17 @@ class BiEncoderObjective:
       return losses.softmax(u, v, params["head"]["kernel"], params["head"]["bias"], batch["label"])
     if self.kind == "cosine":
       return losses.cosine_regression(u, v, batch["label"])
-    candidates = jnp.swapaxes(e[:, 1:], 0, 1).reshape(-1, e.shape[-1])  # all positives, then all negatives
-    return losses.ranking(u, candidates, self.scale)
+    return self.rows_loss(e, e, 0)
+
+  def rows_loss(self, rows: jax.Array, whole: jax.Array, first: jax.Array | int) -> jax.Array:
+    """The ranking loss of rows [R, K, D], rows first .. first + R of the batch's embeddings whole [B, K, D];
+    with matryoshka (dimension, weight) pairs, sentence-transformers' MatryoshkaLoss: the weighted sum of the
+    loss of each prefix of the embeddings (normalised again after the cut)."""
+    loss = functools.partial(losses.ranking_rows, first=first, scale=self.scale, directions=self.directions,
+                             partition_mode=self.partition_mode)
+    if not self.matryoshka:
+      return loss(rows, whole)
+    return sum(weight * loss(rows[..., :dim], whole[..., :dim]) for dim, weight in self.matryoshka)
 
   def sums(self, params: Any, batch: dict[str, jax.Array], rng: jax.Array | None, deterministic: bool
            ) -> dict[str, jax.Array]:
@@ -117,13 +131,51 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if config.loss not in LOSSES:
     raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
   pooling(config)
-  if config.loss == "ranking" and (config.train.grad_accum_steps != 1 or config.train.grad_reduce_dtype != "float32"):
-    raise UserError("loss=ranking takes the global batch's rows as each row's negatives: it needs "
-                    "train.grad_accum_steps=1 and train.grad_reduce_dtype=float32 (micro-batches would see fewer)")
-  if config.loss == "ranking" and config.ranking.scale <= 0:
-    raise UserError(f"ranking.scale={config.ranking.scale} must be > 0")
+  if config.loss == "ranking":
+    check_ranking(config.ranking, config.data.max_seq_length)
   if config.loss == "cosine" and config.cosine.score_scale <= 0:
     raise UserError(f"cosine.score_scale={config.cosine.score_scale} must be > 0")
+
+
+def check_ranking(ranking: ml_collections.ConfigDict, length: int) -> None:
+  """The ranking block as sentence-transformers' MultipleNegativesRankingLoss checks its arguments; a token
+  budget that holds one longest sentence."""
+  if ranking.scale <= 0:
+    raise UserError(f"ranking.scale={ranking.scale} must be > 0")
+  directions = tuple(ranking.directions)
+  if "query_to_doc" not in directions or not set(directions) <= set(losses.DIRECTIONS):
+    raise UserError(f"ranking.directions={list(directions)}: query_to_doc and any of {list(losses.DIRECTIONS)}")
+  if ranking.partition_mode not in losses.PARTITION_MODES:
+    raise UserError(f"ranking.partition_mode={ranking.partition_mode!r} is not one of {losses.PARTITION_MODES}")
+  if ranking.chunk_tokens < 0:
+    raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} must be >= 0 (0: chunks of rows)")
+  if 0 < ranking.chunk_tokens < length:
+    raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} is below one sentence of data.max_seq_length="
+                    f"{length} tokens")
+  if ranking.partition_mode == "per_direction" and {"query_to_query", "doc_to_doc"} & set(directions):
+    raise UserError("ranking.partition_mode='per_direction' takes the directions query_to_doc and doc_to_query "
+                    "only (as sentence-transformers)")
+
+
+def objective_for(config: ml_collections.ConfigDict, model: SentenceEncoder) -> BiEncoderObjective:
+  r = config.ranking
+  return BiEncoderObjective(model, config.loss, len(config.softmax.labels), r.scale, tuple(r.directions),
+                            r.partition_mode, matryoshka(r, model.pooling.dimension(model.config.hidden_size)))
+
+
+def matryoshka(ranking: ml_collections.ConfigDict, dimension: int) -> tuple[tuple[int, float], ...]:
+  """ranking.matryoshka_dims with their weights (1 each unless ranking.matryoshka_weights), checked against
+  the embedding's dimension."""
+  dims, weights = tuple(ranking.matryoshka_dims), tuple(ranking.matryoshka_weights) or (1.0,) * len(
+      ranking.matryoshka_dims)
+  if len(weights) != len(dims):
+    raise UserError(f"ranking.matryoshka_weights={list(weights)}: one weight per dimension of "
+                    f"ranking.matryoshka_dims={list(dims)}")
+  bad = [d for d in dims if not 1 <= d <= dimension]
+  if bad:
+    raise UserError(f"ranking.matryoshka_dims={list(dims)}: {bad[0]} is not between 1 and the embedding's "
+                    f"{dimension} dimensions")
+  return tuple(zip(dims, map(float, weights)))
 
 
 def pooling(config: ml_collections.ConfigDict) -> Pooling:
@@ -175,7 +227,26 @@ def build_setup(config: ml_collections.ConfigDict, objective: BiEncoderObjective
   init_params = functools.partial(objective.init, batch={"input_ids": dummy, "attention_mask": dummy + 1})
   make_tx = lambda abstract: optim.make_optimizer(config.optimizer, num_steps, nn.meta.unbox(abstract),  # noqa: E731
                                                   objective.model.config)
-  return sharded_setup(config, objective, init_params, make_tx, num_steps, mesh=mesh), steps_per_epoch
+  # The ranking loss is not a sum over micro-batches: chunks (or a bfloat16 reduction) go through GradCache.
+  cached = objective.kind == "ranking" and (config.train.grad_accum_steps > 1 or config.ranking.chunk_tokens or
+                                           config.train.grad_reduce_dtype != "float32")
+  step_fn = functools.partial(gradcache.train_step, chunk_tokens=config.ranking.chunk_tokens,
+                              buckets=embed.buckets_for(config.data.max_seq_length))
+  setup = sharded_setup(config, objective, init_params, make_tx, num_steps, mesh=mesh,
+                        **({"step_fn": step_fn} if cached else {}))
+  if objective.kind == "ranking":
+    check_chunk_tokens(config, columns, partitioning.data_parallel_size(setup.mesh))
+  return setup, steps_per_epoch
+
+
+def check_chunk_tokens(config: ml_collections.ConfigDict, columns: int, data_parallel: int) -> None:
+  """A token budget below a device's whole batch (a chunk larger than the batch is a mistaken setting)."""
+  budget, length = config.ranking.chunk_tokens, config.data.max_seq_length
+  tokens = config.train.batch_size // data_parallel * columns * length
+  if budget >= tokens:
+    raise UserError(f"ranking.chunk_tokens={budget} is not below a device's whole batch ({tokens:,} tokens: "
+                    f"{config.train.batch_size // data_parallel} rows x {columns} sentences x {length}); 0 turns "
+                    "the token budget off")
 
 
 class Training:
@@ -195,7 +266,7 @@ class Training:
       raise UserError(f"{len(train)} training pairs are fewer than train.batch_size={config.train.batch_size}")
     self.train_features = featurize(train, self.tokenizer, config.data.max_seq_length)
     self.model = SentenceEncoder(model_config, pooling(config))
-    self.objective = BiEncoderObjective(self.model, config.loss, len(config.softmax.labels), config.ranking.scale)
+    self.objective = objective_for(config, self.model)
     self.setup, self.steps_per_epoch = build_setup(config, self.objective, len(train.columns), len(train))
     # The whole encoder trains (and the softmax loss's classifier, which is not saved).
     self.trainable_parameters = modes.trainable_parameters(self.setup.abstract_state.params, "finetune")

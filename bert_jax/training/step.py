@@ -102,6 +102,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
     grads, sums = accumulate.gradients(grad_fn, state.params, batch, rng, param_specs=param_specs,
                                        num_micro=grad_accum_steps, axis_rules=axis_rules,
                                        reduce_dtype=grad_reduce_dtype, trainable=trainable)
+  return apply_gradients(state, grads, sums, counts, objective=objective, tx=tx, schedule=schedule,
+                         teacher_momentum=teacher_momentum)
+
+
+def apply_gradients(state: TrainState, grads: Any, sums: dict[str, jax.Array], counts: dict[str, jax.Array], *,
+                    objective, tx: optax.GradientTransformation, schedule: optax.Schedule,
+                    teacher_momentum: Callable | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+  """The optimizer update from the global batch's gradients and sums, and the step's metrics: the end of
+  `train_step`, shared by a step that computes its gradients another way (sbert/gradcache.py)."""
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   sums = dict(sums)
