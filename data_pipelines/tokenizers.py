@@ -35,7 +35,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+from bert_jax.data_pipelines import deberta_spm, fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase as _Tokenizer
@@ -497,6 +497,7 @@ _LOADERS = {
     **{kind: lambda path, lower, chars, quotes, kind=kind: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)
        for kind in fairseq_spm.KINDS},
     hf_tokenizer.KIND: lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
+    deberta_spm.KIND: lambda path, lower, chars, quotes: deberta_spm.DebertaTokenizer(path),
 }
 KINDS = tuple(_LOADERS)
 

@@ -6,12 +6,13 @@ import os
 
 from etils import epath
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+from bert_jax.data_pipelines import deberta_spm, fairseq_spm, hf_tokenizer
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
 
 TOKENIZER_FILES = {"wordpiece": ("vocab.txt",), "sentencepiece": ("spiece.model",),
-                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",)}
+                   "bpe": ("vocab.json", "merges.txt"), "xlnet_spm": ("spiece.model",),
+                   deberta_spm.KIND: (deberta_spm.FILE,)}
 # CamemBERT's and XLM-R's SentencePiece in fairseq's layout (data_pipelines/fairseq_spm.py): one file, the
 # first of these a folder holds (tokenizer.json is what transformers reads when both are there). Only a
 # family whose tokenizer is of such a kind looks for them (a BERT folder has a tokenizer.json too).
@@ -22,7 +23,7 @@ TOKENIZER_JSON = hf_tokenizer.KIND  # a Hugging Face tokenizer.json of any kind,
 _FILE_NAMES = {"wordpiece": "vocab.txt", "sentencepiece": "spiece.model (any *.model)",
                "bpe": "vocab.json + merges.txt", "xlnet_spm": f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
                **{kind: " or ".join(FAIRSEQ_FILES) for kind in FAIRSEQ_KINDS},
-               hf_tokenizer.KIND: hf_tokenizer.FILE}
+               hf_tokenizer.KIND: hf_tokenizer.FILE, deberta_spm.KIND: deberta_spm.FILE}
 
 
 def tokenizer_file_names(kind: str | None = None) -> str:

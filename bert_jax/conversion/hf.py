@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import re
 
@@ -12,7 +13,7 @@ import safetensors.numpy
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer
+from bert_jax.data_pipelines import deberta_spm, fairseq_spm, hf_tokenizer
 from bert_jax.data_pipelines.tokenizers import HF_MAX_CHARS_PER_WORD as HF_MAX_CHARS, XLNetTokenizer
 from bert_jax.conversion import common
 from bert_jax.conversion import sentence_transformers
@@ -26,12 +27,13 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER_CLASS = {"wordpiece": "BertTokenizer", "bpe": "RobertaTokenizer", "sentencepiece": "AlbertTokenizer",
                     "xlnet_spm": "XLNetTokenizer",
                     "camembert_spm": "CamembertTokenizer", "xlmr_spm": "XLMRobertaTokenizer",
-                    hf_tokenizer.KIND: "PreTrainedTokenizerFast"}
+                    hf_tokenizer.KIND: "PreTrainedTokenizerFast", deberta_spm.KIND: "DebertaV2Tokenizer"}
 # The tokenizer.json written beside a SentencePiece model, by kind.
 _TOKENIZER_JSON = {
     **{kind: lambda t: fairseq_spm.hf_tokenizer_json(
         fairseq_spm.FairseqSentencePieceTokenizer(next(iter(t.files.values())), t.kind)) for kind in fairseq_spm.KINDS},
-    "xlnet_spm": lambda t: XLNetTokenizer(next(iter(t.files.values())), t.lower_case).hf_tokenizer_json()}
+    "xlnet_spm": lambda t: XLNetTokenizer(next(iter(t.files.values())), t.lower_case).hf_tokenizer_json(),
+    deberta_spm.KIND: lambda t: json.loads(deberta_spm.DebertaTokenizer(t.files[deberta_spm.FILE]).to_json())}
 # An adapter model's export ships this modeling code (conversion/hf_adapter_modeling.py) under this name.
 _ADAPTER_MODULE = "modeling_houlsby_adapters"
 

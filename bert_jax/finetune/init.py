@@ -22,7 +22,7 @@ from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.config import ModelConfig
 
-_OWN_SENTENCEPIECE = ("xlnet_spm", "camembert_spm", "xlmr_spm")  # SentencePiece in a family's own id layout
+_OWN_SENTENCEPIECE = ("xlnet_spm", "camembert_spm", "xlmr_spm", "deberta_spm")  # SentencePiece in a family's own id layout
 
 ENCODER_KEYS = ("embeddings", "encoder", "pooler")
 MULTITASK_HEADS = params_checkpoint.MULTITASK_HEADS  # a multi-task workdir's heads by task name
