@@ -13,6 +13,7 @@ import torch
 import transformers
 
 import bert_jax
+from bert_jax import pretrained
 from bert_jax.conversion import hf, native
 from bert_jax.data_pipelines import deberta_spm
 from bert_jax.data_pipelines.tokenizers import load_tokenizer
@@ -146,13 +147,89 @@ def test_a_released_style_folder_loads_its_tokenizer_and_model(spm_folder, monke
   _hf_dir(tmp_path / "in", transformers.DebertaV2ForMaskedLM)
   (tmp_path / "in" / "spm.model").write_bytes((spm_folder / "spm.model").read_bytes())
   assert bert_jax.load_tokenizer(str(tmp_path / "in")).kind == "deberta_spm"
-  converted = bert_jax.pretrained.read_checkpoint(str(tmp_path / "in"))
+  converted = pretrained.read_checkpoint(str(tmp_path / "in"))
   native.write(str(tmp_path / "native"), converted)
   tokenizer = bert_jax.load_tokenizer(str(tmp_path / "native"))
   assert tokenizer.kind == "deberta_spm"
-  hf.write(str(tmp_path / "out"), bert_jax.pretrained.read_checkpoint(str(tmp_path / "native")))
+  hf.write(str(tmp_path / "out"), pretrained.read_checkpoint(str(tmp_path / "native")))
   theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
   assert type(theirs).__name__ == "DebertaV2Tokenizer"
   for line in HELD_OUT:
     assert theirs(line)["input_ids"] == [tokenizer.special_ids["[CLS]"], *tokenizer.encode(line),
                                          tokenizer.special_ids["[SEP]"]], line
+
+
+def test_masked_lm_export_and_reload_through_transformers(tmp_path):
+  """DebertaV2ForMaskedLM in, `convert --to hf` out: transformers reads back the same tensors and logits."""
+  reference = _hf_dir(tmp_path / "in", transformers.DebertaV2ForMaskedLM, seed=2)
+  ids, mask = _padded_batch(seed=2)
+  converted = pretrained.read_checkpoint(str(tmp_path / "in"))
+  assert converted.family == "deberta" and converted.config.mlm_head and not converted.missing_heads
+  hf.write(str(tmp_path / "out"), converted)
+  reloaded = transformers.DebertaV2ForMaskedLM.from_pretrained(tmp_path / "out").eval()
+  theirs, ours = reference.state_dict(), reloaded.state_dict()
+  assert theirs.keys() == ours.keys()
+  for name in theirs:
+    np.testing.assert_array_equal(ours[name].numpy(), theirs[name].numpy(), err_msg=name)
+  with torch.no_grad():
+    want = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    again = reloaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  np.testing.assert_array_equal(again, want)
+  written = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert written["architectures"] == ["DebertaV2ForMaskedLM"] and written["position_buckets"] == 8
+
+
+def _tiny_config(**changes):
+  return deberta.DebertaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                               max_position_embeddings=64, position_buckets=8, **changes)
+
+
+_HF_TASK = {"classification": "DebertaV2ForSequenceClassification", "regression": "DebertaV2ForSequenceClassification",
+            "token": "DebertaV2ForTokenClassification", "span": "DebertaV2ForQuestionAnswering"}
+
+
+@pytest.mark.parametrize("kind", ["classification", "token", "span"])  # regression: the classification class
+def test_fine_tuning_heads_export_to_transformers_with_our_logits(tmp_path, capsys, kind):
+  """A fine-tuned DeBERTa (random weights) through the generic head kinds: sequence heads read the ContextPooler
+  (head/summary), token and span heads the last hidden states; `convert --to hf` gives transformers' DebertaV2For*
+  class, whose logits are predict's."""
+  from bert_jax import cli, params_checkpoint  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune import heads  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune.predict import Predictor  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  labels = 1 if kind == "regression" else 2 if kind == "span" else 3
+  config = heads.encoder_config(_tiny_config(), kind, "pooled")
+  assert not config.mlm_head
+  model = heads.FinetuneModel(config, kind, labels)
+  ids, mask = _padded_batch(seed=4, length=16)
+  params = jax.device_get(nn.meta.unbox(model.init(jax.random.key(4), *(jnp.asarray(x) for x in (ids, mask, mask * 0)))
+                                        ["params"]))
+  rng = np.random.default_rng(4)
+  params = jax.tree.map(lambda x: x + 0.2 * rng.standard_normal(x.shape).astype(np.float32), params)
+  if kind in ("classification", "regression"):
+    assert set(params["head"]) == {"summary", "classifier"}
+  names = ["a", "b", "c"][:labels] if kind != "span" else []
+  saved = {"model": config.to_dict(), "head": {"pooling": "pooled", "dropout": 0.1},
+           "task": {"family": "test", "name": f"deberta_{kind}", "head": kind, "num_labels": labels, "labels": names},
+           "data": {"max_seq_length": 16}, "train": {"eval_batch_size": 4}}
+  params_checkpoint.save_params(str(tmp_path / "ft"), params, saved)
+  assert cli.main(["convert", "--to", "hf", str(tmp_path / "ft"), str(tmp_path / "hf")]) == 0
+  assert "not written" not in capsys.readouterr().out
+  written = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert written["architectures"] == [_HF_TASK[kind]]
+  theirs = getattr(transformers, _HF_TASK[kind]).from_pretrained(tmp_path / "hf").eval()
+  with torch.no_grad():
+    out = theirs(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+  ours = Predictor.build(saved, params, tokenizer=None).run(
+      {"input_ids": ids.astype(np.int32), "attention_mask": mask.astype(np.int32),
+       "token_type_ids": np.zeros_like(ids, np.int32)})
+  real = mask > 0
+  if kind == "span":
+    for name in ("start_logits", "end_logits"):
+      np.testing.assert_allclose(np.asarray(ours[name])[real], getattr(out, name).numpy()[real], atol=1e-5)
+  elif kind == "token":
+    np.testing.assert_allclose(np.asarray(ours["logits"])[real], out.logits.numpy()[real], atol=1e-5)
+  else:
+    want = out.logits.numpy()[:, 0] if kind == "regression" else out.logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours["logits"]), want, atol=1e-5)
+    assert np.abs(want).max() > 0.05
