@@ -180,8 +180,9 @@ def test_masked_lm_export_and_reload_through_transformers(tmp_path):
 
 
 def _tiny_config(**changes):
-  return deberta.DebertaConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
-                               max_position_embeddings=64, position_buckets=8, **changes)
+  return deberta.DebertaConfig(**{**dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2,
+                                         intermediate_size=48, max_position_embeddings=64, position_buckets=8),
+                                  **changes})
 
 
 _HF_TASK = {"classification": "DebertaV2ForSequenceClassification", "regression": "DebertaV2ForSequenceClassification",
@@ -233,3 +234,98 @@ def test_fine_tuning_heads_export_to_transformers_with_our_logits(tmp_path, caps
     want = out.logits.numpy()[:, 0] if kind == "regression" else out.logits.numpy()
     np.testing.assert_allclose(np.asarray(ours["logits"]), want, atol=1e-5)
     assert np.abs(want).max() > 0.05
+
+
+def _presets_shapes(preset):
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.conversion.params import param_shapes  # pylint: disable=import-outside-toplevel
+  config = families.model_config(load_config(f"configs/deberta.py:{preset}", []).model.to_dict())
+  return param_shapes(config)
+
+
+# The paper's sizes: (backbone without the token table, token table), in parameters.
+RELEASED = {"xsmall": (22e6, 48e6), "small": (44e6, 98e6), "base": (86e6, 98e6), "large": (304e6, 131e6)}
+
+
+@pytest.mark.parametrize("preset", list(RELEASED))
+def test_presets_have_the_released_sizes(preset):
+  shapes = _presets_shapes(preset)
+  table = int(np.prod(shapes["embeddings/word_embeddings/embedding"]))
+  backbone = sum(int(np.prod(s)) for k, s in shapes.items()
+                 if not k.startswith(("rtd_head", "mlm_head")) and k != "embeddings/word_embeddings/embedding")
+  want_backbone, want_table = RELEASED[preset]
+  assert abs(backbone / want_backbone - 1) < 0.04, backbone
+  assert abs(table / want_table - 1) < 0.04, table
+
+
+def _rtd_batch(vocab, seed=0, batch=3, length=16, predictions=4):
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(5, vocab, (batch, length)).astype(np.int32)
+  mask = np.ones((batch, length), np.int32)
+  mask[1, 10:] = 0
+  positions = np.stack([rng.choice(np.arange(1, 9), predictions, replace=False) for _ in range(batch)]).astype(np.int32)
+  weights = np.ones((batch, predictions), np.float32)
+  weights[2, 3] = 0.0
+  originals = np.take_along_axis(ids, positions, axis=1)
+  masked = ids.copy()
+  np.put_along_axis(masked, positions, 4, axis=1)  # [MASK]
+  return {"input_ids": masked * mask, "input_mask": mask, "segment_ids": np.zeros_like(ids),
+          "masked_lm_positions": positions, "masked_lm_ids": originals, "masked_lm_weights": weights}
+
+
+def test_rtd_loss_and_gdes_gradients_against_numpy():
+  """The deberta_rtd loss = MLM cross-entropy / predictions + 50 x binary cross-entropy / real tokens, recomputed in
+  NumPy from the two networks' outputs (the replaced inputs and labels built in NumPy); GDES: the RTD loss sends no
+  gradient to the shared table (the generator's), E_delta starts at zeros and gets the RTD loss's gradient only."""
+  from bert_jax.models import electra  # pylint: disable=import-outside-toplevel
+  from bert_jax.training.objectives import deberta_rtd  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(mlm_head=False, rtd_head=True, hidden_dropout=0.0, attention_dropout=0.0)
+  objective = deberta_rtd.DebertaRTDPretraining(config, 0.5, 50.0)
+  assert objective.model.generator.config.num_layers == 1 and objective.model.generator.config.hidden_size == 32
+  batch = {k: jnp.asarray(v) for k, v in _rtd_batch(VOCAB).items()}
+  params = nn.meta.unbox(objective.init(jax.random.key(0), batch))
+  assert not np.any(params["discriminator"]["embeddings"]["word_embeddings"]["embedding"])
+  rng = np.random.default_rng(1)  # E_delta away from zeros, so E_D = E + E_delta is tested
+  params["discriminator"]["embeddings"]["word_embeddings"]["embedding"] = jnp.asarray(
+      0.02 * rng.standard_normal((VOCAB, 32)), jnp.float32)
+  loss = float(jax.jit(lambda p: objective.loss(objective.sums(p, batch, None, True), objective.counts(batch)))(params))
+
+  np_batch = {k: np.asarray(v) for k, v in batch.items()}
+  gen = jax.jit(objective.model.generator.apply)({"params": params["generator"]}, batch["input_ids"],
+                                                 batch["input_mask"], masked_positions=batch["masked_lm_positions"])
+  logits = np.asarray(gen.mlm_logits, np.float64)
+  log_probs = logits - logits.max(-1, keepdims=True)
+  log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(log_probs, np_batch["masked_lm_ids"][..., None], -1)[..., 0]
+  weights = np_batch["masked_lm_weights"]
+  mlm = (nll * weights).sum() / weights.sum()
+  samples = np.asarray(electra.sample_tokens(gen.mlm_logits, jax.random.key(0)))
+  ids, replaced = np_batch["input_ids"].copy(), np.zeros(ids_shape := np_batch["input_ids"].shape)
+  for b, p in zip(*np.nonzero(weights)):
+    pos = np_batch["masked_lm_positions"][b, p]
+    ids[b, pos] = samples[b, p]
+    replaced[b, pos] = float(samples[b, p] != np_batch["masked_lm_ids"][b, p])
+  assert ids_shape == (3, 16) and 0 < replaced.sum()
+  disc_tree = {**params["discriminator"], "embeddings": {
+      **params["discriminator"]["embeddings"], "word_embeddings": {"embedding": (
+          params["generator"]["embeddings"]["word_embeddings"]["embedding"]
+          + params["discriminator"]["embeddings"]["word_embeddings"]["embedding"])}}}
+  disc = jax.jit(objective.model.discriminator.apply)({"params": disc_tree}, jnp.asarray(ids), batch["input_mask"])
+  z = np.asarray(disc.rtd_logits, np.float64)
+  bce = np.maximum(z, 0) - z * replaced + np.log1p(np.exp(-np.abs(z)))
+  real = np_batch["input_mask"]
+  want = mlm + 50.0 * (bce * real).sum() / real.sum()
+  assert loss == pytest.approx(want, rel=1e-5)
+
+  def part(name):
+    return lambda p: objective.loss({**objective.sums(p, batch, None, True)}, objective.counts(batch)) if name == "all" \
+        else objective.sums(p, batch, None, True)[name]
+  grads = jax.jit(jax.grad(part("all")))(params)
+  mlm_grads = jax.jit(jax.grad(part("mlm_loss")))(params)
+  table = ("embeddings", "word_embeddings", "embedding")
+  shared = np.asarray(grads["generator"][table[0]][table[1]][table[2]])
+  from_mlm = np.asarray(mlm_grads["generator"][table[0]][table[1]][table[2]]) / float(weights.sum())
+  np.testing.assert_allclose(shared, from_mlm, rtol=1e-5, atol=1e-6)  # the RTD loss adds nothing to E
+  delta = np.asarray(grads["discriminator"][table[0]][table[1]][table[2]])
+  assert np.abs(delta).max() > 1e-6 and not np.any(mlm_grads["discriminator"][table[0]][table[1]][table[2]])

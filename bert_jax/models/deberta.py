@@ -314,10 +314,8 @@ class Embeddings(nn.Module):
     self.dropout = Dropout(cfg.hidden_dropout)
 
   def __call__(self, input_ids: Array, token_type_ids: Array, position_ids: Array, attention_mask: Array,
-               deterministic: bool, word_delta: Optional[Array] = None) -> Array:
+               deterministic: bool) -> Array:
     x = lookup(self.word_embeddings, input_ids, ("vocab", None))
-    if word_delta is not None:
-      x = x + jnp.take(word_delta, input_ids, axis=0).astype(x.dtype)
     if self.config.position_biased_input:
       x = x + lookup(self.position_embeddings, position_ids, (None, None))
     if self.config.type_vocab_size:
@@ -373,14 +371,10 @@ class DebertaModel(nn.Module):
                token_type_ids: Optional[Array] = None, position_ids: Optional[Array] = None,
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
                deterministic: bool = True, output_hidden_states: bool = False,
-               output_attentions: bool = False, head_mask: Optional[Array] = None,
-               word_delta: Optional[Array] = None, logits_table: Optional[Array] = None) -> ModelOutput:
+               output_attentions: bool = False, head_mask: Optional[Array] = None) -> ModelOutput:
     """input_ids, attention_mask, token_type_ids, position_ids (absolute; only with position_biased_input),
     document_ids (packed rows: attention stays inside each document): int32[B, T]; masked_positions: int32[B, P]
-    (MLM logits only there; every position when None); head_mask: float[L, N] or [N].
-    word_delta: float[V, H] added to the word embeddings' rows (gradient-disentangled embedding sharing: the
-    discriminator's own E_delta over the generator's stopped table); logits_table: float[V, H], the table the
-    MLM logits are taken against instead of this model's word embeddings (the generator tied to a shared table)."""
+    (MLM logits only there; every position when None); head_mask: float[L, N] or [N]."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -394,8 +388,7 @@ class DebertaModel(nn.Module):
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     embeddings = Embeddings(cfg, name="embeddings")
-    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, attention_mask, deterministic,
-                                    word_delta))
+    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, attention_mask, deterministic))
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
     h, layer_outputs, attentions = encoder(x, score_mask(attention_mask, document_ids),
                                            layer_head_mask(cfg, head_mask), deterministic)
@@ -404,9 +397,7 @@ class DebertaModel(nn.Module):
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)
     if cfg.mlm_head:
       at = h if masked_positions is None else gather_positions(h, masked_positions)
-      attend = embeddings.attend if logits_table is None else (
-          lambda rows: jnp.einsum("...h,vh->...v", rows, logits_table.astype(rows.dtype)))
-      out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(at, attend)
+      out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(at, embeddings.attend)
     if cfg.rtd_head:
       out["rtd_logits"] = ReplacedTokenHead(cfg, name="rtd_head")(h)
     return ModelOutput(**out)
