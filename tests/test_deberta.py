@@ -11,11 +11,11 @@ import pytest
 import sentencepiece as spm
 import torch
 import transformers
+from core_helpers import slow
 
 import bert_jax
 from bert_jax import pretrained
 from bert_jax.conversion import hf, native
-from bert_jax.data_pipelines import deberta_spm
 from bert_jax.data_pipelines.tokenizers import load_tokenizer
 from bert_jax.models import deberta, families
 
@@ -329,3 +329,21 @@ def test_rtd_loss_and_gdes_gradients_against_numpy():
   np.testing.assert_allclose(shared, from_mlm, rtol=1e-5, atol=1e-6)  # the RTD loss adds nothing to E
   delta = np.asarray(grads["discriminator"][table[0]][table[1]][table[2]])
   assert np.abs(delta).max() > 1e-6 and not np.any(mlm_grads["discriminator"][table[0]][table[1]][table[2]])
+
+
+@slow  # minutes of training on two cores; the loss and its gradients are tested above against NumPy
+def test_tiny_preset_learns_on_the_embedded_corpus(tmp_path, capsys):
+  """`bert-jax pretrain --config configs/deberta.py:tiny` (RTD with GDES) on the embedded corpus: the loss falls
+  and the run ends with its one `done:` line."""
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  assert cli.main(["pretrain", "--config", "configs/deberta.py:tiny", "--workdir", str(tmp_path),
+                   "--config.train.num_steps=60", "--config.train.log_every_steps=10",
+                   "--config.train.eval_every_steps=0", "--config.data.max_seq_length=64",
+                   "--config.train.batch_size=16", "--config.checkpoint.every_steps=1000",
+                   "--config.optimizer.warmup_steps=10"]) == 0
+  lines = capsys.readouterr().out.strip().splitlines()
+  assert lines[-1].startswith("done: step 60 |"), lines[-1]
+  with open(tmp_path / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f if '"loss"' in line]
+  assert rows[-1]["loss"] < rows[0]["loss"] - 5.0, (rows[0]["loss"], rows[-1]["loss"])
+  assert rows[-1]["disc_accuracy"] > 0.8 and rows[-1]["mlm_loss"] < rows[0]["mlm_loss"]
