@@ -347,3 +347,36 @@ def test_tiny_preset_learns_on_the_embedded_corpus(tmp_path, capsys):
     rows = [json.loads(line) for line in f if '"loss"' in line]
   assert rows[-1]["loss"] < rows[0]["loss"] - 5.0, (rows[0]["loss"], rows[-1]["loss"])
   assert rows[-1]["disc_accuracy"] > 0.8 and rows[-1]["mlm_loss"] < rows[0]["mlm_loss"]
+
+
+def test_preset_count_is_the_built_discriminators():
+  """`bert-jax presets` counts from the sizes; `bert-jax info` counts the RTD objective's backbone (the
+  discriminator, E + E_delta as one table, without its head)."""
+  from bert_jax import jobs, presets  # pylint: disable=import-outside-toplevel
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import info  # pylint: disable=import-outside-toplevel
+  config = load_config("configs/deberta.py:tiny")
+  built = jobs.with_step(config, "configs/deberta.py:tiny", "info").step(config, None)
+  assert presets.backbone_params(config.model) == info.model_info(*built)["num_params"] > 1_000_000
+
+
+def test_a_pretraining_pair_converts_as_its_finished_discriminator(tmp_path):
+  """A deberta_rtd run's params ({"generator", "discriminator"}) read by conversion: the discriminator, its token
+  table E + E_delta; `convert --to hf` then gives a DebertaV2Model transformers loads with that table."""
+  from bert_jax import params_checkpoint  # pylint: disable=import-outside-toplevel
+  from bert_jax.training.objectives import deberta_rtd  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  config = _tiny_config(mlm_head=False, rtd_head=True)
+  objective = deberta_rtd.DebertaRTDPretraining(config, 0.5, 50.0)
+  batch = {k: jnp.asarray(v) for k, v in _rtd_batch(VOCAB).items()}
+  params = jax.device_get(nn.meta.unbox(objective.init(jax.random.key(0), batch)))
+  delta = np.random.default_rng(0).standard_normal((VOCAB, 32)).astype(np.float32)
+  params["discriminator"]["embeddings"]["word_embeddings"]["embedding"] = delta
+  params_checkpoint.save_params(str(tmp_path / "run"), params, {"model": config.to_dict()})
+  converted = pretrained.read_checkpoint(str(tmp_path / "run"))
+  table = params["generator"]["embeddings"]["word_embeddings"]["embedding"] + delta
+  np.testing.assert_array_equal(converted.params["embeddings"]["word_embeddings"]["embedding"], table)
+  assert "rtd_head" in converted.params and "generator" not in converted.params
+  hf.write(str(tmp_path / "hf"), converted)
+  theirs = transformers.DebertaV2Model.from_pretrained(tmp_path / "hf")
+  np.testing.assert_array_equal(theirs.embeddings.word_embeddings.weight.detach().numpy(), table)

@@ -401,3 +401,38 @@ class DebertaModel(nn.Module):
     if cfg.rtd_head:
       out["rtd_logits"] = ReplacedTokenHead(cfg, name="rtd_head")(h)
     return ModelOutput(**out)
+
+
+# --- DeBERTa-v3's pretraining pair (training/objectives/deberta_rtd.py): the discriminator's token table ----------
+
+WORD_TABLE = ("embeddings", "word_embeddings", "embedding")
+
+
+def _leaf(tree: Mapping, path: tuple[str, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def with_leaf(tree: Mapping, path: tuple[str, ...], value: Any) -> dict:
+  """`tree` with the leaf at `path` replaced (the dicts on the way copied)."""
+  if not path:
+    return value
+  return {**tree, path[0]: with_leaf(tree[path[0]], path[1:], value)}
+
+
+def discriminator_tree(pair: Mapping, disentangled: bool = True) -> dict:
+  """The discriminator's DebertaModel tree out of a {"generator", "discriminator"} pair trained with
+  gradient-disentangled embedding sharing: its token table E_D = stop_gradient(E) + E_delta (E the generator's,
+  E_delta the discriminator's own), or E + E_delta (disentangled=False: the finished discriminator's table)."""
+  shared = _leaf(pair["generator"], WORD_TABLE)
+  shared = jax.lax.stop_gradient(shared) if disentangled else shared
+  return with_leaf(pair["discriminator"], WORD_TABLE, shared + _leaf(pair["discriminator"], WORD_TABLE))
+
+
+def from_pretraining(params: Mapping) -> dict:
+  """A DeBERTa tree as a conversion reads it: a pretraining run's pair becomes its finished discriminator."""
+  if "discriminator" in params and "generator" in params:
+    return discriminator_tree({k: jax.tree.map(np.asarray, params[k]) for k in ("generator", "discriminator")},
+                              disentangled=False)
+  return dict(params)

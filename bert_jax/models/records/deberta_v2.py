@@ -192,4 +192,5 @@ FAMILY = families.register(families.Family(
     summary=ContextPooler,
     with_dropout=with_dropout,
     backbone_params=deberta.backbone_params,
+    from_pretraining=deberta.from_pretraining,
 ))

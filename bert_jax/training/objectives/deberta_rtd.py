@@ -9,9 +9,9 @@ the paper) x RTD, as ELECTRA's (objectives/electra.py, whose sums and metrics th
 GDES: the two share the token embeddings E (the generator's table), but the RTD loss does not pull E: the
 discriminator reads E_D = stop_gradient(E) + E_delta, its own E_delta initialised to zeros, so E learns from the MLM
 loss alone and E_delta from the RTD loss alone (the paper's section 3.3; ELECTRA's plain sharing lets both losses
-pull E, the "tug-of-war"). After pretraining the discriminator's table is E + E_delta (`discriminator_params`,
-what `backbone` gives). Only the word embeddings are shared (v3 has no absolute positions); each network keeps its
-relative embeddings and embedding LayerNorm.
+pull E, the "tug-of-war"). After pretraining the discriminator's table is E + E_delta (models/deberta.py:
+`from_pretraining`, which conversion reads a pretraining run through). Only the word embeddings are shared (v3 has
+no absolute positions); each network keeps its relative embeddings and embedding LayerNorm.
 
 params = {"generator": <DebertaModel tree: E, layers, MLM head>,
           "discriminator": <DebertaModel tree: E_delta in place of the word table, layers, RTD head>}
@@ -28,31 +28,15 @@ import ml_collections
 
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput
-from bert_jax.models.deberta import DebertaConfig, DebertaModel
+from bert_jax.models.deberta import WORD_TABLE, DebertaConfig, DebertaModel, discriminator_tree, with_leaf
 from bert_jax.training.objectives.base import HEAD_NAMES, Batch
 from bert_jax.training.objectives.electra import ElectraPretraining
 from bert_jax.training.objectives.registry import register
-
-WORDS = ("embeddings", "word_embeddings", "embedding")
-
 
 def generator_config(model: DebertaConfig, layer_fraction: float) -> DebertaConfig:
   """The paper's generator: the discriminator's width, `layer_fraction` of its layers, the MLM head."""
   return model.replace(num_layers=max(1, int(round(model.num_layers * layer_fraction))), mlm_head=True,
                        rtd_head=False)
-
-
-def _get(tree: Mapping, path: tuple[str, ...]) -> Any:
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _put(tree: Mapping, path: tuple[str, ...], value: Any) -> dict:
-  """`tree` with the leaf at `path` replaced (a copy of the dicts on the way)."""
-  if not path:
-    return value
-  return {**tree, path[0]: _put(tree[path[0]], path[1:], value)}
 
 
 def _split_rngs(rng: jax.Array | None) -> dict[str, Any] | None:
@@ -75,17 +59,12 @@ class DebertaRTD:
     gen_rng, disc_rng = jax.random.split(rng)
     gen = self.generator.init({"params": gen_rng}, **inputs)["params"]
     disc = self.discriminator.init({"params": disc_rng}, **inputs)["params"]
-    delta = _get(disc, WORDS)
+    delta = disc
+    for key in WORD_TABLE:
+      delta = delta[key]
     zeros = (delta.replace_boxed(jnp.zeros_like(delta.unbox())) if isinstance(delta, nn.Partitioned)
              else jnp.zeros_like(delta))
-    return {"generator": gen, "discriminator": _put(disc, WORDS, zeros)}
-
-  def discriminator_params(self, params: Mapping[str, Any], disentangled: bool = True) -> dict[str, Any]:
-    """The discriminator's DebertaModel tree: its word table E_D = stop_gradient(E) + E_delta (GDES), or
-    E + E_delta (disentangled=False: the table a finished discriminator keeps)."""
-    shared = _get(params["generator"], WORDS)
-    shared = jax.lax.stop_gradient(shared) if disentangled else shared
-    return _put(params["discriminator"], WORDS, shared + _get(params["discriminator"], WORDS))
+    return {"generator": gen, "discriminator": with_leaf(disc, WORD_TABLE, zeros)}
 
   def run_generator(self, params: Mapping[str, Any], inputs: Mapping[str, Any], rng: jax.Array | None,
                     deterministic: bool) -> ModelOutput:
@@ -94,7 +73,7 @@ class DebertaRTD:
 
   def run_discriminator(self, params: Mapping[str, Any], inputs: Mapping[str, Any], rng: jax.Array | None,
                         deterministic: bool) -> ModelOutput:
-    return self.discriminator.apply({"params": self.discriminator_params(params)}, **inputs,
+    return self.discriminator.apply({"params": discriminator_tree(params)}, **inputs,
                                     deterministic=deterministic, rngs=_split_rngs(rng))
 
 
@@ -109,8 +88,8 @@ class DebertaRTDPretraining(ElectraPretraining):
     self.disc_weight = disc_weight
 
   def backbone(self, params: Any) -> Any:
-    merged = self.model.discriminator_params(params, disentangled=False)
-    return {k: v for k, v in merged.items() if k not in HEAD_NAMES}
+    """The discriminator without its head (its E_delta stands for the E + E_delta table: the same shape)."""
+    return {k: v for k, v in params["discriminator"].items() if k not in HEAD_NAMES}
 
 
 @register("deberta_rtd")
