@@ -334,7 +334,7 @@ def test_rtd_loss_and_gdes_gradients_against_numpy():
 @slow  # minutes of training on two cores; the loss and its gradients are tested above against NumPy
 def test_tiny_preset_learns_on_the_embedded_corpus(tmp_path, capsys):
   """`bert-jax pretrain --config configs/deberta.py:tiny` (RTD with GDES) on the embedded corpus: the loss falls
-  and the run ends with its one `done:` line."""
+  and the run ends with its one `done:` line; its discriminator converts and fine-tunes."""
   from bert_jax import cli  # pylint: disable=import-outside-toplevel
   assert cli.main(["pretrain", "--config", "configs/deberta.py:tiny", "--workdir", str(tmp_path),
                    "--config.train.num_steps=60", "--config.train.log_every_steps=10",
@@ -347,6 +347,13 @@ def test_tiny_preset_learns_on_the_embedded_corpus(tmp_path, capsys):
     rows = [json.loads(line) for line in f if '"loss"' in line]
   assert rows[-1]["loss"] < rows[0]["loss"] - 5.0, (rows[0]["loss"], rows[-1]["loss"])
   assert rows[-1]["disc_accuracy"] > 0.8 and rows[-1]["mlm_loss"] < rows[0]["mlm_loss"]
+  # Its discriminator (E + E_delta) out as a HF folder, then fine-tuned on the embedded task.
+  assert cli.main(["convert", "--to", "hf", str(tmp_path), str(tmp_path / "hf")]) == 0
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", str(tmp_path / "ft"),
+                   f"--config.init_from={tmp_path / 'hf'}", "--config.data.max_seq_length=32",
+                   "--config.data.train_limit=32", "--config.data.eval_limit=16", "--config.train.batch_size=16",
+                   "--config.train.eval_batch_size=16", "--config.train.epochs=1"]) == 0
+  assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: dev accuracy ")
 
 
 def test_preset_count_is_the_built_discriminators():

@@ -86,8 +86,9 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
   if preferred in fairseq_spm.KINDS:
     found = next((directory / n for n in FAIRSEQ_FILES if (directory / n).exists()), None)
     return Tokenizer(preferred, False, {found.name: os.fspath(found)}) if found else None
+  # DeBERTa's spm.model is read as its own kind only for DeBERTa (another family's *.model stays ALBERT's kind).
   kinds = [k for k in sorted(TOKENIZER_FILES, key=lambda k: k != preferred)
-           if all((directory / n).exists() for n in TOKENIZER_FILES[k])]
+           if all((directory / n).exists() for n in TOKENIZER_FILES[k]) and (k != deberta_spm.KIND or k == preferred)]
   fast = directory / hf_tokenizer.FILE
   if fast.exists() and preferred not in kinds[:1]:
     kind = hf_tokenizer.class_kind(directory) or ("xlnet_spm" if preferred == "xlnet_spm" else hf_tokenizer.KIND)

@@ -183,17 +183,28 @@ def relative_positions(length: int, buckets: int, max_position: int) -> np.ndarr
   return relative
 
 
-def position_indices(cfg: DebertaConfig, length: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-  """(c2p [T, T], p2c [T, T], lo, hi): the rows of the relative embedding table each score reads, as Hugging Face
-  clamps them (c2p[i, j] = clamp(d(i, j) + S), p2c[j, i] = clamp(-d(j, i) + S)), less `lo`; only table rows
-  lo..hi-1 are ever read at this length, so only they are projected."""
+def distance_rows(cfg: DebertaConfig, length: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+  """(c2p [2T - 1], p2c [2T - 1], lo, hi): for each distance d = T - 1 - m (m = 0 .. 2T - 2), the row of the
+  relative embedding table that Hugging Face's c2p reads for a query d positions after its key, clamp(b(d) + S),
+  and that its p2c reads for a key d positions after its query, clamp(-b(d) + S) (b: the log buckets), less `lo`;
+  only table rows lo..hi-1 are read at this length."""
   span = cfg.span
-  relative = relative_positions(length, cfg.position_buckets, cfg.max_relative)
-  c2p = np.clip(relative + span, 0, 2 * span - 1)
-  p2c = np.clip(-relative + span, 0, 2 * span - 1)
-  lo = int(min(c2p.min(), p2c.min()))
-  hi = int(max(c2p.max(), p2c.max())) + 1
+  d = length - 1 - np.arange(2 * length - 1)
+  if cfg.position_buckets > 0 and cfg.max_relative > 0:
+    d = log_buckets(d, cfg.position_buckets, cfg.max_relative)
+  c2p, p2c = np.clip(d + span, 0, 2 * span - 1), np.clip(-d + span, 0, 2 * span - 1)
+  lo, hi = int(min(c2p.min(), p2c.min())), int(max(c2p.max(), p2c.max())) + 1
   return (c2p - lo).astype(np.int32), (p2c - lo).astype(np.int32), lo, hi
+
+
+def by_distance(w: Array) -> Array:
+  """w [..., T, 2T - 1], column m holding distance T - 1 - m -> [..., T, T]: out[i, j] = w[i, T - 1 - (i - j)],
+  by reshapes and slices (Transformer-XL's shift: row i starts T - 1 - i columns in), no gather."""
+  t, width = w.shape[-2], w.shape[-1]
+  if t == 1:
+    return w
+  flat = w.reshape(w.shape[:-2] + (t * width,))[..., t - 1:t - 1 + t * (width - 1)]
+  return flat.reshape(w.shape[:-2] + (t, width - 1))[..., :t]
 
 
 def _split_heads(x: Array, n: int) -> Array:
@@ -218,16 +229,14 @@ class DisentangledAttention(nn.Module):
     scale = jnp.asarray((d * (1 + len(terms))) ** -0.5, cfg.compute_dtype)
     scores = jnp.einsum("btnd,bsnd->bnts", q * scale, k)
     if terms:
-      c2p_index, p2c_index, lo, hi = position_indices(cfg, x.shape[1])
+      c2p_rows, p2c_rows, lo, hi = distance_rows(cfg, x.shape[1])
       rel = Dropout(cfg.hidden_dropout)(relative[lo:hi].astype(cfg.compute_dtype), deterministic=deterministic)
-      if "c2p" in terms:
-        pos_key = _split_heads(key(rel), n)  # [R, N, D]
-        c2p = jnp.einsum("btnd,rnd->bntr", q * scale, pos_key)
-        scores += jnp.take_along_axis(c2p, jnp.asarray(c2p_index)[None, None], axis=-1)
-      if "p2c" in terms:
-        pos_query = _split_heads(query(rel), n)
-        p2c = jnp.einsum("bsnd,rnd->bnsr", k, pos_query * scale)  # [B, N, key j, R]
-        scores += jnp.swapaxes(jnp.take_along_axis(p2c, jnp.asarray(p2c_index)[None, None], axis=-1), -1, -2)
+      if "c2p" in terms:  # query i, key j: q_i . key(rel[c2p row of i - j])
+        pos_key = _split_heads(key(jnp.take(rel, jnp.asarray(c2p_rows), axis=0)), n)  # [2T - 1, N, D]
+        scores += by_distance(jnp.einsum("btnd,mnd->bntm", q * scale, pos_key))
+      if "p2c" in terms:  # key j, query i: k_j . query(rel[p2c row of j - i]), laid out [key, query], then swapped
+        pos_query = _split_heads(query(jnp.take(rel, jnp.asarray(p2c_rows), axis=0)), n)
+        scores += jnp.swapaxes(by_distance(jnp.einsum("bsnd,mnd->bnsm", k, pos_query * scale)), -1, -2)
     scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
     weights = Dropout(cfg.attention_dropout)(probs.astype(cfg.compute_dtype), deterministic=deterministic)
@@ -408,7 +417,7 @@ class DebertaModel(nn.Module):
 WORD_TABLE = ("embeddings", "word_embeddings", "embedding")
 
 
-def _leaf(tree: Mapping, path: tuple[str, ...]) -> Any:
+def leaf(tree: Mapping, path: tuple[str, ...]) -> Any:
   for key in path:
     tree = tree[key]
   return tree
@@ -425,9 +434,9 @@ def discriminator_tree(pair: Mapping, disentangled: bool = True) -> dict:
   """The discriminator's DebertaModel tree out of a {"generator", "discriminator"} pair trained with
   gradient-disentangled embedding sharing: its token table E_D = stop_gradient(E) + E_delta (E the generator's,
   E_delta the discriminator's own), or E + E_delta (disentangled=False: the finished discriminator's table)."""
-  shared = _leaf(pair["generator"], WORD_TABLE)
+  shared = leaf(pair["generator"], WORD_TABLE)
   shared = jax.lax.stop_gradient(shared) if disentangled else shared
-  return with_leaf(pair["discriminator"], WORD_TABLE, shared + _leaf(pair["discriminator"], WORD_TABLE))
+  return with_leaf(pair["discriminator"], WORD_TABLE, shared + leaf(pair["discriminator"], WORD_TABLE))
 
 
 def from_pretraining(params: Mapping) -> dict:

@@ -120,8 +120,9 @@ def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> DebertaC
   refused = {"relative_attention": (True, "relative_attention=False (no disentangled attention)"),
              "share_att_key": (True, "share_att_key=False (separate position projections, DeBERTa-v1 style)"),
              "legacy": (True, "legacy=False (the newer lm_predictions MLM head)")}
+  defaults = {"relative_attention": False, "share_att_key": False, "legacy": True}  # DebertaV2Config's, when absent
   for key, (wanted, what) in refused.items():
-    if hf.bool(key, key != "relative_attention") != wanted:
+    if hf.bool(key, defaults[key]) != wanted:
       raise UserError(f"{source}: DeBERTa with {what} has no bert_jax counterpart")
   if hf.int("conv_kernel_size", 0) > 0:
     raise UserError(f"{source}: conv_kernel_size={hf['conv_kernel_size']} (DeBERTa-v2's convolution layer) has no "

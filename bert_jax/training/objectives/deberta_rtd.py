@@ -28,8 +28,8 @@ import ml_collections
 
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput
-from bert_jax.models.deberta import WORD_TABLE, DebertaConfig, DebertaModel, discriminator_tree, with_leaf
-from bert_jax.training.objectives.base import HEAD_NAMES, Batch
+from bert_jax.models.deberta import WORD_TABLE, DebertaConfig, DebertaModel, discriminator_tree, leaf, with_leaf
+from bert_jax.training.objectives.base import HEAD_NAMES
 from bert_jax.training.objectives.electra import ElectraPretraining
 from bert_jax.training.objectives.registry import register
 
@@ -59,9 +59,7 @@ class DebertaRTD:
     gen_rng, disc_rng = jax.random.split(rng)
     gen = self.generator.init({"params": gen_rng}, **inputs)["params"]
     disc = self.discriminator.init({"params": disc_rng}, **inputs)["params"]
-    delta = disc
-    for key in WORD_TABLE:
-      delta = delta[key]
+    delta = leaf(disc, WORD_TABLE)
     zeros = (delta.replace_boxed(jnp.zeros_like(delta.unbox())) if isinstance(delta, nn.Partitioned)
              else jnp.zeros_like(delta))
     return {"generator": gen, "discriminator": with_leaf(disc, WORD_TABLE, zeros)}
