@@ -18,7 +18,7 @@ import numpy as np
 from etils import epath
 
 from bert_jax import workdir
-from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, hf_tokenizer, knowledge, t5_spm
+from bert_jax.data_pipelines import corpora, embedded, ernie, fairseq_spm, hf_tokenizer, knowledge, tokenizer_kinds
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.examples import BuilderConfig, build_rows
 from bert_jax.data_pipelines.features import feature_spec
@@ -189,7 +189,8 @@ def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_si
 
 def make_tokenizer(data_cfg):
   vocab = embedded.default_vocab(data_cfg)
-  if data_cfg.tokenizer in (*fairseq_spm.KINDS, t5_spm.KIND):  # their own layouts of a SentencePiece model
+  if data_cfg.tokenizer in tokenizer_kinds.names() and tokenizer_kinds.get(data_cfg.tokenizer).own_ids:
+    # SentencePiece in a family's own id layout (CamemBERT's, XLM-R's, T5's, DeBERTa's)
     return load_tokenizer(vocab, kind=data_cfg.tokenizer)
   kind = kind_of_file(vocab)
   if data_cfg.tokenizer == hf_tokenizer.KIND and kind != hf_tokenizer.KIND:

@@ -34,7 +34,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax.data_pipelines import fairseq_spm, hf_tokenizer, t5_spm, tokenizer_kinds
+from bert_jax.data_pipelines import deberta_spm, fairseq_spm, hf_tokenizer, t5_spm, tokenizer_kinds
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tftools import open_binary, tf, tf_module
 from bert_jax.data_pipelines.tokenizer_base import (  # noqa: F401  (the kinds' layouts, read from here)
@@ -483,7 +483,10 @@ for _kind in (
                                   lambda path, lower, chars, quotes: hf_tokenizer.TokenizerJson(path),
                                   file_names=hf_tokenizer.FILE),
     tokenizer_kinds.TokenizerKind(t5_spm.KIND, lambda path, lower, chars, quotes: t5_spm.T5Tokenizer(path),
-                                  ("spiece.model",), hf_class="T5Tokenizer", own_ids=True)):
+                                  ("spiece.model",), hf_class="T5Tokenizer", own_ids=True),
+    tokenizer_kinds.TokenizerKind(deberta_spm.KIND, lambda path, lower, chars, quotes: deberta_spm.DebertaTokenizer(path),
+                                  (deberta_spm.FILE,), hf_class="DebertaV2Tokenizer", own_ids=True,
+                                  hf_json=lambda path, lower: json.loads(deberta_spm.DebertaTokenizer(path).to_json()))):
   tokenizer_kinds.register(_kind)
 
 

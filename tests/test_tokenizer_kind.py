@@ -81,7 +81,7 @@ def test_a_workdir_records_the_kind_and_reads_it_back(toy_kind, chars):
 
 def test_built_in_kinds_keep_their_order_and_a_kind_registers_once():
   assert tokenizer_kinds.loadable() == ("wordpiece", "sentencepiece", "xlnet_spm", "camembert_spm", "xlmr_spm",
-                                        "tokenizer_json", "t5_spm")
+                                        "tokenizer_json", "t5_spm", "deberta_spm")
   assert tokenizer_kinds.get("bpe").load is None and tokenizer_kinds.get("wordpiece").hf_class == "BertTokenizer"
   with pytest.raises(ValueError, match="registered twice"):
     tokenizer_kinds.register(tokenizer_kinds.get("wordpiece"))

@@ -85,7 +85,9 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
     found = next((directory / n for n in FAIRSEQ_FILES if (directory / n).exists()), None)
     return Tokenizer(preferred, False, {found.name: os.fspath(found)}) if found else None
   files = tokenizer_files()
-  kinds = [k for k in sorted(files, key=lambda k: k != preferred) if all((directory / n).exists() for n in files[k])]
+  # A kind with its own id layout (DeBERTa's spm.model, XLNet's, T5's) is read so only for its own family.
+  kinds = [k for k in sorted(files, key=lambda k: k != preferred) if all((directory / n).exists() for n in files[k])
+           and (k == preferred or not tokenizer_kinds.get(k).own_ids)]
   fast = directory / hf_tokenizer.FILE
   if fast.exists() and preferred not in kinds[:1]:
     kind = hf_tokenizer.class_kind(directory) or ("xlnet_spm" if preferred == "xlnet_spm" else hf_tokenizer.KIND)

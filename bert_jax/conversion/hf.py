@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 import re
 

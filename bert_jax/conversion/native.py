@@ -40,6 +40,7 @@ def read(path: str, scan_layers: bool | None = None, task: str | None = None) ->
   """task: which head of a multi-task checkpoint (params_checkpoint.one_task); it must name one there."""
   params, saved = params_checkpoint.one_task(*params_checkpoint.load_params(path), task, path)
   config = families.model_config(saved["model"])
+  params = families.of(config).from_pretraining(params)
   if scan_layers is not None:
     params = params_lib.relayout(params, config, scan_layers)
     config = config.replace(scan_layers=scan_layers)

@@ -258,6 +258,9 @@ class Family:
       lambda config, hidden, attention: config.replace(hidden_dropout=hidden, attention_dropout=attention))
   backbone_params: Callable[[Mapping[str, Any]], int] | None = None
   flops: Flops | None = None
+  # A pretraining run's params as conversion reads them: the encoder's tree out of a tree holding several
+  # networks (DeBERTa-v3's generator and discriminator, models/deberta.py:from_pretraining); as they are by default.
+  from_pretraining: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda params: params
 
 
 _FAMILIES: dict[str, Family] = {}
