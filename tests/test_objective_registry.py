@@ -19,8 +19,8 @@ def test_a_registered_objective_is_built_and_unknown_names_list_the_known_ones(m
   assert type(built).__name__ == "SpanBertPretraining" and built.config.hidden_size == 768
   built = objectives.make_objective(load_config("configs/structbert.py:large"))
   assert type(built).__name__ == "StructBertPretraining" and built.config.hidden_size == 1024
-  with pytest.raises(UserError, match=r"objective='nope' is not one of \('bert', 'distill_mlm', 'electra', 'ernie2', 'ernie_thu', 'ltr', "
-                     r"'mobilebert_pkt', 'spanbert', 'structbert', 'xlnet', "
+  with pytest.raises(UserError, match=r"objective='nope' is not one of \('bert', 'electra', 'deberta_rtd', 'distill_mlm', 'ernie2', "
+                     r"'ernie_thu', 'ltr', 'mobilebert_pkt', 'span_corruption', 'spanbert', 'structbert', 'xlnet', "
                      r"'toy'\)"):
     objectives.make_objective(load_config("configs/bert.py:tiny", ["--config.objective=nope"]))
   with pytest.raises(ValueError, match="'bert' is registered twice"):
