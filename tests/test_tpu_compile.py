@@ -424,9 +424,10 @@ LONG = ["--config.model.num_layers=2", "--config.data.max_seq_length=1024", "--c
 
 @needs_libtpu
 def test_splash_compiles_for_tpu(capsys):
+  """`auto` (no attention dropout, a multiple of 128 tokens) compiled for TPU is splash's kernel."""
   status, report, _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology", "v4-8", *LONG,
-                                    "--config.model.attention=splash")
-  assert status == 0 and report["fits"] and report["attention"] == "splash"
+                                    "--config.model.attention=auto", "--config.model.attention_dropout=0")
+  assert status == 0 and report["fits"] and (report["attention"], report["attention_setting"]) == ("splash", "auto")
   # XLA's cost analysis cannot read the kernel, so compile counts its FLOPs from the model, by hand: 16 rows x
   # 1024 queries, 2 x 2 x keys x 128 per head-summed query (q k^T and p v), keys 1024 (layer 0, global) and
   # 2 x 16 + 1 (layer 1, window 32); x 18 / 4 for the forward, dq and dkv kernels of a train step.
