@@ -62,7 +62,7 @@ setup(
                  "spacy>=3.5",  # tests/test_knowledge_masking.py: a blank pipeline with an EntityRuler
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
-        "bench": ["torch==2.13.0"],
+        "bench": ["torch==2.13.0", "keras-hub"],  # keras-hub: benchmarks/kerashub_compare.py
         # `bert-jax analyze` plots; the rest of bert_jax (a TPU pretraining install) never imports it.
         "analysis": ["matplotlib"],
         "tpu": ["jax[tpu]"],  # libtpu: TPU VMs, and `bert-jax compile` for a TPU slice on any machine
