@@ -496,3 +496,23 @@ def test_a_step_that_does_not_fit_is_not_said_to_have_compiled():
       "compiled the eval step in 3.1 s: it does not fit (it needs 40.00 GiB per chip of 32.00 GiB)")
   assert aot.compiled_line("eval step", {**too_big, "device_bytes": 2 ** 30}, 2, 32 * 2 ** 30) == (
       "compiled the eval step in 3.1 s")
+
+
+def test_a_kernels_backend_config_over_several_lines_does_not_end_its_computation():
+  """A Pallas kernel's custom call prints its xprof_metadata over three lines, one starting with "}}": the
+  computation goes on after it (before, the parser stopped there and the estimate lost the rest of the step:
+  a splash step's FLOPs read as 2% of dot's)."""
+  text = "\n".join([
+      "ENTRY %main (p0: f32[8,8]) -> f32[8,8] {",
+      "  %p0 = f32[8,8]{1,0} parameter(0)",
+      '  %k = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %p0), custom_call_target="tpu_custom_call", backend_config={'
+      '"custom_call_config": {"body": "x"},',
+      '"xprof_metadata":"{\\"block_q\\": 512,',
+      '}}, metadata={op_name="splash"}',
+      "  ROOT %d = f32[8,8]{1,0} dot(f32[8,8]{1,0} %k, f32[8,8]{1,0} %p0), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}",
+      "}"])
+  module = hlo.parse(text)
+  opcodes = [match.group(2) for _, _, match, _, _ in hlo.walk(module)]
+  assert opcodes == ["parameter", "custom-call", "dot"]
+  assert "op_name" not in module.bodies["main"][1] and "block_q" in module.bodies["main"][1]
