@@ -15,8 +15,8 @@ per chip), evaluation in batches of 1,024; check with
 
   bert-jax compile --config configs/bert.py:large --topology v4-32
 
-`large` drops attention dropout and sets `model.attention=auto`: splash's kernel on TPU (lengths that are
-multiples of 128), dot elsewhere. Its 512-token phase (MLPerf's phase 2) on a v4-128:
+`large` drops attention dropout and sets `model.attention=auto`: splash's kernel on TPU from 512 tokens
+(multiples of 128), dot elsewhere (its 128-token phase too). Its 512-token phase (MLPerf's phase 2) on a v4-128:
 
   bert-jax compile --config configs/bert.py:large --topology v4-128 --config.data.max_seq_length=512 \
       --config.data.max_predictions_per_seq=76 --config.train.batch_size=512 --config.train.grad_accum_steps=1 \

@@ -249,7 +249,7 @@ def test_bert_pretraining_loss_and_gradients_under_splash_equal_dot_on_packed_ro
 
 
 @pytest.mark.parametrize("backend,length,platform,dropout,want", [
-    ("auto", 512, "tpu", 0.0, "splash"), ("auto", 128, "tpu", 0.0, "splash"), ("auto", 100, "tpu", 0.0, "dot"),
+    ("auto", 512, "tpu", 0.0, "splash"), ("auto", 128, "tpu", 0.0, "dot"), ("auto", 100, "tpu", 0.0, "dot"),
     ("auto", 512, "cpu", 0.0, "dot"), ("auto", 512, "gpu", 0.0, "dot"), ("auto", 512, "tpu", 0.1, "dot"),
     ("dot", 512, "tpu", 0.0, "dot"), ("splash", 512, "cpu", 0.0, "splash")])
 def test_auto_runs_splash_only_compiled_for_tpu_without_attention_dropout(backend, length, platform, dropout, want):

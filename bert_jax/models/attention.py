@@ -10,9 +10,9 @@
           TPU it runs in Pallas interpret mode (slow: for tests at small sizes).
   cudnn   jax.nn.dot_product_attention(implementation="cudnn") with the same dense mask (GPUs only;
           cuDNN has no two-sided window or segment ids of its own, so the mask carries both).
-  auto    splash where it runs and pays: compiled for TPU, a length that is a multiple of 128, no causal mask
-          and no dropout on the attention probabilities (the model takes its explicit path for that); dot
-          everywhere else. BERT-large's preset uses it with attention dropout 0 (MosaicBERT's and
+  auto    splash where it runs and pays: compiled for TPU, a length of at least 512 that is a multiple of 128
+          (shorter, dot's T x T arrays are small and its step is the calibrated one), no causal mask and no
+          dropout on the attention probabilities (the model takes its explicit path for that); dot elsewhere. BERT-large's preset uses it with attention dropout 0 (MosaicBERT's and
           ModernBERT's choice), so its 512-token phase keeps no T x T array in HBM (docs/guides/speed.md).
 
 Which keys a query sees: `Segments.ids` int32[B, T] numbers each row's documents 1, 2, ... (1 on every
@@ -44,6 +44,7 @@ Array = jax.Array
 Window = Union[int, Array, None]  # a traced window serves scanned layers of mixed kinds
 
 BACKENDS = ("dot", "splash", "cudnn", "auto")
+AUTO_SPLASH_FROM = 512  # `auto`'s shortest splash length
 KERNELS = ("splash", "cudnn")  # the backends with no dropout on the attention probabilities
 _SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides the length (the kernel tiles by 128 lanes)
 
@@ -132,12 +133,14 @@ def attend_heads_first(q: Array, k: Array, v: Array, segments: Segments, window:
 
 def resolve(backend: str, length: int, causal: bool = False, platform: str | None = None) -> str:
   """The backend that runs: `backend`, or for 'auto' splash where the step is compiled for TPU (`platform`,
-  default the target platform), `length` is a multiple of 128 and the mask is not causal, dot otherwise.
+  default the target platform), `length` is a multiple of 128 from AUTO_SPLASH_FROM on and the mask is not
+  causal, dot otherwise.
   (With attention dropout the models take the explicit dot path before asking.)"""
   if backend != "auto":
     return backend
   platform = platform or target_platform()
-  return "splash" if platform == "tpu" and length % 128 == 0 and not causal else "dot"
+  runs = platform == "tpu" and length >= AUTO_SPLASH_FROM and length % 128 == 0 and not causal
+  return "splash" if runs else "dot"
 
 
 def configured(model, length: int, platform: str) -> str:

@@ -73,8 +73,8 @@ class ModelConfig(Dtypes):
     must agree with the switches; `replace` reads it again. Any other name (a family registered with
     ModelConfig as its config, such as one that differs from these only in its tokenizer) is kept.
   attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU), cudnn
-    (GPU) or auto (splash where the step is compiled for TPU at a length that is a multiple of 128 and
-    attention_dropout is 0, dot elsewhere). splash and cudnn have no dropout on the attention
+    (GPU) or auto (splash where the step is compiled for TPU at 512 tokens or more, a multiple of 128, and
+    attention_dropout is 0; dot elsewhere). splash and cudnn have no dropout on the attention
     probabilities: attention_dropout must be 0.
   sublayer_order: a sandwich transformer's order of sublayers (Press et al. 2020, "Improving Transformer
     Models by Reordering their Sublayers"): "s" a self-attention sublayer, "f" a feed-forward one, each
