@@ -63,7 +63,7 @@ setup(
                  "spacy>=3.5",  # tests/test_knowledge_masking.py: a blank pipeline with an EntityRuler
                  "apache-beam>=2.60",  # tests/test_beam_prepare.py: DirectRunner, Dataflow options built
                  "wandb"],  # train.wandb, offline (tests/test_metrics_wandb.py)
-        "bench": ["torch==2.13.0"],
+        "bench": ["torch==2.13.0", "keras-hub"],  # keras-hub: benchmarks/kerashub_compare.py
         # The documentation site (mkdocs.yml): `mkdocs build --strict`, offline; the API page reads the source
         # statically (griffe), so the site builds without the rest of bert_jax's dependencies.
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],

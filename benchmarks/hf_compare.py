@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-FRAMEWORKS = ("bert_jax", "hf_flax", "torch")
+FRAMEWORKS = ("bert_jax", "hf_flax", "torch", "kerashub")  # kerashub: benchmarks/kerashub_compare.py
 NO_DECAY = ("bias", "scale", "LayerNorm.weight", "LayerNorm.bias")
 
 
@@ -160,10 +160,44 @@ def torch_worker(args, batch):
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
 
 
+def kerashub_worker(args, batch):
+  """KerasHub's BertMaskedLM (the JAX backend: KERAS_BACKEND=jax, set by the driver) of the same size, batch and
+  masked positions, compiled with jit_compile=True; one `train_on_batch` a step. Its model has no NSP head, so
+  kerashub_compare.py runs bert_jax without one too."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import keras  # pylint: disable=import-outside-toplevel
+  import keras_hub  # pylint: disable=import-outside-toplevel
+  keras.utils.set_random_seed(0)
+  if args.dtype == "bfloat16":
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  m = args.model
+  backbone = keras_hub.models.BertBackbone(
+      vocabulary_size=m["vocab_size"], num_layers=m["num_hidden_layers"], num_heads=m["num_attention_heads"],
+      hidden_dim=m["hidden_size"], intermediate_dim=m["intermediate_size"], dropout=args.hidden_dropout,
+      max_sequence_length=m["max_position_embeddings"], num_segments=m["type_vocab_size"])
+  model = keras_hub.models.BertMaskedLM(backbone)
+  optimizer = keras.optimizers.AdamW(learning_rate=1e-4, weight_decay=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+                                     global_clipnorm=1.0)
+  optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+  model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                weighted_metrics=[], jit_compile=True)
+  x = {"token_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+       "padding_mask": batch["input_mask"].astype(bool), "mask_positions": batch["masked_lm_positions"]}
+  x = {k: jax.numpy.asarray(v) for k, v in x.items()}
+  y, weights = jax.numpy.asarray(batch["masked_lm_ids"]), jax.numpy.asarray(batch["masked_lm_weights"])
+
+  def step():
+    model.train_on_batch(x, y, sample_weight=weights)  # returns the loss as a Python float: the step is done
+
+  return step, {"keras": keras.__version__, "keras_hub": keras_hub.__version__, "backend": keras.backend.backend(),
+                "jax": jax.__version__, "device": jax.devices()[0].device_kind}
+
+
 def serve(args) -> None:
   """Worker loop: build, warm up, print `ready`; then answer each `N` on stdin with N steps' seconds."""
   batch = dict(np.load(args.batch_file))
-  step, info = {"bert_jax": bert_jax_worker, "hf_flax": hf_flax_worker, "torch": torch_worker}[args.worker](
+  step, info = {"bert_jax": bert_jax_worker, "hf_flax": hf_flax_worker, "torch": torch_worker,
+                "kerashub": kerashub_worker}[args.worker](
       args, batch)
   for _ in range(args.warmup):
     step()
@@ -179,7 +213,8 @@ def serve(args) -> None:
 # ---- driver ----
 
 def _start(framework, args, batch_file):
-  python = {"bert_jax": args.jax_python, "hf_flax": args.hf_flax_python, "torch": args.torch_python}[framework]
+  python = {"bert_jax": args.jax_python, "hf_flax": args.hf_flax_python, "torch": args.torch_python,
+            "kerashub": args.jax_python}[framework]
   cmd = [python, os.path.abspath(__file__), "--worker", framework, "--batch-file", batch_file]
   cmd += [f"--{k.replace('_', '-')}={json.dumps(v) if k == 'model' else v}" for k, v in vars(args).items()
           if k in ("size", "batch_size", "seq_length", "dtype", "hidden_dropout", "attention_dropout",
@@ -189,6 +224,8 @@ def _start(framework, args, batch_file):
   env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if framework == "torch":  # idle OpenMP threads sleep rather than spin into the next worker's turn
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+  if framework == "kerashub":
+    env["KERAS_BACKEND"] = "jax"
   return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                           cwd=env["PYTHONPATH"])
 
@@ -238,7 +275,7 @@ def drive(args) -> dict:
   return result
 
 
-def main():
+def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--size", default="mini")
   p.add_argument("--batch-size", type=int, default=16)
@@ -250,7 +287,7 @@ def main():
   p.add_argument("--rounds", type=int, default=7)
   p.add_argument("--steps", type=int, default=3, help="timed steps per framework per round")
   p.add_argument("--warmup", type=int, default=2)
-  p.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+  p.add_argument("--frameworks", default="bert_jax,hf_flax,torch")
   p.add_argument("--torch-compile", action="store_true")
   p.add_argument("--jax-override", action="append", default=[],
                  help="a bert_jax config override for its worker, e.g. --jax-override=--config.model.scan_layers=False")
@@ -261,7 +298,7 @@ def main():
   p.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
   p.add_argument("--batch-file", help=argparse.SUPPRESS)
   p.add_argument("--model", type=json.loads, help=argparse.SUPPRESS)  # the driver's _sizes(), for workers
-  args = p.parse_args()
+  args = p.parse_args(argv)
   if args.worker:
     serve(args)
     return

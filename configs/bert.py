@@ -14,6 +14,13 @@ bf16 compute, data-parallel, no remat, 32 micro-batches of 64 rows per chip (25.
 per chip), evaluation in batches of 1,024; check with
 
   bert-jax compile --config configs/bert.py:large --topology v4-32
+
+`large` drops attention dropout and sets `model.attention=auto`: splash's kernel on TPU from 512 tokens
+(multiples of 128), dot elsewhere (its 128-token phase too). Its 512-token phase (MLPerf's phase 2) on a v4-128:
+
+  bert-jax compile --config configs/bert.py:large --topology v4-128 --config.data.max_seq_length=512 \
+      --config.data.max_predictions_per_seq=76 --config.train.batch_size=512 --config.train.grad_accum_steps=1 \
+      --config.train.eval_batch_size=512 --config.data.num_shards=16
 """
 from bert_jax.configs import common
 
@@ -55,7 +62,10 @@ def get_config(arg: str = "base"):
   c.optimizer.update(name=opt, learning_rate=lr, warmup_steps=warmup)
   c.train.update(batch_size=batch, num_steps=steps)
   if size == "large":  # the 32k batch on v4-32 (see the docstring; BENCHMARKS.md for other slices)
-    c.model.dtype = "bfloat16"
+    # No dropout on the attention probabilities (MosaicBERT's and ModernBERT's choice), so on TPU at 512
+    # tokens attention runs in splash's kernel with no T x T array in HBM (docs/guides/speed.md);
+    # --config.model.attention_dropout=0.1 is BERT's own recipe, with dot's attention.
+    c.model.update(dtype="bfloat16", attention="auto", attention_dropout=0.0)
     c.train.update(grad_accum_steps=32, eval_batch_size=1024)
   if arg == "demo":
     c.model.vocab_size = 8192  # the embedded vocabulary has fewer entries

@@ -197,3 +197,79 @@ def test_attention_probabilities_fall_back_to_dot_and_say_so(capsys):
   np.testing.assert_array_equal(np.asarray(got.attentions), np.asarray(want))
   assert capsys.readouterr().out.strip() == ("model.attention='splash': attention probabilities and head masks "
                                              "are computed with 'dot'")
+
+
+def _packed_bert_batch(vocab):
+  """Two rows of 128: two packed documents (50 and 40 tokens) and padding, a full row; BERT's pretraining
+  inputs with each document's positions starting at 0 and 6 masked positions a row."""
+  rng = np.random.RandomState(3)
+  doc_ids, positions = np.zeros((2, T), np.int32), np.zeros((2, T), np.int32)
+  doc_ids[0, :50], doc_ids[0, 50:90], doc_ids[1] = 1, 2, 1
+  positions[0, :50], positions[0, 50:90], positions[1] = np.arange(50), np.arange(40), np.arange(T)
+  ids = rng.randint(5, vocab, (2, T)) * (doc_ids > 0)
+  picks = np.asarray([[2, 30, 49, 50, 60, 89], [1, 20, 64, 90, 100, 127]], np.int32)
+  return {"input_ids": ids.astype(np.int32), "input_mask": (doc_ids > 0).astype(np.int32),
+          "segment_ids": np.zeros_like(ids, np.int32), "document_ids": doc_ids, "position_ids": positions,
+          "masked_lm_positions": picks, "masked_lm_ids": np.take_along_axis(ids, picks, 1).astype(np.int32),
+          "masked_lm_weights": np.ones(picks.shape, np.float32), "next_sentence_labels": np.zeros(2, np.int32)}
+
+
+def test_bert_pretraining_loss_and_gradients_under_splash_equal_dot_on_packed_rows(monkeypatch):
+  """BERT's masked-LM loss and every parameter's gradient, packed rows (segment ids) through splash's kernel
+  (Pallas interpret mode) against the dense mask (dot): the same numbers, so packed BERT batches need no
+  dense mask."""
+  from bert_jax.models import build, model_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import objectives  # pylint: disable=import-outside-toplevel
+  from bert_jax.training.objectives.base import mlm_sums  # pylint: disable=import-outside-toplevel
+  vocab = 64
+  batch = _packed_bert_batch(vocab)
+  inputs = objectives.model_inputs(batch)
+
+  config = model_config(dict(vocab_size=vocab, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=48,
+                             max_position_embeddings=T, attention_dropout=0.0, hidden_dropout=0.0, use_pooler=False,
+                             sentence_head="none"))
+  params = nn.meta.unbox(jax.jit(build(config).init)(jax.random.key(0), **inputs)["params"])
+
+  def loss_and_grads(backend):
+    model = build(config.replace(attention=backend))
+    loss = lambda p: mlm_sums(model.apply({"params": p}, **inputs).mlm_logits, batch)["mlm_loss"]  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  kernels = []
+  monkeypatch.setattr(attention, "_splash", lambda *args, run=attention._splash: kernels.append(1) or run(*args))
+  (want, want_grads), (got, got_grads) = loss_and_grads("dot"), loss_and_grads("splash")
+  assert kernels  # the layer ran splash's kernel (the forward traced once)
+  assert float(want) > 1.0  # ~12 predictions x ln(64)
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  flat_want, flat_got = jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)
+  assert len(flat_want) == len(flat_got) > 10
+  for w, g in zip(flat_want, flat_got):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=1e-4)
+  assert max(float(jnp.abs(w).max()) for w in flat_want) > 1e-2  # not a comparison of zeros
+
+
+@pytest.mark.parametrize("backend,length,platform,dropout,want", [
+    ("auto", 512, "tpu", 0.0, "splash"), ("auto", 128, "tpu", 0.0, "dot"), ("auto", 100, "tpu", 0.0, "dot"),
+    ("auto", 512, "cpu", 0.0, "dot"), ("auto", 512, "gpu", 0.0, "dot"), ("auto", 512, "tpu", 0.1, "dot"),
+    ("dot", 512, "tpu", 0.0, "dot"), ("splash", 512, "cpu", 0.0, "splash")])
+def test_auto_runs_splash_only_compiled_for_tpu_without_attention_dropout(backend, length, platform, dropout, want):
+  model = type("Model", (), {"attention": backend, "attention_dropout": dropout})()
+  assert attention.configured(model, length, platform) == want
+  attention.check(model, length, platform)  # auto is refused nowhere
+
+
+def test_bert_large_gets_splash_at_512_tokens_on_tpu_and_dot_with_berts_attention_dropout():
+  """The recipe switch is one field: the large preset (no attention dropout, `auto`) runs splash when compiled
+  for TPU; model.attention_dropout=0.1 (BERT's recipe) runs dot; splash asked for with it is refused."""
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.models import model_config  # pylint: disable=import-outside-toplevel
+  phase2 = ["--config.data.max_seq_length=512"]
+  large = load_config("configs/bert.py:large", phase2).model
+  assert (large.attention, large.attention_dropout) == ("auto", 0.0)
+  assert attention.configured(large, 512, "tpu") == "splash"
+  bert = load_config("configs/bert.py:large", phase2 + ["--config.model.attention_dropout=0.1"]).model
+  assert attention.configured(bert, 512, "tpu") == "dot"
+  model_config(bert)  # auto with dropout is a valid model
+  with pytest.raises(UserError, match="model.attention='splash' has no dropout on the attention probabilities"):
+    model_config(load_config("configs/bert.py:large", phase2 + ["--config.model.attention_dropout=0.1",
+                                                                "--config.model.attention=splash"]).model)

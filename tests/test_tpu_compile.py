@@ -424,9 +424,10 @@ LONG = ["--config.model.num_layers=2", "--config.data.max_seq_length=1024", "--c
 
 @needs_libtpu
 def test_splash_compiles_for_tpu(capsys):
+  """`auto` (no attention dropout, a multiple of 128 tokens) compiled for TPU is splash's kernel."""
   status, report, _ = _compile_json(capsys, "--config", "configs/modernbert.py:tiny", "--topology", "v4-8", *LONG,
-                                    "--config.model.attention=splash")
-  assert status == 0 and report["fits"] and report["attention"] == "splash"
+                                    "--config.model.attention=auto", "--config.model.attention_dropout=0")
+  assert status == 0 and report["fits"] and (report["attention"], report["attention_setting"]) == ("splash", "auto")
   # XLA's cost analysis cannot read the kernel, so compile counts its FLOPs from the model, by hand: 16 rows x
   # 1024 queries, 2 x 2 x keys x 128 per head-summed query (q k^T and p v), keys 1024 (layer 0, global) and
   # 2 x 16 + 1 (layer 1, window 32); x 18 / 4 for the forward, dq and dkv kernels of a train step.
@@ -495,3 +496,23 @@ def test_a_step_that_does_not_fit_is_not_said_to_have_compiled():
       "compiled the eval step in 3.1 s: it does not fit (it needs 40.00 GiB per chip of 32.00 GiB)")
   assert aot.compiled_line("eval step", {**too_big, "device_bytes": 2 ** 30}, 2, 32 * 2 ** 30) == (
       "compiled the eval step in 3.1 s")
+
+
+def test_a_kernels_backend_config_over_several_lines_does_not_end_its_computation():
+  """A Pallas kernel's custom call prints its xprof_metadata over three lines, one starting with "}}": the
+  computation goes on after it (before, the parser stopped there and the estimate lost the rest of the step:
+  a splash step's FLOPs read as 2% of dot's)."""
+  text = "\n".join([
+      "ENTRY %main (p0: f32[8,8]) -> f32[8,8] {",
+      "  %p0 = f32[8,8]{1,0} parameter(0)",
+      '  %k = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %p0), custom_call_target="tpu_custom_call", backend_config={'
+      '"custom_call_config": {"body": "x"},',
+      '"xprof_metadata":"{\\"block_q\\": 512,',
+      '}}, metadata={op_name="splash"}',
+      "  ROOT %d = f32[8,8]{1,0} dot(f32[8,8]{1,0} %k, f32[8,8]{1,0} %p0), lhs_contracting_dims={1}, "
+      "rhs_contracting_dims={0}",
+      "}"])
+  module = hlo.parse(text)
+  opcodes = [match.group(2) for _, _, match, _, _ in hlo.walk(module)]
+  assert opcodes == ["parameter", "custom-call", "dot"]
+  assert "op_name" not in module.bodies["main"][1] and "block_q" in module.bodies["main"][1]

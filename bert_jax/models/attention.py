@@ -1,4 +1,4 @@
-"""Where attention is computed, for every family: the masks and the three backends (`model.attention`).
+"""Where attention is computed, for every family: the masks and the backends (`model.attention`).
 
   dot     jax.nn.dot_product_attention (XLA) with a dense boolean mask: the reference. T x T scores per head
           are materialised, so its memory grows with the square of the length.
@@ -10,6 +10,10 @@
           TPU it runs in Pallas interpret mode (slow: for tests at small sizes).
   cudnn   jax.nn.dot_product_attention(implementation="cudnn") with the same dense mask (GPUs only;
           cuDNN has no two-sided window or segment ids of its own, so the mask carries both).
+  auto    splash where it runs and pays: compiled for TPU, a length of at least 512 that is a multiple of 128
+          (shorter, dot's T x T arrays are small and its step is the calibrated one), no causal mask and no
+          dropout on the attention probabilities (the model takes its explicit path for that); dot elsewhere. BERT-large's preset uses it with attention dropout 0 (MosaicBERT's and
+          ModernBERT's choice), so its 512-token phase keeps no T x T array in HBM (docs/guides/speed.md).
 
 Which keys a query sees: `Segments.ids` int32[B, T] numbers each row's documents 1, 2, ... (1 on every
 real token without packing) and holds 0 on padding. A real query attends the real keys of its own
@@ -39,7 +43,9 @@ from bert_jax.errors import UserError
 Array = jax.Array
 Window = Union[int, Array, None]  # a traced window serves scanned layers of mixed kinds
 
-BACKENDS = ("dot", "splash", "cudnn")
+BACKENDS = ("dot", "splash", "cudnn", "auto")
+AUTO_SPLASH_FROM = 512  # `auto`'s shortest splash length
+KERNELS = ("splash", "cudnn")  # the backends with no dropout on the attention probabilities
 _SPLASH_BLOCKS = (512, 256, 128)  # the largest that divides the length (the kernel tiles by 128 lanes)
 
 
@@ -76,7 +82,7 @@ class Segments:
 
 def say_fallback(backend: str, output_attentions: bool, head_mask: Optional[Array]) -> None:
   """The one line that says BERTology's outputs run the explicit (dot) path whatever the backend."""
-  if backend != "dot" and (output_attentions or head_mask is not None):
+  if backend in KERNELS and (output_attentions or head_mask is not None):
     print(f"model.attention={backend!r}: attention probabilities and head masks are computed with 'dot'",
           flush=True)
 
@@ -96,6 +102,7 @@ def attend(q: Array, k: Array, v: Array, segments: Segments, *, backend: str, wi
   window: keys within `window` positions either side (None: all). is_global: a traced bool that, when
   true, lifts the window (scanned layers alternating global and local attention).
   """
+  backend = resolve(backend, q.shape[1], segments.causal)
   if backend == "splash":
     if segments.causal:
       raise UserError("model.causal=True masks with 'dot' or 'cudnn': set model.attention='dot'")
@@ -124,6 +131,27 @@ def attend_heads_first(q: Array, k: Array, v: Array, segments: Segments, window:
   return (out / total).astype(v.dtype)
 
 
+def resolve(backend: str, length: int, causal: bool = False, platform: str | None = None) -> str:
+  """The backend that runs: `backend`, or for 'auto' splash where the step is compiled for TPU (`platform`,
+  default the target platform), `length` is a multiple of 128 from AUTO_SPLASH_FROM on and the mask is not
+  causal, dot otherwise.
+  (With attention dropout the models take the explicit dot path before asking.)"""
+  if backend != "auto":
+    return backend
+  platform = platform or target_platform()
+  runs = platform == "tpu" and length >= AUTO_SPLASH_FROM and length % 128 == 0 and not causal
+  return "splash" if runs else "dot"
+
+
+def configured(model, length: int, platform: str) -> str:
+  """What `model.attention` (a model config or its config section) runs as at `length` tokens on
+  `platform`: 'auto' resolved, and dot wherever the attention probabilities take dropout."""
+  backend = getattr(model, "attention", "dot")
+  if backend == "auto" and getattr(model, "attention_dropout", 0) > 0:
+    return "dot"
+  return resolve(backend, length, getattr(model, "causal", False), platform)
+
+
 def check(model, length: int | None = None, platform: str | None = None) -> None:
   """UserError, before anything is built or written, when `model.attention` (a model config or its config
   section) cannot run on `platform` (default: JAX's here) or at `length` tokens: cudnn off a GPU, splash at a
@@ -132,7 +160,7 @@ def check(model, length: int | None = None, platform: str | None = None) -> None
   backend = getattr(model, "attention", "dot")
   if backend not in BACKENDS:
     raise UserError(f"model.attention={backend!r} is not one of {BACKENDS}")
-  if backend != "dot" and getattr(model, "attention_dropout", 0) > 0:
+  if backend in KERNELS and getattr(model, "attention_dropout", 0) > 0:
     raise UserError(f"model.attention={backend!r} has no dropout on the attention probabilities: set "
                     "model.attention_dropout=0 or model.attention='dot'")
   platform = platform or jax.default_backend()

@@ -204,7 +204,8 @@ class SelfAttention(nn.Module):
     kernel = jnp.stack([w for w, _ in qkv_weights], axis=1)
     bias = jnp.stack([b for _, b in qkv_weights])
     out_weights = HeadWeights(cfg, (n, d, h), ("heads", "kv", "embed"), (h,), ("embed",), name="out")
-    if deterministic and cfg.attention == "dot" and head_mask is None and not keep_attentions and queries is None:
+    backend = attention.resolve(cfg.attention, x.shape[1], segments.causal)
+    if deterministic and backend == "dot" and head_mask is None and not keep_attentions and queries is None:
       # Inference: q, k and v projected straight into heads-first [B, N, T, D] (attend_heads_first).
       qkv = jnp.einsum("bth,hcnd->cbntd", x.astype(dtype), kernel) + bias[:, None, :, None, :]
       y = attention.attend_heads_first(qkv[0], qkv[1], qkv[2], segments)
@@ -232,7 +233,7 @@ class SelfAttention(nn.Module):
                           ).at[:, jnp.asarray(heads)].set(probs)
     else:
       # The backend has no parameters: init runs dot, which takes any length and traces no kernel.
-      y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else cfg.attention)
+      y = attention.attend(q, k, v, segments, backend="dot" if self.is_initializing() else backend)
     out_kernel, out_bias = out_weights()
     return heads_out(y, out_kernel) + out_bias, (probs if keep_attentions else None)
 

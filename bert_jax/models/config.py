@@ -21,7 +21,7 @@ _CHOICES = {
     "dtype": ("float32", "bfloat16", "float16"),
     "param_dtype": ("float32", "bfloat16"),
     "remat": ("none", "full", "dots", "dots_no_batch"),
-    "attention": ("dot", "splash", "cudnn"),
+    "attention": ("dot", "splash", "cudnn", "auto"),
     "entity_fusion": ("paper", "residual"),
 }
 # A key older configs wrote, and what its values became (`attention`).
@@ -72,8 +72,10 @@ class ModelConfig(Dtypes):
     "electra" with the RTD head or factorised embeddings, else "bert". "" reads it; one of those four
     must agree with the switches; `replace` reads it again. Any other name (a family registered with
     ModelConfig as its config, such as one that differs from these only in its tokenizer) is kept.
-  attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU) or cudnn
-    (GPU). splash and cudnn have no dropout on the attention probabilities: attention_dropout must be 0.
+  attention: the backend of the attention (bert_jax/models/attention.py): dot, splash (TPU), cudnn
+    (GPU) or auto (splash where the step is compiled for TPU at 512 tokens or more, a multiple of 128, and
+    attention_dropout is 0; dot elsewhere). splash and cudnn have no dropout on the attention
+    probabilities: attention_dropout must be 0.
   sublayer_order: a sandwich transformer's order of sublayers (Press et al. 2020, "Improving Transformer
     Models by Reordering their Sublayers"): "s" a self-attention sublayer, "f" a feed-forward one, each
     post-LN, e.g. "sssssfsfsfsfsfsfffff" for 20 sublayers. "" (or "sf" * num_layers, the same model): the
@@ -149,7 +151,7 @@ class ModelConfig(Dtypes):
     if self.pruned_heads and (self.scan_layers or self.share_layers != "none"):
       raise UserError("model.pruned_heads needs model.scan_layers=False and model.share_layers='none' "
                       "(pruned layers differ in shape)")
-    if self.attention != "dot" and self.attention_dropout > 0:
+    if self.attention in ("splash", "cudnn") and self.attention_dropout > 0:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
     if self.num_tasks < 0:

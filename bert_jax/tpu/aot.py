@@ -167,7 +167,7 @@ def kernel_flops(config: ml_collections.ConfigDict, model_config) -> float | Non
   calls; tpu/estimate.py counts only their operands' bytes): SPLASH_TRAIN_FACTOR x the forward attention
   FLOPs (training/benchmark.py: windows counted as their keys), plus one more forward where the layers are
   rematerialised. 0 with other backends; None where the model's attention is not counted."""
-  if config.model.get("attention", "dot") != "splash":
+  if attention.configured(config.model, config.data.max_seq_length, "tpu") != "splash":
     return 0.0
   if model_config is None:
     return None
@@ -314,7 +314,8 @@ def compile_for_slice(config: ml_collections.ConfigDict, topology: str,
       "chips": tpu.chips, "hosts": tpu.hosts, "devices": len(devices), "mesh": dict(mesh.shape),
       "batch_size": config.train.batch_size, "grad_accum_steps": config.train.grad_accum_steps,
       "eval_batch_size": eval_batch, "seq_length": config.data.max_seq_length,
-      "attention": config.model.get("attention", "dot"),
+      "attention": attention.configured(config.model, config.data.max_seq_length, "tpu"),
+      "attention_setting": config.model.get("attention", "dot"),
       "fits": fits, "hbm_per_chip_bytes": int(used), "hbm_capacity_bytes": capacity,
       "state_bytes_per_chip": int(state_bytes),
       "compile_seconds": train["compile_seconds"] + evaluation["compile_seconds"],
@@ -369,7 +370,9 @@ def format_report(r: dict[str, Any]) -> str:
       f"mesh              {mesh}",
       f"batch             train {r['batch_size']}" + (f" in {r['grad_accum_steps']} micro-batches"
                                                        if r["grad_accum_steps"] > 1 else "")
-      + f", eval {r['eval_batch_size']}; sequence length {r['seq_length']}; attention {r['attention']}",
+      + f", eval {r['eval_batch_size']}; sequence length {r['seq_length']}; attention {r['attention']}"
+      + ("" if r.get("attention_setting", r["attention"]) == r["attention"] else
+         f" (model.attention={r['attention_setting']!r})"),
       f"HBM per chip      {_gib(r['hbm_per_chip_bytes'])} of {_gib(r['hbm_capacity_bytes'])}: "
       f"{'fits' if r['fits'] else 'DOES NOT FIT'}",
       _step_line("train step", r["train_step"], "params, optimizer state, batch"),

@@ -86,8 +86,12 @@ def parse(hlo_text: str) -> Module:
       current = header.group(2)
       bodies[current], headers[current] = [], line
       entry = current if header.group(1) else entry
-    elif line.startswith("}"):
+    elif line.rstrip() == "}":
       current = None
+    elif current is not None and bodies[current] and not line.startswith(" "):
+      # A string of the last instruction's backend config spans lines (Pallas kernels' xprof_metadata: one
+      # of its lines starts with "}}", which once ended the computation there and lost the rest of the step).
+      bodies[current][-1] = _METADATA.sub("", bodies[current][-1] + "\\n" + line)
     elif current is not None:
       bodies[current].append(_METADATA.sub("", line))
   return Module(bodies, headers, entry)
