@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -516,3 +517,20 @@ def test_a_kernels_backend_config_over_several_lines_does_not_end_its_computatio
   opcodes = [match.group(2) for _, _, match, _, _ in hlo.walk(module)]
   assert opcodes == ["parameter", "custom-call", "dot"]
   assert "op_name" not in module.bodies["main"][1] and "block_q" in module.bodies["main"][1]
+
+
+def test_a_mesh_the_torus_cannot_hold_is_one_line():
+  """v4-128's 64 chips are a 4x4x4 torus: data=8 x fsdp=8 splits a physical axis, which jax.make_mesh refuses
+  with a NotImplementedError traceback; the compile command says it in one line instead."""
+  from bert_jax.configs import common  # pylint: disable=import-outside-toplevel
+  from bert_jax.tpu import aot  # pylint: disable=import-outside-toplevel
+  tpu = slices.parse("v4-128")
+  devices = slices.compile_only_devices(tpu)
+  mesh = common.mesh_config()
+  mesh.data, mesh.fsdp = 8, 8
+  with pytest.raises(UserError, match=r"v4-128: mesh \{'data': 8, 'fsdp': 8, 'tensor': 1\} does not lay out on "
+                                      r"these 64 devices \(4x4x4 torus\)"):
+    aot._slice_mesh(ml_collections.ConfigDict({"mesh": mesh}), tpu, devices)  # pylint: disable=protected-access
+  mesh.data, mesh.fsdp = 4, 16
+  assert dict(aot._slice_mesh(ml_collections.ConfigDict({"mesh": mesh}), tpu, devices).shape) == {  # pylint: disable=protected-access
+      "data": 4, "fsdp": 16, "tensor": 1}

@@ -62,9 +62,10 @@ def _slice_mesh(config: ml_collections.ConfigDict, tpu: slices.Slice, devices: l
     shape = partitioning.mesh_shape(config.mesh, len(devices))
   except UserError as e:
     raise UserError(f"{tpu.name} has {len(devices)} devices: {e}") from None
-  # jax.make_mesh lays the axes along the physical torus (rings for the collectives).
-  return jax.make_mesh(shape, partitioning.MESH_AXES, devices=devices,
-                       axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+  try:
+    return partitioning.torus_mesh(shape, devices)
+  except UserError as e:
+    raise UserError(f"{tpu.name}: {e}") from None
 
 
 def _check_hosts(config: ml_collections.ConfigDict, tpu: slices.Slice) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -46,8 +47,20 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices: Sequence[jax.Device]
   # Auto axes: shardings come from jit's in/out shardings and the logical constraints.
   axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   if len(devices) == len(jax.devices()):
-    return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=axis_types)
+    return torus_mesh(shape, devices)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=axis_types)
+
+
+def torus_mesh(shape: Sequence[int], devices: Sequence[jax.Device]) -> Mesh:
+  """jax.make_mesh: the axes laid along the physical torus (rings for the collectives); a shape the torus cannot
+  hold is one line."""
+  try:
+    return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+  except NotImplementedError as e:
+    physical = re.search(r"mesh \[([\d, ]+)\]", str(e))
+    torus = f" ({physical.group(1).replace(', ', 'x')} torus)" if physical else ""
+    raise UserError(f"mesh {dict(zip(MESH_AXES, shape))} does not lay out on these {len(devices)} devices{torus}: "
+                    "each mesh axis must be a product of some of the torus's axes (e.g. data=4, fsdp=16 on 4x4x4)") from None
 
 
 # What `mesh.shard_sequence` moves: the tensor axis splits the sequence instead of these weight axes.
