@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, params_checkpoint, workdir as workdir_lib
+from bert_jax import config_schema, params_checkpoint, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines import tokenizer_kinds
 from bert_jax.errors import UserError
 from bert_jax.finetune import embedded, glue, text_to_text
@@ -307,6 +307,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     validate(config)
     if config.init_from and not workdir_lib.path(config.init_from).exists():
       return  # check_init_from says so, in one line
+    family = pretrained.family_name(config.init_from) if config.init_from else "t5"
+    if family not in ("t5", None):
+      raise UserError(f"init_from: {config.init_from} holds a model of family {family!r}; a seq2seq run fine-tunes "
+                      "a T5 (family 't5': a T5 pretraining workdir, a Hugging Face T5 folder, a seq2seq workdir)")
     data.append(read_data(config))
   return driver.run_job(config, workdir, validate=checked,
                         learner=lambda config, run_dir: Seq2Seq(config, run_dir, data[0]))
@@ -351,7 +355,6 @@ class Generator:
   @classmethod
   def load(cls, path: str, batch_size: int = 0, num_beams: int = 0) -> "Generator":
     """From a seq2seq workdir; batch_size 0: the run's eval_batch_size; num_beams 0: the run's decode.num_beams."""
-    from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
     params, config = params_checkpoint.load_params(path)
     model = families.build(families.model_config(config["model"]))
     batch_size = batch_size or config["train"]["eval_batch_size"]
