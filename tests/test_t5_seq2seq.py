@@ -127,3 +127,29 @@ def test_init_from_a_hugging_face_t5_and_a_bert_checkpoint_refused(tmp_path, sst
   err = capsys.readouterr().err.strip()
   assert "family 'bert'" in err and "T5" in err and len(err.splitlines()) == 1, err
   assert not (tmp_path / "run2").exists()
+
+
+def test_source_and_target_files_and_their_bad_input(tmp_path, sst2, capsys):
+  """task.family=files reads line i of the sources with line i of the targets; a dev target too long for the
+  decoder, files of different lengths and an unknown task family are each one line, before the workdir."""
+  from bert_jax.config_utils import load_config  # pylint: disable=import-outside-toplevel
+  from bert_jax.finetune import seq2seq  # pylint: disable=import-outside-toplevel
+  for name, text in (("train.src", "a b\nc d\n"), ("train.tgt", "x\ny\n"), ("dev.src", "e f\n"),
+                     ("dev.tgt", "a rather long target of many words\n"), ("short.tgt", "x\n")):
+    (tmp_path / name).write_text(text)
+  files = [f"--config.data.{split}_{side}={tmp_path / f'{split}.{ext}'}" for split in ("train", "dev")
+           for side, ext in (("source", "src"), ("target", "tgt"))]
+  config = load_config("configs/t5_finetune.py:files", [o[len("--config."):] for o in files])
+  assert seq2seq.read_pairs(config, "train") == [("a b", "x"), ("c d", "y")]
+  _, vocab = sst2
+  cases = [([], "the dev split: target 1 ('a rather long target of many words') is"),
+           ([f"--config.data.train_target={tmp_path / 'short.tgt'}"], "pairs line i of the sources"),
+           (["--config.task.family=tsv"], "task.family='tsv' is not one of ('glue', 'files', 'embedded')")]
+  for extra, message in cases:
+    capsys.readouterr()
+    assert cli.main(["finetune", "--config", "configs/t5_finetune.py:files", f"--config.data.vocab={vocab}",
+                     "--config.data.max_target_length=4", "--config.train.batch_size=2", *files, *extra,
+                     "--workdir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
