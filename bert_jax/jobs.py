@@ -10,9 +10,10 @@ build from its config.
   general_distill  corpus    distill    compress/general.py:distill    the student's pretraining step
   sbert            dataset   finetune   sbert/train.py:train           - (it needs its sentence pairs)
   mtdnn            dataset   finetune   finetune/multitask.py:train    - (it needs its tasks' data)
+  seq2seq          dataset   finetune   finetune/seq2seq.py:train      - (it needs its text pairs)
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
-distill, theseus or general_distill, configs/sbert.py: sbert, configs/mtdnn.py: mtdnn), so the CLI, compile
+distill, theseus or general_distill, configs/sbert.py: sbert, configs/mtdnn.py: mtdnn, configs/t5_finetune.py: seq2seq), so the CLI, compile
 and info read this table instead of guessing from the config's other keys. A new job is one `register` call here and its module.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax.sharding import Mesh
 from bert_jax import config_schema
 from bert_jax.compress import distill, general, theseus
 from bert_jax.errors import UserError
-from bert_jax.finetune import multitask, trainer as finetune_trainer
+from bert_jax.finetune import multitask, seq2seq, trainer as finetune_trainer
 from bert_jax.sbert import train as sbert_train
 from bert_jax.training import step, trainer
 from bert_jax.training.step import TrainSetup
@@ -106,3 +107,4 @@ register(Job("general_distill", CORPUS, "distill", general.distill, trainer.summ
              multihost=True))
 register(Job("sbert", DATASET, "finetune", sbert_train.train, sbert_train.summary))
 register(Job("mtdnn", DATASET, "finetune", multitask.train, multitask.summary))
+register(Job("seq2seq", DATASET, "finetune", seq2seq.train, seq2seq.summary))

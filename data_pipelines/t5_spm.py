@@ -68,9 +68,12 @@ class T5Tokenizer(TokenizerBase):
     return ids + self._sp.encode(text[start:])
 
   def decode(self, ids) -> str:
-    """The text of `ids`, sentinels written as <extra_id_N>, padding and </s> left out."""
+    """The text of `ids`, sentinels written as <extra_id_N>, padding and </s> left out, and ids past the vocabulary
+    (a model's vocabulary is padded to a multiple of 128: an untrained one generates them) too."""
     out, run = [], []
     for i in (int(i) for i in ids):
+      if i >= len(self.vocab):
+        continue
       if i >= self.pieces:
         out += [self._sp.decode(run), self.vocab[i]]
         run = []

@@ -54,7 +54,8 @@ def test_missing_config_file_lists_each_folder_once(capsys, tmp_path, monkeypatc
 PRESETS = {"configs/bert.py:demo": ("pretrain", "pretrain"), "configs/electra.py:tiny": ("pretrain", "pretrain"),
            "configs/glue.py:sst2": ("finetune", "finetune"), "configs/squad.py:v1": ("finetune", "finetune"),
            "configs/ner.py:conll2003": ("finetune", "finetune"), "configs/distill.py:sst2": ("distill", "distill"),
-           "configs/distill.py:general-tiny": ("general_distill", "distill")}
+           "configs/distill.py:general-tiny": ("general_distill", "distill"),
+           "configs/t5_finetune.py:sst2": ("seq2seq", "finetune")}
 
 
 @pytest.mark.parametrize("spec", sorted(PRESETS))

@@ -18,7 +18,7 @@ PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "
     for p in ("tiny", "base")
 ] + ["configs/stacking.py:stage1", "configs/glue.py:embedded", "configs/glue.py:mnli", "configs/squad.py:v2",
      "configs/ner.py:conll2003", "configs/distill.py:sst2", "configs/distill.py:general-tiny",
-     "configs/continue.py:tiny", "configs/continue.py:base"]
+     "configs/continue.py:tiny", "configs/continue.py:base", "configs/t5_finetune.py:sst2"]
 
 
 REFERENCE = os.path.join(ROOT, "docs", "reference", "configuration.md")

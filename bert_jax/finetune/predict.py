@@ -304,13 +304,21 @@ def read_examples(path: str, kind: str, config: dict) -> list:
   """The examples in a user's input file: SQuAD JSON for span models; otherwise one example per line
   (a GLUE TSV with its header row is read as fine-tuning reads it, by the task's columns)."""
   path = epath.Path(path)
+  return _EXAMPLES[kind].read(_read_text(path), path, config)
+
+
+def read_lines(path: str) -> list[str]:
+  """A user's input file's lines (a seq2seq model's sources: finetune/seq2seq.py)."""
+  return _lines(_read_text(epath.Path(path)), path, {})
+
+
+def _read_text(path: epath.Path) -> str:
   if not path.is_file():
     raise UserError(f"--input {path}: no such file")
   try:
-    text = path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8")
   except UnicodeDecodeError as e:
     raise UserError(f"--input {path}: not UTF-8 text ({e})") from None
-  return _EXAMPLES[kind].read(text, path, config)
 
 
 def _lines(text: str, path, config: dict) -> list[str]:
