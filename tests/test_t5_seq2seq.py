@@ -159,3 +159,15 @@ def test_source_and_target_files_and_their_bad_input(tmp_path, sst2, capsys):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_t5_pretraining_run_names_the_text_to_text_config_next():
+  """The `done:` line's next command fine-tunes with the family's own config (T5: configs/t5_finetune.py, whose
+  `embedded` preset exists), not BERT's configs/glue.py."""
+  from bert_jax import config_utils  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import trainer  # pylint: disable=import-outside-toplevel
+  result = {"step": 3, "stopped_by": None, "finished_before": False, "train": {"loss": 4.5}}
+  for spec, expected in (("configs/t5.py:tiny", "configs/t5_finetune.py:embedded"),
+                         ("configs/bert.py:demo", "configs/glue.py:embedded")):
+    line = trainer.summary(config_utils.load_config(spec), "runs/x", result)
+    assert f"next: bert-jax finetune --config {expected} --config.init_from=runs/x" in line, line

@@ -261,6 +261,8 @@ class Family:
   # A pretraining run's params as conversion reads them: the encoder's tree out of a tree holding several
   # networks (DeBERTa-v3's generator and discriminator, models/deberta.py:from_pretraining); as they are by default.
   from_pretraining: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda params: params
+  # The config file a pretraining run's `done:` line names for fine-tuning it (its `embedded` preset offline).
+  finetune_config: str = "configs/glue.py"
 
 
 _FAMILIES: dict[str, Family] = {}

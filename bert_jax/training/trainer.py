@@ -18,7 +18,7 @@ import ml_collections
 from bert_jax import config_schema, config_utils, pretrained, workdir as workdir_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.errors import UserError
-from bert_jax.models import attention
+from bert_jax.models import attention, families
 from bert_jax.training import checkpoint, driver, finite, loop, memory, objectives, partitioning
 from bert_jax.training.step import TrainSetup, TrainState, build_train_setup, eval_carry, summarize_eval
 
@@ -235,8 +235,9 @@ def summary(config, workdir: str, result: dict) -> str:
   shown += [f"eval {k} {v:.4g}" for k, v in result.get("eval", {}).items() if k.endswith(("loss", "accuracy"))]
   embedded = not (config.data.corpus or config.data.tfds_name or config.data.prepared)
   task = "embedded" if embedded else "TASK"
+  finetune_config = families.get(config.model.get("family") or "bert").finetune_config  # "": BERT
   lines.append(f"done: step {step} | {' | '.join(shown)} | {where} | next: bert-jax finetune --config "
-               f"configs/glue.py:{task} --config.init_from={workdir} --workdir {workdir}-ft")
+               f"{finetune_config}:{task} --config.init_from={workdir} --workdir {workdir}-ft")
   return "\n".join(lines)
 
 

@@ -165,6 +165,7 @@ FAMILY = families.register(families.Family(
     with_heads=with_heads,
     pretrained_heads=lambda present: tuple(present),
     tokenizer="t5_spm",  # SentencePiece with 100 sentinels (data_pipelines/t5_spm.py)
+    finetune_config="configs/t5_finetune.py",  # text to text (finetune/seq2seq.py)
     layout=families.Layout(global_rows=_GLOBAL,
                            layer_rows=lambda config: _encoder_rows(config) + _decoder_rows(config),
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
