@@ -58,8 +58,9 @@ def main() -> None:
   models = {
       "bert": ("configs/bert.py:tiny", [*size, "--config.model.sentence_head=none", "--config.model.use_pooler=false",
                                         "--config.model.hidden_dropout=0.1"]),
+      # The plain network against BERT's: MLM without the enhanced mask decoder (Hugging Face's layout).
       "deberta": ("configs/deberta.py:tiny", [*deberta, "--config.objective=bert", "--config.model.mlm_head=true",
-                                              "--config.model.rtd_head=false"]),
+                                              "--config.model.rtd_head=false", "--config.model.emd_steps=0"]),
       "deberta_rtd": ("configs/deberta.py:tiny", deberta),
   }
   steps = {}

@@ -10,13 +10,15 @@ relative positions (up to 512), shared attention keys, LayerNorm'd relative embe
 Published sizes: xsmall 22M backbone + 48M embeddings, small 44M + 98M, base 86M + 98M, large 304M + 131M
 (`bert-jax presets` counts them; tests/test_deberta.py holds them within 4%).
 
-Pretraining (training/objectives/deberta_rtd.py): ELECTRA-style replaced-token detection with
-gradient-disentangled embedding sharing. The generator has the discriminator's width and half its depth
-(`rtd.generator_layer_fraction` = 0.5, the paper's section 5); loss = generator MLM + `rtd.disc_weight` x RTD with
-lambda = 50 (as ELECTRA's); the discriminator's token table is stop_gradient(E_generator) + E_delta, E_delta from
-zeros. Recipe (the paper's appendix, pre-training hyper-parameters): batch 8k rows of 512 tokens, 500k steps,
-warmup 10k, linear decay, AdamW (betas 0.9/0.98, eps 1e-6, weight decay 0.01), clipping 1.0, dropout 0.1, peak rate
-3e-4 (large) and 6e-4 (base, small; xsmall's is not in the table: base's here). 15% of the tokens masked.
+Pretraining (training/objectives/deberta_rtd.py): ELECTRA-style replaced-token detection with gradient-disentangled
+embedding sharing. The generator has the discriminator's width and half its depth (`rtd.generator_layer_fraction` =
+0.5, the paper's section 5); loss = generator MLM + `rtd.disc_weight` x RTD with lambda = 50 (as ELECTRA's); the
+generator's MLM head runs the enhanced mask decoder (`model.emd_steps` = 2: the last layer applied twice over its
+input plus absolute positions, models/deberta.py); the discriminator's token table is stop_gradient(E_generator) +
+E_delta, E_delta from zeros. Recipe (the paper's appendix, pre-training hyper-parameters): batch 8k rows of 512
+tokens, 500k steps, warmup 10k, linear decay, AdamW (betas 0.9/0.98, eps 1e-6, weight decay 0.01), clipping 1.0,
+dropout 0.1, peak rate 3e-4 (large) and 6e-4 (base, small; xsmall's is not in the table: base's here). 15% of the
+tokens masked.
 `tiny` (4 layers, the embedded corpus and its WordPiece vocabulary) pretrains offline in minutes.
 """
 import ml_collections
@@ -44,6 +46,9 @@ RECIPES = {
 # discriminator's (same width).
 RTD_WEIGHT = 50.0
 GENERATOR_LAYER_FRACTION = 0.5
+# The enhanced mask decoder's passes (the paper's section 3.2, Microsoft's z_steps 2): the generator's MLM head
+# decodes through it; the discriminator (no MLM head) and Hugging Face's classes have none.
+EMD_STEPS = 2
 PRESETS = {
     "tiny": "a 4-layer DeBERTa-v3 (2-layer generator) on the embedded corpus; minutes on a CPU",
     "xsmall": "DeBERTa-v3-xsmall (22M backbone + 48M embeddings): RTD with GDES, batch 8k, 500k steps, seq 512",
@@ -58,7 +63,7 @@ def model_config(size: str) -> ml_collections.ConfigDict:
   layers, hidden, heads, intermediate, buckets = SIZES[size]
   return common.model_config_of(DebertaConfig, num_layers=layers, hidden_size=hidden, num_heads=heads,
                                 intermediate_size=intermediate, position_buckets=buckets, mlm_head=False,
-                                rtd_head=True)
+                                rtd_head=True, emd_steps=EMD_STEPS)
 
 
 def get_config(arg: str = "base"):

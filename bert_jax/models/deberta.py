@@ -9,11 +9,17 @@ layer's own query and key projections (share_att_key). v3 adds no absolute posit
 (position_biased_input=False) and has no token types (type_vocab_size=0). Post-LN layers as BERT's.
 
 Hugging Face's DebertaV2ForMaskedLM is what this reproduces, numbers included: the default (legacy) MLM head,
-dense -> activation -> LayerNorm -> the tied word embeddings plus a bias, at every position or the masked ones. Its
-"enhanced mask decoder" (the paper's absolute positions added before the last layers, `z_steps`) is not run by
-Hugging Face's classes (z_steps = 0) nor, so, here; neither is v2's convolution layer (conv_kernel_size, refused on
-import). Padding is masked on both sides of the score matrix, as Hugging Face does: a padded query attends
-uniformly to every key and its embedding is zeroed before the first layer; only real tokens' outputs matter.
+dense -> activation -> LayerNorm -> the tied word embeddings plus a bias, at every position or the masked ones.
+v2's convolution layer (conv_kernel_size) is refused on import. Padding is masked on both sides of the score matrix,
+as Hugging Face does: a padded query attends uniformly to every key and its embedding is zeroed before the first
+layer; only real tokens' outputs matter.
+
+The enhanced mask decoder (EMD, the paper's section 3.2; `EnhancedMaskDecoder` in Microsoft's code) is the MLM head's
+option `emd_steps` (0: off, Hugging Face's layout, which has none). With n = emd_steps > 0 the MLM head does not read
+the last layer's output: it reads Q_n, where I = H_{L-1} + P (the last layer's input plus absolute position
+embeddings P, the head's own table `emd_positions`), Q_0 = I, and Q_k = layer_L(queries Q_{k-1}, keys and values
+H_{L-1}), layer_L the encoder's last layer, its weights shared (`enhanced_mask_decode`). Only the MLM logits change:
+last_hidden_state and the RTD head are the plain encoder's. Hugging Face export drops `emd_positions` (with its note).
 
 The RTD head (ELECTRA's discriminator head, models/bert.py:ReplacedTokenHead) serves DeBERTa-v3's
 replaced-token-detection pretraining (training/objectives/deberta_rtd.py); the summary that sequence heads read is
@@ -67,6 +73,8 @@ class DebertaConfig(FamilyConfig):
   use_pooler / pooler_act: not a pretraining head here (Hugging Face's ContextPooler belongs to its task classes):
     fine-tuning's sequence heads own it under head/summary (`ContextPooler`); pooler_act is its activation.
   rtd_head: the replaced-token-detection head (the RTD objective's discriminator).
+  emd_steps: the enhanced mask decoder's passes through the last layer (module docstring; the paper's 2); only with
+    the MLM head and without absolute positions at the input. 0: off (Hugging Face's layout).
   remat, scan_layers, dtype, param_dtype: as for BERT (bert_jax/models/config.py).
   """
   FAMILY_NAME = "DeBERTa"  # not a field (no annotation): the name its config errors use
@@ -91,6 +99,7 @@ class DebertaConfig(FamilyConfig):
   pooler_act: str = "gelu"
   mlm_head: bool = True
   rtd_head: bool = False
+  emd_steps: int = 0
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
@@ -119,6 +128,11 @@ class DebertaConfig(FamilyConfig):
       raise UserError(f"model.pos_att_type={self.pos_att_type!r}: {unknown[0]!r} is not one of {_POSITION_TERMS}")
     if self.position_buckets < 0 or self.position_buckets == 1:
       raise UserError(f"model.position_buckets={self.position_buckets} must be 0 (none) or at least 2")
+    if self.emd_steps < 0:
+      raise UserError(f"model.emd_steps={self.emd_steps} must be 0 (no enhanced mask decoder) or positive")
+    if self.emd_steps and self.position_biased_input:
+      raise UserError(f"model.emd_steps={self.emd_steps} needs model.position_biased_input=False: the enhanced mask "
+                      "decoder adds the absolute positions that the input then lacks")
     if self.family != "deberta":
       raise UserError(f"model.family={self.family!r}: this is DeBERTa's config")
 
@@ -135,6 +149,11 @@ class DebertaConfig(FamilyConfig):
   def span(self) -> int:
     """S: the relative embedding table has 2 * S rows (Hugging Face's pos_ebd_size)."""
     return self.position_buckets if self.position_buckets > 0 else self.max_relative
+
+  @property
+  def emd(self) -> bool:
+    """Whether the MLM head decodes through the enhanced mask decoder."""
+    return self.mlm_head and self.emd_steps > 0
 
   @property
   def head_dim(self) -> int:
@@ -219,12 +238,16 @@ class DisentangledAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, mask: Array, relative: Array, head_mask: Optional[Array], keep_attentions: bool,
-               deterministic: bool) -> tuple[Array, Optional[Array]]:
+               deterministic: bool, queries: Optional[Array] = None) -> tuple[Array, Optional[Array]]:
+    """queries [B, T, H]: the states the queries (and the residual) come from, x's keys and values (the enhanced
+    mask decoder's); None: x's."""
     cfg = self.config
     n, d, h = cfg.num_heads, cfg.head_dim, cfg.hidden_size
     query, key, value = (dense(cfg, h, ("embed", "mlp"), name) for name in ("query", "key", "value"))
     rows = x.astype(cfg.compute_dtype)
-    q, k, v = (_split_heads(on_rows(layer, rows), n) for layer in (query, key, value))
+    queries = x if queries is None else queries
+    q = _split_heads(on_rows(query, queries.astype(cfg.compute_dtype)), n)
+    k, v = (_split_heads(on_rows(layer, rows), n) for layer in (key, value))
     terms = cfg.position_terms
     scale = jnp.asarray((d * (1 + len(terms))) ** -0.5, cfg.compute_dtype)
     scores = jnp.einsum("btnd,bsnd->bnts", q * scale, k)
@@ -245,7 +268,7 @@ class DisentangledAttention(nn.Module):
     y = jnp.einsum("bnts,bsnd->btnd", weights, v).reshape(x.shape[:2] + (h,))
     y = on_rows(dense(cfg, h, ("mlp", "embed"), "output"), y)
     y = Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
-    return layer_norm(cfg, "output_norm")(y + x), (probs if keep_attentions else None)
+    return layer_norm(cfg, "output_norm")(y + queries), (probs if keep_attentions else None)
 
 
 class Layer(nn.Module):
@@ -256,10 +279,12 @@ class Layer(nn.Module):
   keep_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array, relative: Array, head_mask: Optional[Array], deterministic: bool):
+  def __call__(self, x: Array, mask: Array, relative: Array, head_mask: Optional[Array], deterministic: bool,
+               queries: Optional[Array] = None):
+    """queries: as DisentangledAttention's (the enhanced mask decoder's); the output is then theirs."""
     cfg = self.config
     x, probs = DisentangledAttention(cfg, name="attention")(x, mask, relative, head_mask, self.keep_attentions,
-                                                            deterministic)
+                                                            deterministic, queries)
     intermediate = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")
     output = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")
     y = on_rows(lambda rows: output(activation(cfg)(intermediate(rows))), x)
@@ -271,7 +296,7 @@ class Layer(nn.Module):
 class Encoder(nn.Module):
   """The relative embeddings [2S, H] (LayerNorm'd once) and num_layers Layers, scanned (params stacked on a leading
   `layers` axis) or unrolled (layer_{i}). Returns (the last layer's output, each layer's output [L, B, T, H] or
-  None, probabilities [L, B, N, T, T] or None)."""
+  None, probabilities [L, B, N, T, T] or None, what the enhanced mask decoder reads or None: `DecoderInputs`)."""
   config: DebertaConfig
   keep_outputs: bool = False
   keep_attentions: bool = False
@@ -288,21 +313,52 @@ class Encoder(nn.Module):
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(5,))
-    keep = (self.keep_outputs, self.keep_attentions)
+    keep = (self.keep_outputs or cfg.emd, self.keep_attentions)  # the decoder reads the last layer's input
     if cfg.scan_layers:
       scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                         in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=cfg.num_layers,
                         metadata_params={nn.PARTITION_NAME: "layers"})
       heads = jnp.ones((cfg.num_layers, cfg.num_heads), cfg.compute_dtype) if head_mask is None else head_mask
-      x, (outputs, probs) = scanned(cfg, *keep, name="layers")(x, mask, relative, heads, deterministic)
-      return x, outputs, probs
-    outputs = []
-    for i in range(cfg.num_layers):
-      x, out = layer_cls(cfg, *keep, name=f"layer_{i}")(
-          x, mask, relative, None if head_mask is None else head_mask[i], deterministic)
-      outputs.append(out)
-    stacked = [jnp.stack(column) if kept else None for kept, column in zip(keep, zip(*outputs))]
-    return x, *stacked
+      h, (outputs, probs) = scanned(cfg, *keep, name="layers")(x, mask, relative, heads, deterministic)
+    else:
+      columns = []
+      h = x
+      for i in range(cfg.num_layers):
+        h, out = layer_cls(cfg, *keep, name=f"layer_{i}")(
+            h, mask, relative, None if head_mask is None else head_mask[i], deterministic)
+        columns.append(out)
+      outputs, probs = (jnp.stack(column) if kept else None for kept, column in zip(keep, zip(*columns)))
+    decoder = None
+    if cfg.emd:
+      params = nn.meta.unbox(self.variables["params"])
+      last = (jax.tree.map(lambda w: w[-1], params["layers"]) if cfg.scan_layers
+              else params[f"layer_{cfg.num_layers - 1}"])
+      decoder = DecoderInputs(last, x if cfg.num_layers == 1 else outputs[-2], mask, relative)
+    return h, (outputs if self.keep_outputs else None), probs, decoder
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderInputs:
+  """What the enhanced mask decoder reads from the encoder: the last layer's params, its input H_{L-1} [B, T, H],
+  the score mask and the (LayerNorm'd) relative embeddings."""
+  layer_params: Any
+  hidden: Array
+  mask: Array
+  relative: Array
+
+
+def enhanced_mask_decode(cfg: DebertaConfig, inputs: DecoderInputs, positions: Array, deterministic: bool,
+                         rng: Optional[Array] = None) -> Array:
+  """The enhanced mask decoder's states [B, T, H]: Q_0 = H_{L-1} + positions (absolute position embeddings
+  [B, T, H]), then emd_steps times Q_k = the last layer (shared weights) over queries Q_{k-1} and keys and values
+  H_{L-1} (Microsoft's EnhancedMaskDecoder.emd_context_layer). rng: dropout's, when not deterministic."""
+  layer = Layer(cfg, parent=None)
+  queries = inputs.hidden + positions.astype(inputs.hidden.dtype)
+  for step in range(cfg.emd_steps):
+    rngs = None if deterministic else {"dropout": jax.random.fold_in(rng, step)}
+    queries, _ = layer.apply({"params": inputs.layer_params}, inputs.hidden, inputs.mask, inputs.relative, None,
+                             deterministic, queries, rngs=rngs)
+  return queries
 
 
 class Embeddings(nn.Module):
@@ -338,12 +394,23 @@ class Embeddings(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-  """Hugging Face's (legacy) DeBERTa-v2 MLM head: dense -> activation -> LayerNorm -> tied word embeddings + bias."""
+  """Hugging Face's (legacy) DeBERTa-v2 MLM head: dense -> activation -> LayerNorm -> tied word embeddings + bias,
+  over x [B, T, H] at masked_positions [B, P] (every position when None); with the enhanced mask decoder
+  (config.emd) over the decoder's states instead, from `decoder` and its own absolute position table."""
   config: DebertaConfig
 
   @nn.compact
-  def __call__(self, x: Array, attend) -> Array:
+  def __call__(self, x: Array, attend, masked_positions: Optional[Array] = None,
+               decoder: Optional[DecoderInputs] = None, position_ids: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
     cfg = self.config
+    if cfg.emd:
+      table = nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, dtype=cfg.compute_dtype,
+                       param_dtype=cfg.weight_dtype, embedding_init=kernel_init(cfg, (None, "embed")),
+                       name="emd_positions")
+      rng = None if deterministic else self.make_rng("dropout")
+      x = enhanced_mask_decode(cfg, decoder, lookup(table, position_ids, (None, None)), deterministic, rng)
+    x = x if masked_positions is None else gather_positions(x, masked_positions)
     h = on_rows(dense(cfg, cfg.hidden_size, ("mlp", "embed"), "transform"), x)
     h = layer_norm(cfg, "layer_norm")(activation(cfg)(h))
     bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
@@ -381,9 +448,9 @@ class DebertaModel(nn.Module):
                document_ids: Optional[Array] = None, masked_positions: Optional[Array] = None, *,
                deterministic: bool = True, output_hidden_states: bool = False,
                output_attentions: bool = False, head_mask: Optional[Array] = None) -> ModelOutput:
-    """input_ids, attention_mask, token_type_ids, position_ids (absolute; only with position_biased_input),
-    document_ids (packed rows: attention stays inside each document): int32[B, T]; masked_positions: int32[B, P]
-    (MLM logits only there; every position when None); head_mask: float[L, N] or [N]."""
+    """input_ids, attention_mask, token_type_ids, position_ids (absolute; read with position_biased_input or the
+    enhanced mask decoder), document_ids (packed rows: attention stays inside each document): int32[B, T];
+    masked_positions: int32[B, P] (MLM logits only there; every position when None); head_mask: float[L, N] or [N]."""
     cfg = self.config
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
@@ -399,14 +466,14 @@ class DebertaModel(nn.Module):
     embeddings = Embeddings(cfg, name="embeddings")
     x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, attention_mask, deterministic))
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
-    h, layer_outputs, attentions = encoder(x, score_mask(attention_mask, document_ids),
-                                           layer_head_mask(cfg, head_mask), deterministic)
+    h, layer_outputs, attentions, decoder = encoder(x, score_mask(attention_mask, document_ids),
+                                                    layer_head_mask(cfg, head_mask), deterministic)
     out = {"last_hidden_state": h, "attentions": attentions}
     if output_hidden_states:
       out["hidden_states"] = jnp.concatenate([x[None], layer_outputs], axis=0)
     if cfg.mlm_head:
-      at = h if masked_positions is None else gather_positions(h, masked_positions)
-      out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(at, embeddings.attend)
+      out["mlm_logits"] = MaskedLMHead(cfg, name="mlm_head")(h, embeddings.attend, masked_positions, decoder,
+                                                             position_ids, deterministic)
     if cfg.rtd_head:
       out["rtd_logits"] = ReplacedTokenHead(cfg, name="rtd_head")(h)
     return ModelOutput(**out)
