@@ -60,6 +60,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping
 
 import flax.linen as nn
+import jax
 import numpy as np
 
 from bert_jax.errors import UserError
@@ -264,6 +265,35 @@ class Family:
   # The config file a pretraining run's `done:` line names for fine-tuning it (its `embedded` preset offline).
   finetune_config: str = "configs/glue.py"
 
+
+
+def stack_slots(stack: str, count: int, scanned: bool) -> list[LayerSlot]:
+  """One slot per layer of a stack (e.g. "encoder"): its stacked `layers` (scanned) or unrolled `layer_{i}`."""
+  return [(i, f"{stack}/layers" if scanned else f"{stack}/layer_{i}", scanned) for i in range(count)]
+
+
+def restack(tree: Mapping, count: int, scanned: bool) -> dict:
+  """A stack's params moved from stacked `layers` (scanned) to unrolled `layer_{i}`, or back."""
+  tree = dict(tree)
+  if scanned:
+    stacked = tree.pop("layers")
+    tree.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked) for i in range(count)})
+  else:
+    layers = [tree.pop(f"layer_{i}") for i in range(count)]
+    tree["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
+  return tree
+
+
+def encoder_slots(config: Config) -> list[LayerSlot]:
+  """The slots of a family whose layers are one `encoder` stack of config.num_layers."""
+  return stack_slots("encoder", config.num_layers, config.scan_layers)
+
+
+def encoder_relayout(params: Mapping, config: Config, scan_layers: bool) -> dict:
+  """`params` re-arranged for stacked (scan_layers) or unrolled layer_{i} layers of the one `encoder` stack."""
+  if config.scan_layers == scan_layers:
+    return dict(params)
+  return {**params, "encoder": restack(params["encoder"], config.num_layers, config.scan_layers)}
 
 _FAMILIES: dict[str, Family] = {}
 _BY_MODEL_TYPE: dict[str, Family] = {}

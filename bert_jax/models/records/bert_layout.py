@@ -11,11 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable, Mapping
 
-import jax
-import numpy as np
-
 from bert_jax.errors import UserError
-from bert_jax.models import hf_config as hf_config_lib
+from bert_jax.models import families, hf_config as hf_config_lib
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.families import LayerSlot, Row, dense_rows, hf_only, norm_rows
 
@@ -57,9 +54,7 @@ def layer_slots(config: ModelConfig) -> list[LayerSlot]:
   if config.share_layers != "none":
     raise UserError(f"model.share_layers={config.share_layers!r} has no Hugging Face or TF layout; "
                     "only 'none' and 'all' (ALBERT) convert")
-  if config.scan_layers:
-    return [(i, "encoder/layers", True) for i in range(config.num_layers)]
-  return [(i, f"encoder/layer_{i}", False) for i in range(config.num_layers)]
+  return families.encoder_slots(config)
 
 
 def one_shared_layer(config: ModelConfig) -> list[LayerSlot]:
@@ -78,13 +73,8 @@ def relayout(params: Mapping, config: ModelConfig, scan_layers: bool) -> dict:
   if config.share_layers == "all":
     old, new = ("layers", "layer") if config.scan_layers else ("layer", "layers")
     encoder[new] = encoder.pop(old)
-  elif config.scan_layers:
-    stacked = encoder.pop("layers")
-    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
-                    for i in range(config.num_layers)})
   else:
-    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
-    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
+    encoder = families.restack(encoder, config.num_layers, config.scan_layers)
   return {**params, "encoder": encoder}
 
 

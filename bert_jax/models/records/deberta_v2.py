@@ -10,15 +10,12 @@ pretraining has no Hugging Face class: it stays in bert_jax's checkpoints. Its t
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-import jax
-import numpy as np
+from typing import Iterable
 
 from bert_jax.errors import UserError
 from bert_jax.models import deberta, families, hf_config as hf_config_lib
 from bert_jax.models.deberta import ContextPooler, DebertaConfig, DebertaModel
-from bert_jax.models.families import Architecture, LayerSlot, Row, dense_rows, hf_only, norm_rows
+from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
 
 HEADS = ("mlm", "rtd")
 
@@ -38,27 +35,6 @@ def parts(config: DebertaConfig) -> frozenset[str]:
   extra = {name for name, on in (("positions", config.position_biased_input), ("types", config.type_vocab_size > 0),
                                  ("rel_norm", config.norm_rel_ebd == "layer_norm")) if on}
   return frozenset({"backbone", *heads_of(config), *extra})
-
-
-def layer_slots(config: DebertaConfig) -> list[LayerSlot]:
-  if config.scan_layers:
-    return [(i, "encoder/layers", True) for i in range(config.num_layers)]
-  return [(i, f"encoder/layer_{i}", False) for i in range(config.num_layers)]
-
-
-def relayout(params: Mapping, config: DebertaConfig, scan_layers: bool) -> dict:
-  """`params` re-arranged for stacked (scan_layers) or unrolled layer_{i} layers."""
-  if config.scan_layers == scan_layers:
-    return dict(params)
-  encoder = dict(params["encoder"])
-  if config.scan_layers:
-    stacked = encoder.pop("layers")
-    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
-                    for i in range(config.num_layers)})
-  else:
-    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
-    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
-  return {**params, "encoder": encoder}
 
 
 def _copy(part: str, ours: str, hf: str) -> Row:
@@ -178,8 +154,8 @@ FAMILY = families.register(families.Family(
     with_heads=with_heads,
     pretrained_heads=lambda present: ("rtd",) if "rtd" in present else ("mlm",),
     tokenizer="deberta_spm",  # the releases' spm.model, [CLS] text [SEP] (data_pipelines/deberta_spm.py)
-    layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER, parts=parts, layer_slots=layer_slots,
-                           relayout=relayout),
+    layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER, parts=parts, layer_slots=families.encoder_slots,
+                           relayout=families.encoder_relayout),
     hf=families.HFNames(
         model_type="deberta-v2", class_prefix="DebertaV2", base_prefix="deberta.",
         architectures=(Architecture("DebertaV2ForMaskedLM", frozenset({"mlm"}), True),

@@ -13,13 +13,10 @@ TokenClassification, QuestionAnswering}, whose `head.*` tensors these are on exp
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-import jax
-import numpy as np
+from typing import Iterable
 
 from bert_jax.errors import UserError
-from bert_jax.models.families import Architecture, LayerSlot, Row, dense_rows, hf_only
+from bert_jax.models.families import Architecture, Row, dense_rows, hf_only
 from bert_jax.models import families, hf_config as hf_config_lib, modernbert
 from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel, TokenTransform
 
@@ -33,27 +30,6 @@ def heads_of(config: ModernBertConfig) -> tuple[str, ...]:
 def with_heads(config: ModernBertConfig, heads: Iterable[str]) -> ModernBertConfig:
   heads = set(heads)
   return config.replace(mlm_head="mlm" in heads, use_pooler="pooler" in heads)
-
-
-def layer_slots(config: ModernBertConfig) -> list[LayerSlot]:
-  if config.scan_layers:
-    return [(i, "encoder/layers", True) for i in range(config.num_layers)]
-  return [(i, f"encoder/layer_{i}", False) for i in range(config.num_layers)]
-
-
-def relayout(params: Mapping, config: ModernBertConfig, scan_layers: bool) -> dict:
-  """`params` re-arranged for stacked (scan_layers) or unrolled layer_{i} layers."""
-  if config.scan_layers == scan_layers:
-    return dict(params)
-  encoder = dict(params["encoder"])
-  if config.scan_layers:
-    stacked = encoder.pop("layers")
-    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
-                    for i in range(config.num_layers)})
-  else:
-    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
-    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
-  return {**params, "encoder": encoder}
 
 
 def _copy(part: str, ours: str, hf: str) -> Row:
@@ -181,7 +157,7 @@ FAMILY = families.register(families.Family(
     tokenizer="tokenizer_json",  # its releases' byte-level BPE (data_pipelines/hf_tokenizer.py)
     layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
-                           layer_slots=layer_slots, relayout=relayout),
+                           layer_slots=families.encoder_slots, relayout=families.encoder_relayout),
     hf=families.HFNames(
         model_type="modernbert", class_prefix="ModernBert", base_prefix="model.",
         architectures=(Architecture("ModernBertForMaskedLM", frozenset({"mlm"}), True),

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-import jax
-import numpy as np
-
 from bert_jax.errors import UserError
 from bert_jax.models import families, hf_config as hf_config_lib, t5
 from bert_jax.models.families import Architecture, LayerSlot, Row
@@ -38,25 +35,15 @@ def _layers(config: T5Config, stack: str) -> int:
 
 
 def layer_slots(config: T5Config) -> list[LayerSlot]:
-  return [(i, f"{stack}/layers" if config.scan_layers else f"{stack}/layer_{i}", config.scan_layers)
-          for stack in _STACKS for i in range(_layers(config, stack))]
+  return [slot for stack in _STACKS for slot in families.stack_slots(stack, _layers(config, stack), config.scan_layers)]
 
 
 def relayout(params: Mapping, config: T5Config, scan_layers: bool) -> dict:
   """`params` re-arranged for stacked (scan_layers) or unrolled layer_{i} layers, in both stacks."""
   if config.scan_layers == scan_layers:
     return dict(params)
-  out = dict(params)
-  for stack in _STACKS:
-    tree, count = dict(params[stack]), _layers(config, stack)
-    if config.scan_layers:
-      stacked = tree.pop("layers")
-      tree.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked) for i in range(count)})
-    else:
-      layers = [tree.pop(f"layer_{i}") for i in range(count)]
-      tree["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
-    out[stack] = tree
-  return out
+  return {**params, **{stack: families.restack(params[stack], _layers(config, stack), config.scan_layers)
+                       for stack in _STACKS}}
 
 
 def _copy(ours: str, hf: str, part: str = "backbone") -> Row:

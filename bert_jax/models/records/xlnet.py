@@ -11,11 +11,6 @@ Its tokenizer kind, xlnet_spm, lays the fine-tuning inputs out as XLNet does (a 
 """
 from __future__ import annotations
 
-from typing import Mapping
-
-import jax
-import numpy as np
-
 from bert_jax.errors import UserError
 from bert_jax.models import families, hf_config as hf_config_lib
 from bert_jax.models.families import Architecture, Row, dense_rows, hf_only, norm_rows
@@ -51,27 +46,6 @@ def heads_of(config: XLNetConfig) -> tuple[str, ...]:
 
 def with_heads(config: XLNetConfig, heads) -> XLNetConfig:
   return config.replace(mlm_head="mlm" in set(heads))
-
-
-def layer_slots(config: XLNetConfig) -> list[families.LayerSlot]:
-  if config.scan_layers:
-    return [(i, "encoder/layers", True) for i in range(config.num_layers)]
-  return [(i, f"encoder/layer_{i}", False) for i in range(config.num_layers)]
-
-
-def relayout(params: Mapping, config: XLNetConfig, scan_layers: bool) -> dict:
-  """`params` re-arranged for stacked (scan_layers) or unrolled (layer_i) layers."""
-  if config.scan_layers == scan_layers:
-    return dict(params)
-  encoder = dict(params["encoder"])
-  if config.scan_layers:
-    stacked = encoder.pop("layers")
-    encoder.update({f"layer_{i}": jax.tree.map(lambda x, i=i: np.asarray(x)[i], stacked)
-                    for i in range(config.num_layers)})
-  else:
-    layers = [encoder.pop(f"layer_{i}") for i in range(config.num_layers)]
-    encoder["layers"] = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
-  return {**params, "encoder": encoder}
 
 
 def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> XLNetConfig:
@@ -118,7 +92,7 @@ FAMILY = families.register(families.Family(
     tokenizer="xlnet_spm",
     layout=families.Layout(global_rows=_GLOBAL, layer_rows=_LAYER,
                            parts=lambda config: frozenset({"backbone", *heads_of(config)}),
-                           layer_slots=layer_slots, relayout=relayout),
+                           layer_slots=families.encoder_slots, relayout=families.encoder_relayout),
     hf=families.HFNames(
         model_type="xlnet", class_prefix="XLNet", base_prefix="transformer.",
         architectures=(Architecture("XLNetLMHeadModel", frozenset({"mlm"}), True),
