@@ -63,7 +63,7 @@ def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
   assert not set(multiprocessing.active_children()) & set(children)
 
 
-@pytest.mark.parametrize("kw", [dict(example_builder="ernie"),  # labels built with the rows
+@pytest.mark.parametrize("kw", [pytest.param(dict(example_builder="ernie"), marks=slow),  # labels with the rows: weekly
                                 dict(packing=True, example_builder="full_sentences", trigram_shuffle_rate=0.1)])
 def test_every_feature_crosses_the_shared_memory_slots(corpus, kw):
   # A worker's piece travels through slots laid out by features.feature_shapes: every optional feature must fit.

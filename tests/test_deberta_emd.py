@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from core_helpers import slow
 import transformers
 from scipy.special import erf
 
@@ -75,7 +76,7 @@ def _f64(tree):
   return jax.tree.map(lambda w: np.asarray(w, np.float64), tree)
 
 
-@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize("scan_layers", [pytest.param(True, marks=slow), False])  # scanned: weekly
 def test_emd_logits_against_numpy(scan_layers):
   """model.emd_steps=2: Q_0 = H_1 + P[positions], Q_k = layer_2(queries Q_{k-1}, keys and values H_1), the MLM head
   over Q_2 at the masked positions; H_1 from the plain encoder (EMD off: the transformers-checked path), the layer
@@ -128,6 +129,7 @@ def test_emd_off_has_no_table_and_bad_settings_are_one_line():
     _config(emd_steps=2, position_biased_input=True)
 
 
+@slow  # ~30 s: EMD's numerics are the NumPy test's, the RTD step test_deberta.py's
 def test_rtd_step_with_emd_and_the_preset():
   """The tiny preset turns the decoder on (its generator's MLM, as the paper's); one optimizer step of the
   deberta_rtd objective with it, dropout on: finite loss, the decoder's table and the last generator layer get

@@ -113,6 +113,7 @@ def test_convert_round_trip_through_bert_jax_and_back(tmp_path, shape, capsys):
   np.testing.assert_array_equal(reference(again, ids, mask, dec)[0], reference(theirs, ids, mask, dec)[0])
 
 
+@slow  # ~20 s; span corruption's packing and segment ids are test_t5_span_corruption.py's
 def test_packed_rows_equal_each_document_alone():
   """Segment ids: two documents packed in one row give each document's logits as if it ran alone."""
   cfg = T5Config(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, intermediate_size=24,
@@ -191,7 +192,7 @@ def test_a_bert_checkpoint_as_t5_init_is_one_line(tmp_path, capsys):
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize("scan_layers", [True, pytest.param(False, marks=slow)])  # unrolled: weekly
 def test_remat_gives_the_same_gradients(scan_layers):
   cfg = T5Config(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, intermediate_size=24,
                  scan_layers=scan_layers)
