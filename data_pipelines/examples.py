@@ -18,7 +18,8 @@ import numpy as np
 from bert_jax.data_pipelines.corpora import Stats
 from bert_jax.data_pipelines.errors import DataError
 
-BUILDERS = ("nsp", "sop", "sso", "full_sentences", "doc_sentences", "ernie")  # ernie: ernie.py builds its rows
+# ernie: ernie.py builds its rows; span_corruption: raw chunks that span_stream.py corrupts and packs
+BUILDERS = ("nsp", "sop", "sso", "full_sentences", "doc_sentences", "ernie", "span_corruption")
 PAIR_BUILDERS = ("nsp", "sop", "sso", "ernie")
 _OPEN_ROWS = 32  # packing looks for room in this many most recent rows (bounds the cost per piece)
 
@@ -171,12 +172,22 @@ def _packed_rows(cfg, docs) -> list[Row]:
   return rows
 
 
+def _chunk_rows(cfg, docs) -> list[Row]:
+  """T5's reduce_concat_tokens + split_tokens over one block: its documents' tokens end to end (no specials), cut
+  every cfg.max_seq_length tokens (the raw length random_spans_helper derives); the block's last piece is shorter."""
+  tokens = np.fromiter((t for doc in docs for s in doc for t in s), np.int32)
+  n = cfg.max_seq_length
+  return [Row(tokens[i:i + n], []) for i in range(0, len(tokens), n)]
+
+
 def build_rows(cfg: BuilderConfig, docs: list[list[list[int]]], rng: np.random.Generator,
                stats: Stats) -> list[Row]:
   """All rows from one block of tokenized documents, in block order (the caller shuffles)."""
   if cfg.kind == "ernie":
     raise ValueError("data.example_builder='ernie' rows come from data_pipelines/ernie.py:build_rows")
   docs = [d for d in ([s for s in doc if s] for doc in docs) if d]
+  if cfg.kind == "span_corruption":
+    return _chunk_rows(cfg, docs)
   if cfg.packing:
     return _packed_rows(cfg, docs)
   if cfg.kind not in PAIR_BUILDERS:

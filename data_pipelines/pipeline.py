@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.data_pipelines import corpora, span_input, xlnet_stream
+from bert_jax.data_pipelines import corpora, span_stream, xlnet_stream
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer, feature_spec
-from bert_jax.data_pipelines.shards import (Context, check_model_fit, make_context, make_tokenizer, masking_config,
-                                            read_states, seeds, shard_batches, write_state)
+from bert_jax.data_pipelines.shards import (Context, check_layout, check_model_fit, make_context, make_tokenizer,
+                                            masking_config, read_states, seeds, shard_batches, write_state)
 from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, usable_cores
 
 def _masked(rows, featurize):
@@ -150,17 +150,6 @@ class PretrainInput:
     self._states = {s: found[s] for s in self._shards}
 
 
-def _check_layout(global_batch_size, process_index, process_count, num_shards):
-  if not 0 <= process_index < process_count:
-    raise DataError(f"process_index={process_index} is outside 0..{process_count - 1}")
-  if num_shards < 1 or num_shards % process_count:
-    raise DataError(f"data.num_shards={num_shards} must be a positive multiple of the process count "
-                    f"({process_count}); set --config.data.num_shards to e.g. {process_count * 8}")
-  if global_batch_size % num_shards:
-    raise DataError(f"the global batch size {global_batch_size} is not a multiple of data.num_shards="
-                    f"{num_shards}; each shard gives the same number of rows, so change one of them")
-
-
 def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int, process_count: int,
                         split: str = "train", max_position_embeddings: int | None = None,
                         model_vocab_size: int | None = None) -> PretrainInput:
@@ -168,7 +157,7 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   if split not in ("train", "eval"):
     raise DataError(f"split={split!r}; use 'train' or 'eval'")
   num_shards = data_cfg.num_shards
-  _check_layout(global_batch_size, process_index, process_count, num_shards)
+  check_layout(global_batch_size, process_index, process_count, num_shards)
   if data_cfg.num_workers < -1:
     raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build rows in this process), -1 (one "
                     "worker process per core this process may use) "
@@ -224,7 +213,7 @@ def _record_input(data_cfg, split, shards, rows_per_shard, process_index, max_po
 
 # Builders whose rows are not the masked-LM contract's, each with its own input: XLNet's parallel streams, T5's
 # corrupted spans.
-_OWN_INPUTS = {"xlnet_stream": xlnet_stream.for_config, span_input.BUILDER: span_input.for_config}
+_OWN_INPUTS = {"xlnet_stream": xlnet_stream.for_config, span_stream.BUILDER: span_stream.for_config}
 
 
 def for_config(config, split: str, batch_size: int, process_index: int = 0, process_count: int = 1):

@@ -175,6 +175,18 @@ def shard_batches(ctx: Context, shards, states: dict, rows_per_shard: int):
     yield key, rows, {s.shard: s.state for s in streams}
 
 
+def check_layout(global_batch_size, process_index, process_count, num_shards):
+  """Each process builds num_shards / process_count whole shards, each the same share of the global batch."""
+  if not 0 <= process_index < process_count:
+    raise DataError(f"process_index={process_index} is outside 0..{process_count - 1}")
+  if num_shards < 1 or num_shards % process_count:
+    raise DataError(f"data.num_shards={num_shards} must be a positive multiple of the process count "
+                    f"({process_count}); set --config.data.num_shards to e.g. {process_count * 8}")
+  if global_batch_size % num_shards:
+    raise DataError(f"the global batch size {global_batch_size} is not a multiple of data.num_shards="
+                    f"{num_shards}; each shard gives the same number of rows, so change one of them")
+
+
 def check_model_fit(data_cfg, tokenizer, max_position_embeddings, model_vocab_size):
   if max_position_embeddings is not None and data_cfg.max_seq_length > max_position_embeddings:
     raise DataError(f"data.max_seq_length={data_cfg.max_seq_length} exceeds the model's "

@@ -11,12 +11,11 @@ each sentinel followed by the span it replaced; both end with </s>.
 
 Rows are packed: examples are laid end to end (segment ids 1, 2, ...; 0 padding) while both the inputs and the
 targets still fit, the decoder's inputs being each target shifted right within its segment (0, T5's start id,
-first). Chunks are full length except the split's last, so most rows hold one example.
+first). Chunks are full length except each shuffle block's last, so most rows hold one example.
 
-Dynamic and exactly resumable: example k of the stream is chunk perm_e[k mod n] of epoch e = k // n (a fresh
-permutation per epoch) with a noise mask from the key (data.seed, split, k): re-drawn every epoch, and a
-function of k alone, so the saved position (the next k) restores the same batches on any host count (every
-host builds the global batch's rows and keeps its own).
+The streamed input (span_stream.py) reads the corpus as the masked-LM pipeline does and draws example k's noise
+mask from `example_rng(seeds, shard, counter)`, a function of (data.seed, split, shard, epoch, k) alone: re-drawn
+every epoch, and the same draw here and there, which is what its tests compare.
 """
 from __future__ import annotations
 
@@ -77,6 +76,12 @@ def random_spans_noise_mask(length: int, noise_density: float, mean_noise_span_l
   starts = np.zeros(length, np.int64)
   starts[np.cumsum(interleaved)[:-1]] = 1
   return (np.cumsum(starts) % 2 == 1)[:orig_length]
+
+
+def example_rng(seeds: tuple, shard: int, counter: int) -> np.random.Generator:
+  """The generator of one example's noise mask: (data.seed, split), its shard and its counter (epoch << 40 | its
+  index in the shard's epoch, shards.COUNTER_EPOCH_SHIFT)."""
+  return np.random.default_rng([*seeds, shard, counter])
 
 
 def noise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray, top_sentinel: int) -> np.ndarray:

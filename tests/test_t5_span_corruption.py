@@ -1,4 +1,4 @@
-"""T5's span corruption (data_pipelines/span_corruption.py, span_input.py) against its definition
+"""T5's span corruption (data_pipelines/span_corruption.py; its streamed input: test_span_stream.py) against its definition
 (t5.data.preprocessors: random_spans_helper, random_spans_noise_mask, noise_span_to_unique_sentinel)."""
 from __future__ import annotations
 
@@ -105,43 +105,3 @@ def test_tiny_config_loads_with_the_span_builder():
   config = load_config("configs/t5.py:tiny", [])
   assert config.objective == "span_corruption" and config.data.tokenizer == "t5_spm"
   assert config.optimizer.name == "adafactor" and config.optimizer.decay == "rsqrt"
-
-
-def _small_run_config(tmp_path):
-  from bert_jax.data_pipelines import t5_spm  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(0)
-  words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
-  docs = ["\n".join(" ".join(rng.choice(words, 8)) + "." for _ in range(3)) for _ in range(30)]
-  (tmp_path / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-  vocab = t5_spm.train([line for d in docs for line in d.splitlines()], 40, str(tmp_path / "spm"))
-  config = load_config("configs/t5.py:tiny", [])
-  config.data.update(corpus=str(tmp_path / "corpus.txt"), vocab=vocab, max_seq_length=24, num_shards=1)
-  config.model.vocab_size = 256
-  return config
-
-
-def test_input_redraws_each_epoch_and_resumes_exactly(tmp_path):
-  from bert_jax.data_pipelines import pipeline, span_input  # pylint: disable=import-outside-toplevel
-  config = _small_run_config(tmp_path)
-  stream = pipeline.for_config(config, "train", 4)
-  assert isinstance(stream, span_input.SpanCorruptionInput)
-  n = len(stream._chunks)  # pylint: disable=protected-access
-  assert stream.example(0)[0].tolist() != stream.example(n)[0].tolist() or \
-      stream.example(1)[0].tolist() != stream.example(n + 1)[0].tolist()  # a new epoch, new masks and order
-  first = next(stream)
-  assert first["encoder_input_tokens"].shape == (4, 24)
-  assert first["decoder_target_tokens"].shape == (4, sc.random_spans_helper(24, 0.15, 3.0)[1])
-  # Every row's targets hold sentinels counting down from the top id, each example's starting at <extra_id_0>.
-  top = stream.tokenizer.sentinel(0)
-  for row, seg in zip(first["decoder_target_tokens"], first["decoder_segment_ids"]):
-    for s in set(seg[seg > 0].tolist()):
-      sentinels = [t for t in row[seg == s] if t > top - 100]
-      assert sentinels == list(range(top, top - len(sentinels), -1)) and sentinels
-  stream.save(str(tmp_path / "pos"))
-  want = [next(stream) for _ in range(3)]
-  again = pipeline.for_config(config, "train", 4)
-  again.restore(str(tmp_path / "pos"))
-  for batch in want:
-    got = next(again)
-    for k in sc.FEATURES:
-      np.testing.assert_array_equal(got[k], batch[k], err_msg=k)
