@@ -6,11 +6,11 @@
   bert-jax compile --config configs/t5.py:base --topology v4-8                # fit and step estimate
 
 The model (bert_jax/models/t5.py): v1.1's gated-GELU feed-forward, no dropout in pretraining, its own LM head.
-The data (data_pipelines/span_corruption.py): T5's span corruption, noise density 0.15 and mean span length 3,
-inputs of 512 tokens (568 raw tokens, targets of 114), packed. The optimizer: Adafactor (optax) at 0.01 for
-10,000 steps, then T5's inverse square root; 2^19 steps of 128 rows of 512 tokens (the paper's 2^35 tokens
-are the unpacked count). The vocabulary is T5's SentencePiece model (32,000 pieces and 100 sentinels, padded to
-32,128); `tiny` learns a 4,000-piece one from the embedded corpus.
+The data (data_pipelines/span_corruption.py, streamed by span_stream.py): T5's span corruption, noise density 0.15
+and mean span length 3, inputs of 512 tokens (568 raw tokens, targets of 114), packed, re-drawn every epoch.
+The optimizer: Adafactor (optax) at 0.01 for 10,000 steps, then T5's inverse square root; 2^19 steps of 128 rows
+of 512 tokens (the paper's 2^35 tokens are the unpacked count). The vocabulary is T5's SentencePiece model
+(32,000 pieces and 100 sentinels, padded to 32,128); `tiny` learns a 4,000-piece one from the embedded corpus.
 """
 from bert_jax.configs import common
 from bert_jax.models.t5 import T5Config
