@@ -119,13 +119,17 @@ def test_resume_gives_the_batches_of_an_uninterrupted_run(corpus, tmp_path):
   whole = _stream(config)
   want = [next(whole) for _ in range(7)]
   whole.close()
+  # Stopped after step 3: the position saved with the train state, as the trainer's checkpoint saves it.
+  from bert_jax.training import checkpoint  # pylint: disable=import-outside-toplevel
+  state = {"w": np.zeros(2, np.float32)}
+  ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False)
   first = _stream(config)
   for _ in range(3):
     next(first)
-  first.save(str(tmp_path))
+  ckpt.save(3, state, force=True, data=first)
   first.close()
   again = _stream(config)
-  again.restore(str(tmp_path))
+  assert ckpt.restore_latest(state, data=again)[1] == 3
   for k in range(3, 7):
     got = next(again)
     for name in sc.FEATURES:
