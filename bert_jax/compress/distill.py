@@ -40,9 +40,6 @@ from bert_jax.training import partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup, teacher_step
 
 LOSSES = ("hard", "soft", "hidden", "attention", "pkd")
-# distill.soft_loss: KL to the teacher's softened distribution (Hinton et al.), or the squared distance
-# between the logits (Tang et al. 2019's BiLSTM students)
-SOFT_LOSSES = ("kl", "logit_mse")
 
 
 class InnerModel(heads.FinetuneModel):
@@ -158,10 +155,6 @@ def student_config(config: ml_collections.ConfigDict, teacher: Teacher, layers) 
 def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: ModelConfig, kind: str) -> None:
   if head_kinds.get(kind).distill_soft is None:
     raise UserError(f"distill supports {head_kinds.distillable()} tasks, not a {kind} head")
-  if cfg.temperature <= 0 or any(cfg[f"{k}_weight"] < 0 for k in LOSSES):
-    raise UserError("distill.temperature must be > 0 and every distill.*_weight >= 0")
-  if cfg.get("soft_loss", "kl") not in SOFT_LOSSES:
-    raise UserError(f"distill.soft_loss={cfg.soft_loss!r} is not one of {SOFT_LOSSES}")
   if not hasattr(student, "num_heads") and (cfg.hidden_weight or cfg.attention_weight or cfg.pkd_weight):
     raise UserError(f"the {student.family} student has no transformer layers to match the teacher's: "
                     "distill.hidden_weight, attention_weight and pkd_weight must be 0 (its losses: hard, soft)")
