@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 import sys
 from typing import Any, Callable
 
 import ml_collections
+import numpy as np
 
 from bert_jax import workdir
 from bert_jax.errors import UserError
@@ -71,12 +73,13 @@ class Field:
 
 
 def _int(low: int) -> Callable[[Any], bool]:
-  return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+  """A whole number (NumPy's too, as a model config built from arrays' shapes holds), not a bool, >= low."""
+  return lambda v: isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= low
 
 
 def _finite(v: Any) -> bool:
   """A real number (not a bool), neither infinite nor NaN: every float field's first check (1e309 parses as inf)."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+  return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
 
 
 def _number(low: float, high: float = math.inf, high_open: bool = False) -> Callable[[Any], bool]:
@@ -343,9 +346,9 @@ FIELDS += (
     _own("data.train_file", *_STR, "sentence pairs to train on; '': the embedded set", _SBERT),
     _own("data.dev_file", *_STR, "sentence1, sentence2 and score (tab-separated), scored by Spearman; '': the "
          "embedded set's dev pairs", _SBERT),
-    _own("data.embedded_train", ">= 1", _int(1), "corpus sentences for the embedded set's training pairs",
+    _own("data.embedded_train", ">= 0", _int(0), "corpus sentences for the embedded set's training pairs",
          _SBERT),
-    _own("data.embedded_dev", ">= 1", _int(1), "corpus sentences for the embedded set's dev pairs", _SBERT),
+    _own("data.embedded_dev", ">= 0", _int(0), "corpus sentences for the embedded set's dev pairs", _SBERT),
     _own("data.max_target_length", ">= 1", _int(1), "the decoder's tokens, </s> included (a longer target is an "
          "error)", _SEQ2SEQ),
     _own("data.train_source", *_STR, "task.family=files: one source text per line", _SEQ2SEQ),
