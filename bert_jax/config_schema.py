@@ -198,10 +198,6 @@ def _any_int(v: Any) -> bool:
   return _int(-2 ** 63)(v)
 
 
-def _number_any(v: Any) -> bool:
-  return _finite(v)
-
-
 def _size(v: Any) -> bool:
   """A mesh axis: a device count, or -1 for the devices the others leave."""
   return _int(1)(v) or v == -1
@@ -233,17 +229,16 @@ def _own(key: str, allowed: str, check: Callable[[Any], bool], meaning: str, kin
   return Field(key, allowed, check, meaning, kinds, required=False)
 
 
-_INT, _NUM, _BOOL, _STR = ("an integer", _any_int), ("a number", _number_any), ("true or false", _bool), ("a string", _str)
+_INT, _NUM, _BOOL, _STR = ("an integer", _any_int), ("a number", _finite), ("true or false", _bool), ("a string", _str)
 _SEQ, _MAP = ("a tuple", _seq), ("a block", _mapping)
 _PRETRAIN, _SBERT, _SEQ2SEQ, _MTDNN = ("pretrain",), ("sbert",), ("seq2seq",), ("mtdnn",)
 _DISTILLS, _TASK_DISTILL, _GENERAL = ("distill", "theseus", "general_distill"), ("distill",), ("general_distill",)
 _TASK_JOBS = FINETUNING + ("sbert", "seq2seq")
-_FIELDS = ("finetune", "distill", "theseus")  # finetune/trainer.py's Run: one task
-_ENCODER = "(BERT's families)"
+_ONE_TASK = ("finetune", "distill", "theseus")  # finetune/trainer.py's Run: one task
 
 FIELDS += (
     # The top level.
-    Field("job", *_one_of(*JOB_KINDS), "the job the config is for (bert_jax/jobs.py): its runner, command and schema"),
+    _own("job", *_one_of(*JOB_KINDS), "the job the config is for (bert_jax/jobs.py): its runner, command and schema"),
     _own("init_from", *_STR, "start from this checkpoint: a bert_jax workdir or params checkpoint, a Hugging Face "
          "directory or hub name, a TF checkpoint; '': a fresh initialisation"),
     _own("init_from_model", *_BOOL, "the architecture, heads and tokenizer are init_from's (the model block: "
@@ -370,24 +365,24 @@ FIELDS += (
     _own("task.family", *_STR, "the task family: glue, squad, ner, embedded, files, ... (finetune/"
          "task_registry.py; sbert and seq2seq: their own)", _TASK_JOBS),
     _own("task.name", *_STR, "the task within its family (e.g. a GLUE task)", _TASK_JOBS),
-    _own("task.head", *_STR, "the head kind (models/head_kinds.py); '': the task's own", _FIELDS),
+    _own("task.head", *_STR, "the head kind (models/head_kinds.py); '': the task's own", _ONE_TASK),
     _own("task.ranking", *_MAP, "task.head=ranking (MT-DNN's pairwise ranking): group_size, positive, scale",
-         _FIELDS),
-    _own("task.labels", *_SEQ, "the label names (NER's tags)", _FIELDS),
-    _own("task.num_train", ">= 1", _int(1), "the embedded task's training examples", _FIELDS + _SEQ2SEQ),
-    _own("task.num_dev", ">= 1", _int(1), "the embedded task's dev examples", _FIELDS + _SEQ2SEQ),
+         _ONE_TASK),
+    _own("task.labels", *_SEQ, "the label names (NER's tags)", _ONE_TASK),
+    _own("task.num_train", ">= 1", _int(1), "the embedded task's training examples", _ONE_TASK + _SEQ2SEQ),
+    _own("task.num_dev", ">= 1", _int(1), "the embedded task's dev examples", _ONE_TASK + _SEQ2SEQ),
     _own("task.memory_segments", ">= 0", _int(0), "XLNet's segment recurrence: windows per example (a row is "
-         "that many windows); 0: off", _FIELDS),
+         "that many windows); 0: off", _ONE_TASK),
     _own("task.memory_len", ">= 0", _int(0), "the memory's tokens with task.memory_segments; 0: the model's "
-         "mem_len", _FIELDS),
+         "mem_len", _ONE_TASK),
     _own("task.version", *_one_of("v1.1", "v2.0"), "the SQuAD version (v2.0 has unanswerable questions)",
-         _FIELDS),
-    _own("task.doc_stride", ">= 1", _int(1), "SQuAD: tokens between the starts of a context's windows", _FIELDS),
-    _own("task.max_query_length", ">= 1", _int(1), "SQuAD: the question's tokens at most", _FIELDS),
-    _own("task.max_answer_length", ">= 1", _int(1), "SQuAD: an answer's tokens at most", _FIELDS),
-    _own("task.n_best_size", ">= 1", _int(1), "SQuAD: start and end candidates per window", _FIELDS),
+         _ONE_TASK),
+    _own("task.doc_stride", ">= 1", _int(1), "SQuAD: tokens between the starts of a context's windows", _ONE_TASK),
+    _own("task.max_query_length", ">= 1", _int(1), "SQuAD: the question's tokens at most", _ONE_TASK),
+    _own("task.max_answer_length", ">= 1", _int(1), "SQuAD: an answer's tokens at most", _ONE_TASK),
+    _own("task.n_best_size", ">= 1", _int(1), "SQuAD: start and end candidates per window", _ONE_TASK),
     _own("task.null_score_diff_threshold", *_NUM, "SQuAD v2.0: predict no answer when the null score beats the "
-         "best span's by this", _FIELDS),
+         "best span's by this", _ONE_TASK),
     # head: the fine-tuning head's input.
     _own("head.pooling", *_STR, "pooled ([CLS] through the pooler) or layer_mix (a weighted mix of every "
          "layer's [CLS])", FINETUNING),
