@@ -2,7 +2,7 @@
 command that starts it, the line it ends with, and the step `bert-jax compile` and `bert-jax info`
 build from its config.
 
-  job              schema    command    runner                         its step (compile, info)
+  job              kind      command    runner                         its step (compile, info)
   pretrain         corpus    pretrain   training/trainer.py:pretrain   the objective's pretraining step
   finetune         dataset   finetune   finetune/trainer.py:finetune   - (it needs the task's data)
   distill          dataset   distill    compress/distill.py:distill    - (it needs the task's data)
@@ -14,7 +14,7 @@ build from its config.
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
 distill, theseus or general_distill, configs/sbert.py: sbert, configs/mtdnn.py: mtdnn, configs/t5_finetune.py: seq2seq), so the CLI, compile
-and info read this table instead of guessing from the config's other keys. A new job is one `register` call here and its module.
+and info read this table instead of guessing from the config's other keys. A new job is one `register` call here, its module, and its kind and fields in config_schema.py.
 """
 from __future__ import annotations
 
