@@ -14,6 +14,7 @@ import pytest
 from bert_jax import cli, config_schema, configs, jobs
 from bert_jax.config_utils import load_config, load_config_file
 from bert_jax.errors import UserError
+from bert_jax.models import config as model_config, modernbert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "base", "large", "demo")] + [
@@ -174,8 +175,6 @@ def test_config_show_checks_and_explains_with_the_schema(capsys):
 
 def test_a_model_config_class_checks_the_schemas_ranges():
   """The family config classes read the model block's plain ranges from the schema (one declaration)."""
-  from bert_jax.models import config as model_config  # pylint: disable=import-outside-toplevel
-  from bert_jax.models import modernbert  # pylint: disable=import-outside-toplevel
   with pytest.raises(UserError, match=r"^model.num_heads=0 must be >= 1: attention heads per layer$"):
     model_config.ModelConfig(num_heads=0)
   with pytest.raises(UserError, match=r"^model.local_window=0 must be >= 1: ModernBERT"):
