@@ -14,7 +14,8 @@ build from its config.
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
 distill, theseus or general_distill, configs/sbert.py: sbert, configs/mtdnn.py: mtdnn, configs/t5_finetune.py: seq2seq), so the CLI, compile
-and info read this table instead of guessing from the config's other keys. A new job is one `register` call here, its module, and its kind and fields in config_schema.py.
+and info read this table instead of guessing from the config's other keys. A new job is one `register` call
+here, its module, and its kind and fields in config_schema.py.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ Config = ml_collections.ConfigDict
 @dataclasses.dataclass(frozen=True)
 class Job:
   """name: the config's `job`; schema: the blocks it reads and their fields (bert_jax/config_schema.py's
-  SCHEMAS; the runner checks them first); command: the `bert-jax` sub-command that runs it; run(config, workdir) -> result;
-  summary(config, workdir, result) -> the lines it ends with; step(config, mesh) -> (the config the step
+  SCHEMAS; the runner checks them first); command: the `bert-jax` sub-command that runs it;
+  run(config, workdir) -> result; summary(config, workdir, result) -> the lines it ends with; step(config, mesh) -> (the config the step
   is built from, its TrainSetup), or None for a job whose step needs its data; multihost: whether it
   runs on several processes (the --coordinator-address flags)."""
   name: str

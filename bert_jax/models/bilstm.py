@@ -56,7 +56,8 @@ class BiLSTMConfig(FamilyConfig):
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
     if self.embedding_size <= 0:
-      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for model.hidden_size)")
+      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for "
+                      "model.hidden_size)")
     if self.family != "bilstm":
       raise UserError(f"model.family={self.family!r}: this is the BiLSTM's config")
     if self.scan_layers:

@@ -113,7 +113,8 @@ class MobileBertConfig(FamilyConfig):
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
     if self.embedding_size <= 0:
-      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for model.hidden_size)")
+      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for "
+                      "model.hidden_size)")
     if self.true_hidden_size % self.num_heads:
       raise UserError(f"model.num_heads={self.num_heads} must divide the attention's width {self.true_hidden_size} "
                       "(intra_bottleneck_size, or hidden_size without the bottleneck)")
