@@ -1,8 +1,8 @@
-"""The jobs by kind (a config's `job`): the schema of its config's shared blocks, what runs it, the
+"""The jobs by kind (a config's `job`): the schema of its config's blocks, what runs it, the
 command that starts it, the line it ends with, and the step `bert-jax compile` and `bert-jax info`
 build from its config.
 
-  job              schema    command    runner                         its step (compile, info)
+  job              kind      command    runner                         its step (compile, info)
   pretrain         corpus    pretrain   training/trainer.py:pretrain   the objective's pretraining step
   finetune         dataset   finetune   finetune/trainer.py:finetune   - (it needs the task's data)
   distill          dataset   distill    compress/distill.py:distill    - (it needs the task's data)
@@ -14,7 +14,8 @@ build from its config.
 
 Every config names its job (configs/common.py: pretrain, configs/glue.py: finetune, configs/distill.py:
 distill, theseus or general_distill, configs/sbert.py: sbert, configs/mtdnn.py: mtdnn, configs/t5_finetune.py: seq2seq), so the CLI, compile
-and info read this table instead of guessing from the config's other keys. A new job is one `register` call here and its module.
+and info read this table instead of guessing from the config's other keys. A new job is one `register` call
+here, its module, and its kind and fields in config_schema.py.
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ Config = ml_collections.ConfigDict
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-  """name: the config's `job`; schema: its shared blocks (bert_jax/config_schema.py; the runner checks
-  them first); command: the `bert-jax` sub-command that runs it; run(config, workdir) -> result;
-  summary(config, workdir, result) -> the lines it ends with; step(config, mesh) -> (the config the step
+  """name: the config's `job`; schema: the blocks it reads and their fields (bert_jax/config_schema.py's
+  SCHEMAS; the runner checks them first); command: the `bert-jax` sub-command that runs it;
+  run(config, workdir) -> result; summary(config, workdir, result) -> the lines it ends with; step(config, mesh) -> (the config the step
   is built from, its TrainSetup), or None for a job whose step needs its data; multihost: whether it
   runs on several processes (the --coordinator-address flags)."""
   name: str
@@ -57,6 +58,8 @@ _JOBS: dict[str, Job] = {}
 def register(job: Job) -> Job:
   if job.name in _JOBS:
     raise ValueError(f"job {job.name!r} is registered twice")
+  if job.schema.job != job.name:
+    raise ValueError(f"job {job.name!r} has the schema of {job.schema.job!r} (config_schema.SCHEMAS[{job.name!r}])")
   _JOBS[job.name] = job
   return job
 
@@ -79,8 +82,8 @@ def for_command(config: Config, command: str, spec: str) -> Job:
 
 
 def with_step(config: Config, spec: str, command: str) -> Job:
-  """The config's job, which must have a step to build without data (`compile`, `info`); the config's
-  shared blocks are checked against the job's schema, as the job itself would at its start."""
+  """The config's job, which must have a step to build without data (`compile`, `info`); the config is
+  checked against the job's schema, as the job itself would at its start."""
   job = get(config, spec)
   if job.step is None:
     able = ", ".join(name for name, j in _JOBS.items() if j.step is not None)
@@ -98,13 +101,14 @@ def _student_step(config: Config, mesh: Mesh | None) -> tuple[Config, TrainSetup
   return _pretraining_step(general.student_config(config, None), mesh)
 
 
-CORPUS, DATASET = config_schema.CORPUS_JOBS, config_schema.DATASET_JOBS
-register(Job("pretrain", CORPUS, "pretrain", trainer.pretrain, trainer.summary, _pretraining_step, multihost=True))
-register(Job("finetune", DATASET, "finetune", finetune_trainer.finetune, finetune_trainer.summary))
-register(Job("distill", DATASET, "distill", distill.distill, finetune_trainer.summary))
-register(Job("theseus", DATASET, "distill", theseus.distill, finetune_trainer.summary))
-register(Job("general_distill", CORPUS, "distill", general.distill, trainer.summary, _student_step,
+_SCHEMA = config_schema.SCHEMAS
+register(Job("pretrain", _SCHEMA["pretrain"], "pretrain", trainer.pretrain, trainer.summary, _pretraining_step,
              multihost=True))
-register(Job("sbert", DATASET, "finetune", sbert_train.train, sbert_train.summary))
-register(Job("mtdnn", DATASET, "finetune", multitask.train, multitask.summary))
-register(Job("seq2seq", DATASET, "finetune", seq2seq.train, seq2seq.summary))
+register(Job("finetune", _SCHEMA["finetune"], "finetune", finetune_trainer.finetune, finetune_trainer.summary))
+register(Job("distill", _SCHEMA["distill"], "distill", distill.distill, finetune_trainer.summary))
+register(Job("theseus", _SCHEMA["theseus"], "distill", theseus.distill, finetune_trainer.summary))
+register(Job("general_distill", _SCHEMA["general_distill"], "distill", general.distill, trainer.summary,
+             _student_step, multihost=True))
+register(Job("sbert", _SCHEMA["sbert"], "finetune", sbert_train.train, sbert_train.summary))
+register(Job("mtdnn", _SCHEMA["mtdnn"], "finetune", multitask.train, multitask.summary))
+register(Job("seq2seq", _SCHEMA["seq2seq"], "finetune", seq2seq.train, seq2seq.summary))

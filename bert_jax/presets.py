@@ -13,7 +13,7 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import configs, jobs
+from bert_jax import config_schema, configs, jobs
 from bert_jax.errors import UserError
 from bert_jax.models import families
 
@@ -46,7 +46,7 @@ def backbone_params(model: ml_collections.ConfigDict) -> int:
 def _family(c: ml_collections.ConfigDict, job: jobs.Job) -> str:
   if job.command == "distill":
     return "distill"
-  if job.schema is jobs.DATASET:
+  if job.schema.kind == config_schema.DATASET:
     return c.task.family
   if c.model.get("family"):  # a family with an encoder of its own (ModernBERT)
     return c.model.family
@@ -59,7 +59,7 @@ def _family(c: ml_collections.ConfigDict, job: jobs.Job) -> str:
 
 def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> dict[str, Any]:
   job = jobs.get(c, f"configs/{file}.py:{name}")  # the config's `job`, not its other keys, says what it is
-  finetuning, distills = job.schema is jobs.DATASET, job.command == "distill"
+  finetuning, distills = job.schema.kind == config_schema.DATASET, job.command == "distill"
   row = {"config": f"configs/{file}.py:{name}", "file": file, "preset": name, "for": purpose,
          "kind": "fine-tuning" if finetuning else "pretraining", "family": _family(c, job),
          "seq_length": c.data.max_seq_length, "batch_size": c.train.batch_size}

@@ -24,6 +24,7 @@ class TokenizerKind:
   # The tokenizer.json transformers reads beside a SentencePiece model, from (model path, lower_case); None: none
   hf_json: Callable[[str, bool], dict] | None = None
   own_ids: bool = False  # SentencePiece in a family's own id layout: a *.model/*.json file is read as this kind
+  cased: bool = False  # its files are a cased vocabulary: a checkpoint's do_lower_case never applies (byte-level BPE)
   saved: Callable[[Any], dict] = lambda tokenizer: {}  # what config.json records of it besides kind and case
 
   @property

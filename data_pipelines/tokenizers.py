@@ -472,7 +472,7 @@ for _kind in (
     tokenizer_kinds.TokenizerKind("sentencepiece",
                                   lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
                                   ("spiece.model",), "spiece.model (any *.model)", hf_class="AlbertTokenizer"),
-    tokenizer_kinds.TokenizerKind("bpe", None, ("vocab.json", "merges.txt"), hf_class="RobertaTokenizer"),
+    tokenizer_kinds.TokenizerKind("bpe", None, ("vocab.json", "merges.txt"), hf_class="RobertaTokenizer", cased=True),
     tokenizer_kinds.TokenizerKind("xlnet_spm", lambda path, lower, chars, quotes: XLNetTokenizer(path, lower),
                                   ("spiece.model",), f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",
                                   hf_class="XLNetTokenizer", own_ids=True,

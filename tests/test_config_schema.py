@@ -1,16 +1,20 @@
-"""The one schema of the shared config blocks: every preset of every job satisfies it, a bad value is one
-line naming the field and what it allows, a quantity in two units follows one rule in every job, and the
-docs site's config reference (docs/reference/configuration.md) is the schema's table."""
+"""The one schema of every job's config blocks: every preset of every job satisfies it and sets no key its job's
+schema does not declare, a bad value (a shared block's or a job's own) is one line naming the field and what it
+allows, a quantity in two units follows one rule in every job, `config show --fields` reads it, and the docs
+site's config reference (docs/reference/configuration.md) is the schema's table."""
 import glob
+import importlib
 import os
+import pkgutil
 import re
 
 import ml_collections
 import pytest
 
-from bert_jax import cli, config_schema, jobs
+from bert_jax import cli, config_schema, configs, jobs
 from bert_jax.config_utils import load_config, load_config_file
 from bert_jax.errors import UserError
+from bert_jax.models import config as model_config, modernbert
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESETS = [f"configs/bert.py:{p}" for p in ("tiny", "mini", "small", "medium", "base", "large", "demo")] + [
@@ -82,21 +86,99 @@ def test_a_bad_value_is_one_line_naming_the_field(tmp_path, capsys, command, spe
 
 def test_every_number_field_refuses_inf_and_nan():
   """1e309 parses as inf, which passes "> 0" and ">= 0": the schema's number check is finite first, for every
-  field that takes a float."""
-  configs = {config_schema.CORPUS: load_config_file("configs/bert.py:demo"),
-             config_schema.DATASET: load_config_file("configs/glue.py:embedded")}
-  numbers = [f for f in config_schema.FIELDS if f.check(0.5) or f.check(1.0)]
-  assert {"optimizer.learning_rate", "optimizer.b2", "train.epochs"} <= {f.key for f in numbers}
+  field that takes a float (the shared ones through a whole config's check)."""
+  loaded = {config_schema.CORPUS: load_config_file("configs/bert.py:demo"),
+            config_schema.DATASET: load_config_file("configs/glue.py:embedded")}
+  numbers = [f for f in config_schema.FIELDS if (f.check(0.5) or f.check(1.0)) and not f.check("")]
+  assert {"optimizer.learning_rate", "optimizer.b2", "train.epochs", "model.hidden_dropout", "ranking.scale",
+          "distill.temperature"} <= {f.key for f in numbers}
   for field in numbers:
-    block, name = field.key.split(".")
-    config = configs[field.kinds[0]]
     for bad in (float("inf"), float("-inf"), float("nan")):
       assert not field.check(bad), (field.key, bad)
-      with config[block].ignore_type():
-        saved, config[block][name] = config[block][name], bad
-      with pytest.raises(UserError, match=f"{field.key}=.* must be a finite number, "):
-        config_schema.Schema(field.kinds[0]).check(config)
-      config[block][name] = saved
+      with pytest.raises(UserError, match=f"{re.escape(field.key)}=.* must be a finite number, "):
+        config_schema.check_field(field, bad)
+  for field in [f for f in numbers if f.required]:
+    block, name = field.key.split(".")
+    config = loaded[field.kinds[0]]
+    with config[block].ignore_type():
+      saved, config[block][name] = config[block][name], float("nan")
+    with pytest.raises(UserError, match=f"{field.key}=nan must be a finite number, "):
+      config_schema.Schema(field.kinds[0]).check(config)
+    config[block][name] = saved
+
+
+def _presets():
+  """(spec, config) of every preset of every file in configs/."""
+  for module in pkgutil.iter_modules(configs.__path__):
+    file = importlib.import_module(f"bert_jax.configs.{module.name}")
+    for name in getattr(file, "PRESETS", ()):
+      yield f"configs/{module.name}.py:{name}", file.get_config(name)
+
+
+def test_every_key_a_preset_sets_is_declared_by_its_jobs_schema():
+  """Each job declares the blocks it reads: a key any preset sets that its job's schema does not declare
+  (with its type, range and meaning) fails here. 275 keys over 127 presets on 2026-11-29; before the job
+  blocks were declared, 37 of them."""
+  undeclared, checked, keys = {}, 0, set()
+  for spec, config in _presets():
+    schema = jobs.get(config, spec).schema
+    schema.check(config)  # and every preset passes its job's schema
+    checked += 1
+    for key in config_schema.set_keys(config):
+      keys.add(key)
+      if not schema.declares(key):
+        undeclared.setdefault(key, spec)
+  assert checked > 100 and len(keys) > 250
+  assert not undeclared, f"keys set by configs/ that their job's schema does not declare: {undeclared}"
+  assert {f.key for f in config_schema.FIELDS} >= keys  # no key without its meaning in the reference
+
+
+def test_each_registered_job_has_its_schema():
+  assert set(config_schema.SCHEMAS) == set(jobs._JOBS)  # pylint: disable=protected-access
+  for name, job in jobs._JOBS.items():  # pylint: disable=protected-access
+    assert job.schema is config_schema.SCHEMAS[name] and job.schema.kind == config_schema.JOB_KINDS[name]
+  sbert, pretrain = config_schema.SCHEMAS["sbert"], config_schema.SCHEMAS["pretrain"]
+  assert sbert.declares("ranking.scale") and not pretrain.declares("ranking.scale")
+  assert pretrain.declares("xlnet.mem_len") and not sbert.declares("xlnet.mem_len")
+  assert not pretrain.declares("train.epochs") and sbert.declares("train.epochs")  # a corpus job counts steps
+
+
+@pytest.mark.parametrize("command, spec, override, message", [
+    ("pretrain", "configs/bert.py:demo", "model.num_layers=0", "model.num_layers=0 must be >= 1: the encoder's layers"),
+    ("pretrain", "configs/bert.py:demo", "model.hidden_dropout=1.0", "model.hidden_dropout=1.0 must be in [0, 1)"),
+    ("finetune", "configs/glue.py:embedded", "mesh.data=0", "mesh.data=0 must be >= 1 or -1: devices along the data"),
+    ("finetune", "configs/sbert.py:mnr", "ranking.scale=0", "ranking.scale=0.0 must be > 0: loss=ranking"),
+    ("finetune", "configs/sbert.py:mnr", "ranking.chunk_tokens=-1", "ranking.chunk_tokens=-1 must be >= 0: GradCache"),
+    ("finetune", "configs/glue.py:embedded", "smart.iterations=0", "smart.iterations=0 must be >= 1: ascent steps"),
+    ("finetune", "configs/t5_finetune.py:embedded", "decode.num_beams=0", "decode.num_beams=0 must be >= 1: beams"),
+    ("distill", "configs/distill.py:theseus", "distill.replace_rate=1.5", "distill.replace_rate=1.5 must be in [0, 1]"),
+    ("distill", "configs/distill.py:sst2", "distill.soft_loss=l2", "distill.soft_loss='l2' must be one of kl, "
+     "logit_mse"),
+])
+def test_a_bad_value_in_a_jobs_own_block_is_one_line(tmp_path, capsys, command, spec, override, message):
+  assert cli.main([command, "--config", spec, "--workdir", str(tmp_path / "w"), f"--config.{override}"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and "\n" not in err, err
+  assert not (tmp_path / "w").exists()
+
+
+def test_config_show_checks_and_explains_with_the_schema(capsys):
+  assert cli.main(["config", "show", "--config", "configs/sbert.py:mnr", "--fields"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert "ranking.scale = 20.0  (> 0) loss=ranking: the similarities' scale (sentence-transformers' " \
+         "MultipleNegativesRankingLoss)" in lines
+  batch = next(line for line in lines if line.startswith("train.batch_size = "))
+  assert "sbert a sentence pair" in batch and not any("not declared" in line for line in lines)
+  assert cli.main(["config", "show", "--config", "configs/bert.py:demo", "--config.model.num_layers=0"]) == 2
+  assert capsys.readouterr().err.strip().endswith("model.num_layers=0 must be >= 1: the encoder's layers")
+
+
+def test_a_model_config_class_checks_the_schemas_ranges():
+  """The family config classes read the model block's plain ranges from the schema (one declaration)."""
+  with pytest.raises(UserError, match=r"^model.num_heads=0 must be >= 1: attention heads per layer$"):
+    model_config.ModelConfig(num_heads=0)
+  with pytest.raises(UserError, match=r"^model.local_window=0 must be >= 1: ModernBERT"):
+    modernbert.ModernBertConfig(local_window=0)
 
 
 def test_one_rule_for_a_quantity_in_two_units():

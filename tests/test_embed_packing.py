@@ -1,13 +1,15 @@
 """The Embedder's packed rows (several sentences per row, attention kept within each): the packing against
 hand counts, packed pooling against `pool` on rows of their own, and tiny BERT (absolute and RoBERTa
 positions) and ModernBERT (local windows) encoders packed against the same sentences one per row."""
+import inspect
+
 import numpy as np
 import pytest
 
 import jax
 import jax.numpy as jnp
 
-from bert_jax.models import ModelConfig
+from bert_jax.models import ModelConfig, families
 from bert_jax.models.modernbert import ModernBertConfig
 from bert_jax.models.pooling import Pooling, pool_segments
 from bert_jax.sbert import embed
@@ -72,3 +74,15 @@ def test_packed_rows_embed_each_sentence_as_a_row_of_its_own(name):
     for r, row in enumerate(rows):
       got[row] = out[r, :len(row)]
   np.testing.assert_allclose(got, alone, atol=2e-6)
+
+
+def test_the_records_packs_capability_is_what_each_module_takes():
+  """A family record's `packs` (sbert/embed.py reads it) against the module's own signature: the families whose
+  module takes document_ids and position_ids, and no other."""
+  takes = {}
+  for name in families.names():
+    module = families.get(name).module
+    params = inspect.signature(module.__call__).parameters
+    takes[name] = "document_ids" in params and "position_ids" in params
+    assert families.get(name).packs == takes[name], name
+  assert takes["bert"] and takes["modernbert"] and not takes["t5"] and not takes["xlnet"]

@@ -40,9 +40,6 @@ from bert_jax.training import partitioning
 from bert_jax.training.step import TrainSetup, sharded_setup, teacher_step
 
 LOSSES = ("hard", "soft", "hidden", "attention", "pkd")
-# distill.soft_loss: KL to the teacher's softened distribution (Hinton et al.), or the squared distance
-# between the logits (Tang et al. 2019's BiLSTM students)
-SOFT_LOSSES = ("kl", "logit_mse")
 
 
 class InnerModel(heads.FinetuneModel):
@@ -158,17 +155,13 @@ def student_config(config: ml_collections.ConfigDict, teacher: Teacher, layers) 
 def validate(cfg: ml_collections.ConfigDict, student: ModelConfig, teacher: ModelConfig, kind: str) -> None:
   if head_kinds.get(kind).distill_soft is None:
     raise UserError(f"distill supports {head_kinds.distillable()} tasks, not a {kind} head")
-  if cfg.temperature <= 0 or any(cfg[f"{k}_weight"] < 0 for k in LOSSES):
-    raise UserError("distill.temperature must be > 0 and every distill.*_weight >= 0")
-  if cfg.get("soft_loss", "kl") not in SOFT_LOSSES:
-    raise UserError(f"distill.soft_loss={cfg.soft_loss!r} is not one of {SOFT_LOSSES}")
-  if not hasattr(student, "num_heads") and (cfg.hidden_weight or cfg.attention_weight or cfg.pkd_weight):
+  layered = families.of(student).layer_losses
+  if not layered and (cfg.hidden_weight or cfg.attention_weight or cfg.pkd_weight):
     raise UserError(f"the {student.family} student has no transformer layers to match the teacher's: "
                     "distill.hidden_weight, attention_weight and pkd_weight must be 0 (its losses: hard, soft)")
   if not any(cfg[f"{k}_weight"] for k in LOSSES):
     raise UserError("every distill.*_weight is 0: switch on at least one loss")
-  # a BiLSTM's hidden_size is its ReLU layer's width, never matched to the teacher's hidden states
-  if hasattr(student, "num_heads") and student.hidden_size > teacher.hidden_size and not cfg.projection:
+  if layered and student.hidden_size > teacher.hidden_size and not cfg.projection:
     raise UserError(f"the student (hidden_size {student.hidden_size}) is wider than the teacher "
                     f"({teacher.hidden_size}): set distill.projection=True or a narrower student")
   if student.hidden_size != teacher.hidden_size and not cfg.projection and (cfg.hidden_weight or cfg.pkd_weight):

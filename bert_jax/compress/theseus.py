@@ -137,9 +137,6 @@ def validate(cfg: ml_collections.ConfigDict, teacher: ModelConfig) -> int:
   if modules <= 0 or teacher.num_layers % modules:
     raise UserError(f"distill.modules={cfg.modules} must divide the predecessor's {teacher.num_layers} layers "
                     "into modules of equal size")
-  if not 0.0 <= cfg.replace_rate <= 1.0 or not 0.0 < cfg.curriculum_fraction <= 1.0:
-    raise UserError(f"distill.replace_rate={cfg.replace_rate} must be in [0, 1] and distill.curriculum_fraction="
-                    f"{cfg.curriculum_fraction} in (0, 1]")
   return modules
 
 

@@ -94,9 +94,10 @@ def tokenizer_from_files(directory: str, lower_case: bool, preferred: str = "wor
     files = hf_tokenizer.files_of(os.fspath(fast)) if kind == hf_tokenizer.KIND else {fast.name: os.fspath(fast)}
     return Tokenizer(kind, lower_case and kind == "xlnet_spm", files)
   if kinds:
-    return Tokenizer(kinds[0], lower_case and kinds[0] != "bpe",
+    return Tokenizer(kinds[0], lower_case and not tokenizer_kinds.get(kinds[0]).cased,
                      {n: os.fspath(directory / n) for n in files[kinds[0]]})
   models = sorted(p for p in directory.iterdir() if p.name.endswith(".model"))
-  if models:
-    return Tokenizer("sentencepiece", lower_case, {"spiece.model": os.fspath(models[0])})
+  if models:  # any *.model: the kind a file of that name is read as
+    kind = tokenizer_kinds.get(tokenizers.kind_of_file(models[0].name))
+    return Tokenizer(kind.name, lower_case, {kind.files[0]: os.fspath(models[0])})
   return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common
 from bert_jax.conversion import params as params_lib
-from bert_jax.data_pipelines import hf_tokenizer, tokenizer_kinds
+from bert_jax.data_pipelines import hf_tokenizer, tokenizer_kinds, tokenizers
 from bert_jax.errors import UserError
 from bert_jax.models import families
 from bert_jax.models.pooling import Pooling
@@ -24,15 +24,14 @@ def tokenizer(path: str) -> common.Tokenizer | None:
   located = workdir.vocab_file(path, config)
   if located is None:
     return None
-  kind = data.get("tokenizer") or ("sentencepiece" if located.suffix == ".model" else "wordpiece")
-  if kind == "bpe":
-    files = {"vocab.json": str(located), "merges.txt": str(located.parent / "merges.txt")}
-  elif kind == common.TOKENIZER_JSON:  # and the tokenizer_config.json copied beside it, if any
+  kind = data.get("tokenizer") or tokenizers.kind_of_file(located.name)
+  spec = tokenizer_kinds.get(kind)
+  if kind == common.TOKENIZER_JSON:  # and the tokenizer_config.json copied beside it, if any
     files = hf_tokenizer.files_of(str(located))
-  elif tokenizer_kinds.get(kind).own_ids:  # a SentencePiece model or tokenizer.json, under its own name
+  elif spec.own_ids:  # a SentencePiece model or tokenizer.json, under its own name
     files = {located.name: str(located)}
-  else:
-    files = {tokenizer_kinds.get(kind).files[0]: str(located)}
+  else:  # its first file, and the others it reads beside it (BPE's merges.txt)
+    files = {spec.files[0]: str(located), **{name: str(located.parent / name) for name in spec.files[1:]}}
   return common.Tokenizer(kind, data.get("lower_case", True), files, data.get("max_chars_per_word"))
 
 

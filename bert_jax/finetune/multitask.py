@@ -159,7 +159,7 @@ def task_names(config: ml_collections.ConfigDict) -> list[str]:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks, then the multi-task fields and what this job does not (yet) do."""
-  config_schema.DATASET_JOBS.check(config)
+  config_schema.of(config, config_schema.DATASET).check(config)
   attention.check(config.model, config.data.max_seq_length)
   names, m = task_names(config), config.mtdnn
   if not names:
@@ -169,8 +169,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"mtdnn.select names {unknown}, which are not in mtdnn.tasks ({sorted(m.tasks.keys())})")
   if m.sampling not in SAMPLINGS:
     raise UserError(f"mtdnn.sampling={m.sampling!r} is not one of {SAMPLINGS}")
-  if not m.temperature > 0:
-    raise UserError(f"mtdnn.temperature={m.temperature} must be > 0")
   unknown = sorted(set(m.loss_weights.keys()) - set(m.tasks.keys()))
   if unknown:
     raise UserError(f"mtdnn.loss_weights names {unknown}, which are not in mtdnn.tasks ({sorted(m.tasks.keys())})")

@@ -183,13 +183,9 @@ def model_config(config: ml_collections.ConfigDict):
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then the seq2seq job's own fields."""
-  config_schema.DATASET_JOBS.check(config)
+  config_schema.of(config, config_schema.DATASET).check(config)
   if config.task.family not in TASK_FAMILIES:
     raise UserError(f"task.family={config.task.family!r} is not one of {TASK_FAMILIES}")
-  if config.data.max_target_length < 1:
-    raise UserError(f"data.max_target_length={config.data.max_target_length} must be >= 1 (</s> included)")
-  if config.decode.num_beams < 1:
-    raise UserError(f"decode.num_beams={config.decode.num_beams} must be >= 1 (1: greedy)")
 
 
 class Seq2Seq:

@@ -26,21 +26,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax.errors import UserError
 from bert_jax.models import batch_rows, bert, head_kinds
 
 Array = jax.Array
-
-
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  for name in ("adversarial_weight", "bregman_weight", "noise_std", "step_size", "epsilon"):
-    if cfg[name] < 0:
-      raise UserError(f"smart.{name}={cfg[name]} must be >= 0")
-  if cfg.iterations < 1:
-    raise UserError(f"smart.iterations={cfg.iterations} must be >= 1 (Algorithm 1's T_x; the paper uses 1)")
-  for name in ("momentum", "late_momentum", "momentum_switch"):
-    if not 0 <= cfg[name] <= 1:
-      raise UserError(f"smart.{name}={cfg[name]} must be in [0, 1]")
 
 
 def divergence(kind: str, a: dict[str, Array], b: dict[str, Array], batch: dict[str, Array]) -> Array:

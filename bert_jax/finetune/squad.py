@@ -386,12 +386,7 @@ def _dev_set(config, tokenizer) -> EvalSet:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  task = config.task
-  if task.version not in ("v1.1", "v2.0"):
-    raise UserError(f"task.version={task.version!r} is not one of ('v1.1', 'v2.0')")
-  for key in ("max_query_length", "doc_stride", "n_best_size", "max_answer_length"):
-    if task[key] < 1:
-      raise UserError(f"task.{key}={task[key]} must be >= 1")
+  task = config.task  # its fields' ranges: the schema's
   if config.data.max_seq_length <= task.max_query_length + 3:
     raise UserError(f"data.max_seq_length={config.data.max_seq_length} leaves no room for the context: it "
                     f"must exceed task.max_query_length={task.max_query_length} + 3 ([CLS], 2 x [SEP])")

@@ -251,7 +251,7 @@ def start(config: ml_collections.ConfigDict, workdir, learner: Any = None,
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then fine-tuning's own fields."""
-  config_schema.DATASET_JOBS.check(config)
+  config_schema.of(config, config_schema.DATASET).check(config)
   attention.check(config.model, config.data.max_seq_length)
   if config.predict_split not in ("", "dev", "test"):
     raise UserError(f"predict_split={config.predict_split!r} is not one of ('', 'dev', 'test')")
@@ -263,7 +263,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"head.cls_norm={config.head.cls_norm!r} is for fine-tuning (and MT-DNN); a distilled "
                     "student's head reads its summary vector as it is")
   modes.validate(config.train)
-  smart.validate(config.smart)
   memory.validate(config)
   batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)
 

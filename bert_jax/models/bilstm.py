@@ -16,6 +16,7 @@ import dataclasses
 import flax.linen as nn
 import jax.numpy as jnp
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput
 from bert_jax.models.config import FamilyConfig
@@ -53,10 +54,10 @@ class BiLSTMConfig(FamilyConfig):
   mlm_head = False
 
   def __post_init__(self):
-    for name in ("vocab_size", "embedding_size", "lstm_size", "num_layers", "hidden_size",
-                 "max_position_embeddings"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+    config_schema.check_block("model", self)  # the plain fields' ranges
+    if self.embedding_size <= 0:
+      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for "
+                      "model.hidden_size)")
     if self.family != "bilstm":
       raise UserError(f"model.family={self.family!r}: this is the BiLSTM's config")
     if self.scan_layers:

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 
 # The families whose layout BertModel's switches decide (ModelConfig.family is read off the switches).
@@ -132,6 +133,7 @@ class ModelConfig(Dtypes):
   entity_fusion: str = "paper"
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
@@ -143,10 +145,6 @@ class ModelConfig(Dtypes):
       # layer (silently unshared). Full sharing scans fine: one layer applied num_layers times.
       raise UserError(f"model.share_layers={self.share_layers!r} needs model.scan_layers=False "
                       "(only 'all' and 'none' sharing can be scanned)")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings", "scan_unroll"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     object.__setattr__(self, "pruned_heads", _per_layer(self.pruned_heads, self.num_layers, self.num_heads))
     if self.pruned_heads and (self.scan_layers or self.share_layers != "none"):
       raise UserError("model.pruned_heads needs model.scan_layers=False and model.share_layers='none' "
@@ -154,8 +152,6 @@ class ModelConfig(Dtypes):
     if self.attention in ("splash", "cudnn") and self.attention_dropout > 0:
       raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
                       "model.attention_dropout=0 or model.attention='dot'")
-    if self.num_tasks < 0:
-      raise UserError(f"model.num_tasks must be >= 0 (0: no task embeddings), got {self.num_tasks}")
     if not 0 <= self.entity_layers < self.num_layers:
       raise UserError(f"model.entity_layers={self.entity_layers} must be >= 0 (0: no entity fusion) and below "
                       f"model.num_layers={self.num_layers} (at least one text layer under the fusion layers)")

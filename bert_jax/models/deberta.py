@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models import attention
 from bert_jax.models.bert import (ModelOutput, ReplacedTokenHead, activation, constrain_hidden, dense, gather_positions,
@@ -114,13 +115,10 @@ class DebertaConfig(FamilyConfig):
   embedding_size = 0
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.hidden_size % self.num_heads:
       raise UserError(f"model.hidden_size={self.hidden_size} must split into model.num_heads={self.num_heads} heads")
     unknown = [t for t in self.position_terms if t not in _POSITION_TERMS]

@@ -239,7 +239,10 @@ class Family:
   dropouts instead). backbone_params(model section) -> int: the backbone's parameter count from a
   config's model section (`bert-jax presets`), for a family whose sizes BERT's formula does not describe;
   flops: its FLOP counts (`Flops`), for the same reason (None: BERT's formula, and BertModel's heads-only
-  last layer).
+  last layer). packs: the module takes several sentences per row (`document_ids` and `position_ids`;
+  sbert/embed.py packs short sentences). layer_losses: its layers are transformer layers whose hidden states
+  and attention a teacher's can be matched to (distillation's hidden, attention and PKD losses; not the
+  BiLSTM student's, whose hidden_size is a ReLU layer's width).
   """
   name: str
   config: type
@@ -259,6 +262,8 @@ class Family:
       lambda config, hidden, attention: config.replace(hidden_dropout=hidden, attention_dropout=attention))
   backbone_params: Callable[[Mapping[str, Any]], int] | None = None
   flops: Flops | None = None
+  packs: bool = False
+  layer_losses: bool = True
   # A pretraining run's params as conversion reads them: the encoder's tree out of a tree holding several
   # networks (DeBERTa-v3's generator and discriminator, models/deberta.py:from_pretraining); as they are by default.
   from_pretraining: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda params: params

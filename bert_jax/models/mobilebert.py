@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models import attention
 from bert_jax.models.bert import (ModelOutput, activation, constrain_hidden, gather_positions, layer_head_mask,
@@ -107,13 +108,13 @@ class MobileBertConfig(FamilyConfig):
   pruned_heads = ()
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "embedding_size",
-                 "intra_bottleneck_size", "num_feedforward_networks", "max_position_embeddings", "scan_unroll"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
+    if self.embedding_size <= 0:
+      raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for "
+                      "model.hidden_size)")
     if self.true_hidden_size % self.num_heads:
       raise UserError(f"model.num_heads={self.num_heads} must divide the attention's width {self.true_hidden_size} "
                       "(intra_bottleneck_size, or hidden_size without the bottleneck)")

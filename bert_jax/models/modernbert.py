@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models import attention, rope, unpad
 from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, heads_out, layer_head_mask,
@@ -100,13 +101,10 @@ class ModernBertConfig(FamilyConfig):
   share_layers = "none"
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings", "local_window", "global_every", "scan_unroll"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.hidden_size % self.num_heads or self.head_dim % 2:
       raise UserError(f"model.hidden_size={self.hidden_size} must split into model.num_heads={self.num_heads} "
                       "heads of an even width (rotary embeddings rotate pairs)")

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models.bert import constrain_hidden, heads_out, lookup, on_rows
 from bert_jax.models.config import FamilyConfig
@@ -96,13 +97,10 @@ class T5Config(FamilyConfig):
   attention = "dot"
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "intermediate_size",
-                 "relative_buckets", "relative_max_distance", "max_position_embeddings", "scan_unroll"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.num_decoder_layers < 0:
       raise UserError(f"model.num_decoder_layers must be >= 0 (0: as many as num_layers), got {self.num_decoder_layers}")
     if self.family != "t5":

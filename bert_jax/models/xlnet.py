@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, tied_logits
 from bert_jax.models.config import FamilyConfig
@@ -122,13 +123,10 @@ class XLNetConfig(FamilyConfig):
   share_layers = "none"
 
   def __post_init__(self):
+    config_schema.check_block("model", self)  # the plain fields' ranges
     for name, allowed in _CHOICES.items():
       if getattr(self, name) not in allowed:
         raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings", "scan_unroll", "start_n_top", "end_n_top"):
-      if getattr(self, name) <= 0:
-        raise UserError(f"model.{name} must be positive, got {getattr(self, name)}")
     if self.hidden_size % self.num_heads or self.hidden_size % 2:
       raise UserError(f"model.hidden_size={self.hidden_size} must be even and split into "
                       f"model.num_heads={self.num_heads} heads")

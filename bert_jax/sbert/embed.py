@@ -31,7 +31,6 @@ import concurrent.futures
 import dataclasses
 import errno
 import functools
-import inspect
 import os
 import shutil
 import sys
@@ -109,10 +108,8 @@ def pack_rows(lengths: Sequence[int], widths: Sequence[int]) -> dict[int, list[l
 
 
 def can_pack(model: model_lib.SentenceEncoder) -> bool:
-  """Does the encoder take several sentences per row (document_ids and position_ids: BertModel, ModernBERT)?"""
-  module = families.build(model_lib.encoder_config(model.config))
-  names = inspect.signature(type(module).__call__).parameters
-  return "document_ids" in names and "position_ids" in names
+  """Does the encoder take several sentences per row (its family record's `packs`)?"""
+  return families.of(model_lib.encoder_config(model.config)).packs
 
 
 def packed_arrays(rows: Sequence[Sequence[Sequence[int]]], width: int, pad_id: int

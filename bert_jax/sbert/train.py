@@ -126,29 +126,23 @@ class BiEncoderObjective:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """The shared blocks (bert_jax/config_schema.py), then the bi-encoder's own fields."""
-  config_schema.DATASET_JOBS.check(config)
+  config_schema.of(config, config_schema.DATASET).check(config)
   attention.check(config.model, config.data.max_seq_length)
   if config.loss not in LOSSES:
     raise UserError(f"loss={config.loss!r} is not one of {LOSSES}")
   pooling(config)
   if config.loss == "ranking":
     check_ranking(config.ranking, config.data.max_seq_length)
-  if config.loss == "cosine" and config.cosine.score_scale <= 0:
-    raise UserError(f"cosine.score_scale={config.cosine.score_scale} must be > 0")
 
 
 def check_ranking(ranking: ml_collections.ConfigDict, length: int) -> None:
-  """The ranking block as sentence-transformers' MultipleNegativesRankingLoss checks its arguments; a token
-  budget that holds one longest sentence."""
-  if ranking.scale <= 0:
-    raise UserError(f"ranking.scale={ranking.scale} must be > 0")
+  """The ranking block as sentence-transformers' MultipleNegativesRankingLoss checks its arguments (the
+  plain ranges: the schema's); a token budget that holds one longest sentence."""
   directions = tuple(ranking.directions)
   if "query_to_doc" not in directions or not set(directions) <= set(losses.DIRECTIONS):
     raise UserError(f"ranking.directions={list(directions)}: query_to_doc and any of {list(losses.DIRECTIONS)}")
   if ranking.partition_mode not in losses.PARTITION_MODES:
     raise UserError(f"ranking.partition_mode={ranking.partition_mode!r} is not one of {losses.PARTITION_MODES}")
-  if ranking.chunk_tokens < 0:
-    raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} must be >= 0 (0: chunks of rows)")
   if 0 < ranking.chunk_tokens < length:
     raise UserError(f"ranking.chunk_tokens={ranking.chunk_tokens} is below one sentence of data.max_seq_length="
                     f"{length} tokens")

@@ -250,5 +250,5 @@ def load_run_config(spec: str, overrides: list[str]) -> ml_collections.ConfigDic
 def check_run_config(config: ml_collections.ConfigDict) -> None:
   """The shared blocks of a corpus job's config (bert_jax/config_schema.py; the model's are checked where
   built; its attention backend here, before the workdir is written)."""
-  config_schema.CORPUS_JOBS.check(config)
+  config_schema.of(config, config_schema.CORPUS).check(config)
   attention.check(config.model, config.data.max_seq_length)

@@ -57,6 +57,7 @@ def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> ModelCon
 
 FAMILY = families.register(families.Family(
     name="albert",
+    packs=True,
     config=ModelConfig,
     module=BertModel,
     heads=bl.HEADS,

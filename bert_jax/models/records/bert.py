@@ -17,6 +17,7 @@ with_heads = bl.heads_switch("nsp")
 
 FAMILY = families.register(families.Family(
     name="bert",
+    packs=True,
     config=ModelConfig,
     module=BertModel,
     heads=bl.HEADS,

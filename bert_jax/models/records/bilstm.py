@@ -16,4 +16,4 @@ FAMILY = families.register(families.Family(
     pretrained_heads=lambda present: (), tokenizer="wordpiece",
     layout=families.Layout(global_rows=(), layer_rows=(), parts=lambda config: frozenset({"backbone"}),
                            layer_slots=lambda config: []),
-    backbone_params=parameter_count))
+    backbone_params=parameter_count, layer_losses=False))

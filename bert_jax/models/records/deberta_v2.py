@@ -147,6 +147,7 @@ def with_dropout(config: DebertaConfig, hidden: float, attention: float) -> Debe
 
 FAMILY = families.register(families.Family(
     name="deberta",
+    packs=True,
     config=DebertaConfig,
     module=DebertaModel,
     heads=HEADS,

@@ -48,6 +48,7 @@ def write_scopes(config: ModelConfig) -> dict[str, str]:
 
 FAMILY = families.register(families.Family(
     name="electra",
+    packs=True,
     config=ModelConfig,
     module=BertModel,
     heads=bl.HEADS,

@@ -126,6 +126,7 @@ def write_hf_config(config: MobileBertConfig) -> dict:
 
 FAMILY = families.register(families.Family(
     name="mobilebert",
+    packs=True,
     config=MobileBertConfig,
     module=MobileBertModel,
     heads=HEADS,

@@ -25,6 +25,7 @@ def write_hf_config(config: ModelConfig) -> dict:
 
 FAMILY = families.register(families.Family(
     name="roberta",
+    packs=True,
     config=ModelConfig,
     module=BertModel,
     heads=bl.HEADS,

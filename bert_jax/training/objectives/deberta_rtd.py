@@ -99,7 +99,4 @@ def from_config(config: ml_collections.ConfigDict, model_config) -> DebertaRTDPr
   if "rtd" not in config:
     raise UserError("objective='deberta_rtd' needs the config section `rtd` (generator_layer_fraction, disc_weight); "
                     "start from configs/deberta.py")
-  fraction = config.rtd.generator_layer_fraction
-  if not 0 < fraction <= 1:
-    raise UserError(f"rtd.generator_layer_fraction={fraction} must be in (0, 1]")
-  return DebertaRTDPretraining(model_config, fraction, config.rtd.disc_weight)
+  return DebertaRTDPretraining(model_config, config.rtd.generator_layer_fraction, config.rtd.disc_weight)

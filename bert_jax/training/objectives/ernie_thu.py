@@ -156,11 +156,9 @@ def from_config(config: ml_collections.ConfigDict, model_config: ModelConfig) ->
   if not block.entity_embeddings:
     raise UserError("objective='ernie_thu' needs ernie_thu.entity_embeddings: a .npy of entity vectors "
                     "[entities, model.entity_dim] (e.g. TransE's)")
-  if not (0 <= block.dea_replace and 0 <= block.dea_mask and block.dea_replace + block.dea_mask <= 1):
-    raise UserError(f"ernie_thu.dea_replace={block.dea_replace} and dea_mask={block.dea_mask} must be >= 0 with a "
+  if block.dea_replace + block.dea_mask > 1:
+    raise UserError(f"ernie_thu.dea_replace={block.dea_replace} and dea_mask={block.dea_mask} must have a "
                     "sum <= 1 (the paper: 0.05 and 0.15)")
-  if block.max_entities <= 0:
-    raise UserError(f"ernie_thu.max_entities must be positive, got {block.max_entities}")
   path, _ = entities.resolve(block.entity_embeddings, "", model_config.entity_dim)
   table = entities.load_table(path, model_config.entity_dim)
   return ErnieThuPretraining(model_config, table, None, block.max_entities, block.dea_replace, block.dea_mask)
