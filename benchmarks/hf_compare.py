@@ -42,6 +42,7 @@ import time
 import numpy as np
 
 FRAMEWORKS = ("bert_jax", "hf_flax", "torch", "kerashub")  # kerashub: benchmarks/kerashub_compare.py
+JAX_FRAMEWORKS = ("bert_jax", "hf_flax", "kerashub")
 NO_DECAY = ("bias", "scale", "LayerNorm.weight", "LayerNorm.bias")
 
 
@@ -226,6 +227,9 @@ def _start(framework, args, batch_file):
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
   if framework == "kerashub":
     env["KERAS_BACKEND"] = "jax"
+  if args.dump_hlo and framework in JAX_FRAMEWORKS:  # compile-time only: the compiled code is the same
+    env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} --xla_dump_to={os.path.join(args.dump_hlo, framework)}"
+                        " --xla_dump_hlo_as_text").strip()
   return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                           cwd=env["PYTHONPATH"])
 
@@ -267,6 +271,11 @@ def drive(args) -> dict:
             "dtype": args.dtype, "rounds": args.rounds, "steps_per_round": args.steps, "versions": info,
             "step_times_s": times,
             "tokens_per_sec": {f: tokens / statistics.median(t) for f, t in times.items()}}
+  if args.dump_hlo:  # each JAX worker's compiled step: its matmul FLOPs (benchmarks/hlo_dots.py)
+    import hlo_dots  # pylint: disable=import-outside-toplevel
+    result["matmul_gflop_per_step"] = {
+        f: sum(hlo_dots.step_module(os.path.join(args.dump_hlo, f))[1].values()) / 1e9
+        for f in frameworks if f in JAX_FRAMEWORKS}
   if "bert_jax" in frameworks:
     for f in frameworks:
       if f != "bert_jax":
@@ -294,6 +303,8 @@ def main(argv=None):
   p.add_argument("--jax-python", default=sys.executable)
   p.add_argument("--torch-python", default=sys.executable)
   p.add_argument("--hf-flax-python", default="/work/venv-hf/bin/python")
+  p.add_argument("--dump-hlo", metavar="DIR", help="dump each JAX worker's optimized HLO under DIR/<framework> "
+                 "and report its compiled step's matmul GFLOP (benchmarks/hlo_dots.py)")
   p.add_argument("--json", action="store_true")
   p.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
   p.add_argument("--batch-file", help=argparse.SUPPRESS)
@@ -303,6 +314,7 @@ def main(argv=None):
     serve(args)
     return
   args.model = _sizes(args.size)
+  args.dump_hlo = args.dump_hlo and os.path.abspath(args.dump_hlo)  # the workers run from the repository root
   r = drive(args)
   if args.json:
     print(json.dumps(r))
@@ -311,6 +323,8 @@ def main(argv=None):
         f"alternating rounds x {args.steps} steps:")
   for f, tps in r["tokens_per_sec"].items():
     print(f"  {f:9s} {tps:10,.0f} tokens/s   {r['versions'][f]}")
+  for f, gflop in r.get("matmul_gflop_per_step", {}).items():
+    print(f"  {f:9s} {gflop:10.2f} matmul GFLOP per step (compiled)")
   for k, v in r.items():
     if k.startswith("bert_jax/"):
       print(f"  {k}: {v:.2f}x")

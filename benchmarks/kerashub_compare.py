@@ -12,7 +12,9 @@ global-norm clipping at 1.0), fp32. bert_jax: its jitted train step (training/be
 KerasHub: `model.compile(..., jit_compile=True)` then one `train_on_batch` per step (XLA-compiled on the first).
 Each runs in its own worker process (KERAS_BACKEND=jax for KerasHub's); the driver alternates them, round by
 round, and reports the median tokens/s and the median of the per-round ratios (benchmarks/hf_compare.py's
-driver; `--frameworks bert_jax,kerashub,torch` adds PyTorch).
+driver; `--frameworks bert_jax,kerashub,torch` adds PyTorch). `--dump-hlo DIR` also reports each compiled step's
+matmul FLOPs (benchmarks/hlo_dots.py): with the step times, what bounds the ratio (BENCHMARKS.md, "KerasHub on
+CPU, profiled").
 """
 import os
 import sys

@@ -173,3 +173,17 @@ def test_batch_warmup_thins_the_rows_that_count():
   thin = batch_warmup.thin(batch, jnp.asarray(3))
   np.testing.assert_array_equal(np.asarray(thin["masked_lm_weights"]).sum(1), [3, 3, 3, 0])
   assert thin["input_ids"] is batch["input_ids"]
+
+
+def test_clip_by_global_norm_is_optax_as_one_scalar_factor():
+  grads = {"a": jnp.asarray([3.0, -4.0]), "b": {"kernel": jnp.asarray([[12.0]])}}  # global norm 13
+  for max_norm in (1.0, 13.0, 20.0):  # clipped, at the edge, not clipped
+    ours, _ = optim.clip_by_global_norm(max_norm).update(grads, None)
+    theirs, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    for x, y, g in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), jax.tree.leaves(grads)):
+      np.testing.assert_allclose(x, y, rtol=1e-6)
+      np.testing.assert_allclose(x, np.asarray(g) * min(1.0, max_norm / 13.0), rtol=1e-6)
+      if max_norm >= 13.0:
+        np.testing.assert_array_equal(x, g)  # unclipped: the very same values
+  nan, _ = optim.clip_by_global_norm(1.0).update({"a": jnp.asarray([1.0, jnp.nan])}, None)
+  assert np.isnan(np.asarray(nan["a"])).all()  # as optax: a non-finite norm poisons every update

@@ -21,7 +21,7 @@ import optax
 
 from bert_jax.models import isobn
 from bert_jax.models.config import ModelConfig
-from bert_jax.training.optim import decay_mask, learning_rate_schedule
+from bert_jax.training.optim import clip_by_global_norm, decay_mask, learning_rate_schedule
 
 
 class BertAdamState(NamedTuple):
@@ -109,7 +109,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, params: Any, 
   moments = (optax.scale_by_adam(cfg.b1, cfg.b2, cfg.eps) if cfg.bias_correction
              else scale_by_bert_adam(cfg.b1, cfg.b2, cfg.eps))
   tx = optax.chain(
-      optax.clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else optax.identity(),
+      clip_by_global_norm(cfg.clip_norm) if cfg.clip_norm > 0 else optax.identity(),
       moments,
       optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
       scale_by_multipliers(lr_multipliers(params, model, cfg.layer_decay, head_multiplier)),

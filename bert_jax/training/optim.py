@@ -122,12 +122,27 @@ def scale_by_layerwise_trust_ratio(adapt_mask: Callable[[Any], Any],
   return optax.GradientTransformation(lambda _: _EmptyState(), update_fn)
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """optax.clip_by_global_norm as one scalar factor, min(1, max_norm / norm), times every gradient: XLA fuses the
+  product into the moments' updates. optax's per-element select between g and g / norm * max_norm made XLA:CPU
+  write the divided gradient out and read both copies in each moment's pass (BENCHMARKS.md, "KerasHub on CPU,
+  profiled"). Unclipped, the gradients pass unchanged; clipped, they differ from optax's by rounding."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    norm = optax.tree.norm(updates)
+    scale = max_norm / jnp.maximum(norm, max_norm)
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def lamb(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0,
          stacked: Any = None) -> optax.GradientTransformation:
   """LAMB: clip by global norm, Adam moments (bias-corrected), decoupled decay, per-layer trust ratio."""
   return optax.chain(
-      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
       optax.add_decayed_weights(weight_decay, mask=decay_mask),
       scale_by_layerwise_trust_ratio(decay_mask, stacked),
@@ -139,7 +154,7 @@ def adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float =
           eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0
           ) -> optax.GradientTransformation:
   return optax.chain(
-      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
       optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask),
   )
 
@@ -177,7 +192,7 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: 
                  ) -> optax.GradientTransformation:
   """StableAdamW (module docstring); clip_norm > 0 adds global-norm clipping before it (ModernBERT: none)."""
   return optax.chain(
-      optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
+      clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(),
       scale_by_stable_adamw(b1, b2, eps, weight_decay, stacked),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -190,7 +205,7 @@ def adafactor(learning_rate: optax.ScalarOrSchedule, *, clip_norm: float = 0.0) 
   # Its factored moments (a row and a column per matrix) do not have their parameter's shape, so they cannot
   # take its logical axes: they start from the unboxed parameters and are replicated (they are small).
   unboxed = optax.GradientTransformation(lambda params: inner.init(nn.meta.unbox(params)), inner.update)
-  return optax.chain(optax.clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(), unboxed)
+  return optax.chain(clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(), unboxed)
 
 
 OPTIMIZERS = ("lamb", "adamw", "stable_adamw", "adafactor")
