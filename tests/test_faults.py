@@ -190,7 +190,9 @@ def test_a_paused_state_resumes_and_another_optimizer_is_refused_naming_it(tmp_p
     checkpoint.resume_paused(tmp_path, {"w": shape}, config)
 
 
-@pytest.mark.parametrize("damage", ["truncated arrays", "no manifest"])
+# truncated arrays: weekly (the same fall-back as a missing manifest, issue 37's input; truncated arrays'
+# failed restore is also test_every_checkpoint_damaged_starts_again_as_a_fresh_run's damage)
+@pytest.mark.parametrize("damage", [pytest.param("truncated arrays", marks=slow), "no manifest"])
 def test_damaged_checkpoint_falls_back_to_the_previous_step(healthy, tmp_path, capfd, damage):
   """Its warning is the only line besides the run's own: before, ~140 "Event loop is closed" tracebacks
   (orbax closed its loop while tensorstore's other reads were in flight) came with it."""
@@ -637,7 +639,8 @@ def _without_rows(workdir, drop):
   (workdir / "metrics.jsonl").write_text("".join(line for line in lines if not drop(json.loads(line))))
 
 
-@pytest.mark.parametrize("killed", ["before the last evaluation", "before finished.json"])
+# before finished.json: weekly (the resume after the last checkpoint is the same path; only the files left differ)
+@pytest.mark.parametrize("killed", ["before the last evaluation", pytest.param("before finished.json", marks=slow)])
 def test_a_run_killed_after_its_last_checkpoint_ends_as_the_uninterrupted_run(healthy, tmp_path, killed):
   """Before, the rerun ran nothing and wrote finished.json with no train or eval metrics, losing the final
   evaluation, and kept the step orbax had not yet deleted (steps 1..4 with checkpoint.keep=3)."""
