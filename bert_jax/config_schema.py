@@ -403,7 +403,7 @@ FIELDS += (
     _own("smart.late_momentum", "in [0, 1]", _unit, "beta of the teacher after that", FINETUNING),
     _own("smart.momentum_switch", "in [0, 1]", _unit, "the share of the steps at the first momentum",
          FINETUNING),
-    _own("sweep.learning_rates", *_SEQ, "`bert-jax finetune --sweep`: the learning rates tried", FINETUNING),
+    _own("sweep.learning_rates", *_SEQ, "`bert-jax sweep`: the learning rates tried", FINETUNING),
     _own("sweep.batch_sizes", *_SEQ, "the batch sizes tried", FINETUNING),
     _own("sweep.epochs", *_SEQ, "the run lengths tried, in epochs", FINETUNING),
     _own("sweep.seeds", *_SEQ, "the seeds tried", FINETUNING),
