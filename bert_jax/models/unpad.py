@@ -12,6 +12,10 @@ compiles at most eight shapes. After the last layer the encoder gathers its outp
 (`restore`, by `unpad_index`: each padded token's place in the packed rows, the zero row past them for the
 padding), so pooling and the heads read the padded layout as before.
 
+Fine-tuning's training steps run packed too (finetune/batching.py:train_packer): dropout inside the encoder
+draws each token's mask at its padded place (models/batch_rows.py:packed), so the step's loss and gradients are
+the padded step's; a step over micro-batches packs each device's micro-batch on its own (`pack_groups`).
+
 A batch that went through `pack` holds input_ids, token_type_ids, position_ids, document_ids int32[R, T] (the
 packed rows), attention_mask int32[B, T] (the padded batch's) and unpad_index int32[B, T]. An encoder takes
 part when its __call__ accepts `unpad_index` (BertModel's families, ModernBERT: `can_unpad`).
