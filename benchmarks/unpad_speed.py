@@ -114,7 +114,8 @@ def _train_step(config):
 
   def step(params, opt_state, batch):
     def loss(p):
-      return objective.sums(p, batch, jax.random.key(1), deterministic=False)["loss"] / objective.counts(batch)["labels"]
+      sums = objective.sums(p, batch, jax.random.key(1), deterministic=False)
+      return sums["loss"] / objective.counts(batch)["labels"]
     value, grads = jax.value_and_grad(loss)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value

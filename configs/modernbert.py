@@ -31,7 +31,8 @@ peak rate 3e-3 up to 68m, 8e-4 at 150m, 5e-4 at 400m and 1b (betas 0.9/0.98). mm
 pretraining (2.3T tokens at 1024, RoPE theta 10k, 30%), then `_mid`, init_from it: one run at 8192 tokens (theta
 160k local and global) of mid-training (600B tokens, 15%) and the decay (100B tokens, 5%, 1 - sqrt to 2% of the
 rate), the rate changing at the decay's first step in the running input (data.mask_rate_schedule). The first
-boundary stays between two runs: the rows grow from 1024 to 8192 tokens and RoPE's theta changes there. Shapes from the released training configs (JHU-CLSP's ettin-encoder-vs-decoder and
+boundary stays between two runs: the rows grow from 1024 to 8192 tokens and RoPE's theta changes there.
+Shapes from the released training configs (JHU-CLSP's ettin-encoder-vs-decoder and
 mmBERT repositories); `bert-jax presets` shows the counts (tests/test_modernbert.py: within 4% of the published
 17M ... 1B, 140M and 307M).
 

@@ -87,7 +87,8 @@ def test_pack_groups_gives_each_micro_batch_its_own_rows():
 
 def _setup(model_config, accum):
   config = load_config("configs/glue.py:sst2", [
-      "--config.mesh.data=4", "--config.mesh.tensor=2", "--config.train.batch_size=16", f"--config.train.grad_accum_steps={accum}",
+      "--config.mesh.data=4", "--config.mesh.tensor=2", "--config.train.batch_size=16",
+      f"--config.train.grad_accum_steps={accum}",
       "--config.data.max_seq_length=20", "--config.optimizer.warmup_ratio=0.0", "--config.head.dropout=0.2"])
   task = types.SimpleNamespace(head="classification", num_labels=3)
   setup, _ = trainer.build_train_setup(config, heads.encoder_config(model_config, "classification", "pooled"),
