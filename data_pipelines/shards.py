@@ -244,6 +244,9 @@ def masking_config(data_cfg, tokenizer) -> MaskingConfig:
     raise DataError(f"data.masking_mode={data_cfg.masking_mode!r}; choose one of {MASKING_MODES}")
   if data_cfg.masking_mode == "static" and data_cfg.dupe_factor < 1:
     raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
+  if data_cfg.get("mask_rate_schedule") and (data_cfg.masking_mode == "static" or data_cfg.format != "text"):
+    raise DataError(f"data.mask_rate_schedule={tuple(data_cfg.mask_rate_schedule)} changes the rate of masks drawn "
+                    "as the run goes: it needs data.masking_mode=dynamic and data.format=text")
   special = tokenizer.special_ids
   k = data_cfg.knowledge
   return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, predictions_per_seq(data_cfg),

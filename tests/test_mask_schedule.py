@@ -53,6 +53,12 @@ def test_resume_across_the_boundary_gives_the_same_batches(corpus, tmp_path, sto
       assert np.array_equal(want[k], got[k]), k
 
 
+def test_a_schedule_needs_masks_drawn_as_the_run_goes(corpus):
+  with pytest.raises(DataError, match="needs data.masking_mode=dynamic"):
+    make_pretrain_input(_cfg(corpus, mask_rate_schedule=((3, 0.1),), masking_mode="static"), global_batch_size=BATCH,
+                        process_index=0, process_count=1)
+
+
 def test_schedule_values():
   cfg = MaskingConfig("token", 0.15, 4, 4, np.zeros(10, bool), np.zeros(10, bool), schedule=((5, 0.1), (9, 0.05)))
   np.testing.assert_allclose(rates_at(cfg, np.array([0, 4, 5, 8, 9, 100])), [0.15, 0.15, 0.1, 0.1, 0.05, 0.05])
