@@ -4,6 +4,7 @@ sentences its own way), measured on CPU, and compiled for one TPU chip and estim
 
   python benchmarks/unpad_speed.py --rounds 5 --json            # CPU, measured
   python benchmarks/unpad_speed.py --tpu v5e-1 --json           # compiled for one v5e chip, estimated
+  python benchmarks/unpad_speed.py --train --rounds 3 --json    # fine-tuning's train step (also with --tpu)
 
 Length distributions (max_seq_length 128): the embedded task's dev set (configs/glue.py:embedded: short
 sentence pairs) and a real one, the Python standard library's docstring paragraphs
@@ -13,6 +14,8 @@ embedded WordPiece vocabulary. Models with random weights (speed only): ModernBE
 alternate, each warmed up (compiled) first; the medians of --rounds. On TPU: the forward over a padded
 batch [64, 128] and over its packed rows [R, 128] (R: the rows `unpad.pack` needs for the distribution's
 batches, on average, rounded up as it rounds), compiled for one chip; real tokens per estimated second.
+With --train: fine-tuning's training step instead (the loss's gradient with dropout on, and an AdamW update),
+on batches of 32 rows, padded against packed (finetune/batching.train_packer's one-pass packing).
 """
 from __future__ import annotations
 
@@ -96,6 +99,67 @@ def finetune_eval(config, feats: dict, rounds: int) -> dict:
           "speedup": padded / packed}
 
 
+TRAIN_BATCH = 32
+
+
+def _train_step(config):
+  """(params, jitted step(params, opt_state, batch) -> (params, opt_state, loss), opt_state) of a
+  classification head's fine-tuning step with dropout on."""
+  import optax  # pylint: disable=import-outside-toplevel
+  model = heads.FinetuneModel(heads.encoder_config(config, "classification", "pooled"), "classification", 2)
+  objective = FinetuneObjective(model)
+  dummy = jnp.zeros((1, LENGTH), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(0), dummy, dummy + 1, dummy)["params"])
+  tx = optax.adamw(1e-4)
+
+  def step(params, opt_state, batch):
+    def loss(p):
+      sums = objective.sums(p, batch, jax.random.key(1), deterministic=False)
+      return sums["loss"] / objective.counts(batch)["labels"]
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+  return params, step, tx.init(params)
+
+
+def _train_batches(config, feats: dict) -> tuple[list[dict], list[dict]]:
+  batches = [{**{k: v[s:s + TRAIN_BATCH] for k, v in feats.items()}, "label": np.zeros(TRAIN_BATCH, np.int32)}
+             for s in range(0, len(feats["input_ids"]) - TRAIN_BATCH + 1, TRAIN_BATCH)]
+  return batches, [{**b, **unpad.pack(b, config)} for b in batches]
+
+
+def finetune_train(config, feats: dict, rounds: int) -> dict:
+  params, step, opt_state = _train_step(config)
+  step = jax.jit(step)
+  padded, packed = _train_batches(config, feats)
+  run = lambda batches: [jax.block_until_ready(step(params, opt_state, b)) for b in batches]  # noqa: E731
+  a, b = _median_pair(lambda: run(padded), lambda: run(packed), rounds)
+  real = int(sum(x["attention_mask"].sum() for x in padded))
+  return {"real_tokens": real, "packed_rows": [len(x["input_ids"]) for x in packed],
+          "padded_tokens_per_s": real / a, "unpadded_tokens_per_s": real / b, "speedup": a / b}
+
+
+def tpu_train_estimate(config, feats: dict, topology: str) -> dict:
+  from bert_jax.tpu import estimate, slices  # pylint: disable=import-outside-toplevel
+  tpu = slices.parse(topology)
+  one = jax.sharding.SingleDeviceSharding(slices.compile_only_devices(tpu)[0])
+  params, step, opt_state = _train_step(config)
+  place = lambda tree: jax.tree.map(  # noqa: E731
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.asarray(x).dtype, sharding=one), tree)
+  padded, packed = _train_batches(config, feats)
+  rows_needed = unpad.row_count(int(np.ceil(np.mean([len(b["input_ids"]) for b in packed]))), TRAIN_BATCH,
+                                unpad.default_unit(TRAIN_BATCH))
+  real = float(np.mean([b["attention_mask"].sum() for b in padded]))
+
+  def seconds(batch):
+    compiled = jax.jit(step).lower(place(params), place(opt_state), place(batch)).compile()
+    return estimate.step_time(compiled.as_text(), tpu.chip, 1).seconds
+  a = seconds(padded[0])
+  b = seconds({**padded[0], **unpad.pack(padded[0], config, rows=rows_needed)})
+  return {"topology": topology, "packed_rows": rows_needed, "padded_tokens_per_s": real / a,
+          "unpadded_tokens_per_s": real / b, "speedup": a / b, "attention": getattr(config, "attention", "dot")}
+
+
 def embed(tokenizer_dir: str, config, texts: list[str], rounds: int, tmp: str) -> dict:
   """Embedder over a tiny random BERT folder: pack=False (rows padded to length buckets) against pack=True."""
   import torch  # pylint: disable=import-outside-toplevel
@@ -152,6 +216,7 @@ def main() -> None:
   parser.add_argument("--rows", type=int, default=512)
   parser.add_argument("--tpu", default="", help="a Cloud TPU name (v5e-1): compile and estimate instead of run")
   parser.add_argument("--json", action="store_true")
+  parser.add_argument("--train", action="store_true", help="fine-tuning's train step instead of eval and embed")
   args = parser.parse_args()
   os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # configs/ are relative
   vocab = embedded.ensure_embedded()[1]
@@ -167,12 +232,12 @@ def main() -> None:
         if args.tpu:
           if isinstance(config, ModernBertConfig):
             config = config.replace(attention="splash")
-          result = tpu_estimate(config, feats, args.tpu)
+          result = (tpu_train_estimate if args.train else tpu_estimate)(config, feats, args.tpu)
         else:
-          result = finetune_eval(config, feats, args.rounds)
-        _report(out, {"set": dist, "mean_tokens": mean, "model": name, "what": "finetune eval/predict",
-                      **result}, args.json)
-      if not args.tpu:
+          result = (finetune_train if args.train else finetune_eval)(config, feats, args.rounds)
+        _report(out, {"set": dist, "mean_tokens": mean, "model": name,
+                      "what": "finetune train step" if args.train else "finetune eval/predict", **result}, args.json)
+      if not args.tpu and not args.train:
         bert = models(tokenizer.vocab_size)["bert (minilm-l6 shape)"]
         _report(out, {"set": dist, "mean_tokens": mean, "model": "bert (minilm-l6 shape)", "what": "embed",
                       **embed(os.path.dirname(vocab), bert, texts, args.rounds, tmp)}, args.json)

@@ -67,6 +67,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
   # 128 tokens and 15%). A number below it caps the rate (ALBERT's 20 at 512): bert_jax/data_pipelines/masking.py.
   c.max_predictions_per_seq = 0
   c.mask_rate = 0.15
+  # ((step, rate), ...): from each step on, that masking rate (mmBERT's 15% -> 5%, configs/modernbert.py), changed in
+  # the running input pipeline and resumed exactly across a boundary; (): data.mask_rate throughout
+  c.mask_rate_schedule = ()
   c.masking = "token"  # token | whole_word | ngram | span | knowledge
   # data.masking=knowledge (ERNIE 1.0): where the phrase/entity spans come from, and the odds of each level's
   # units (0 for phrase or entity: its spans are masked as words). Neither spacy_model nor phrases: runs of

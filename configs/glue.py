@@ -64,8 +64,9 @@ def base_config() -> ml_collections.ConfigDict:
   # e.g. (32, 64, 128): rows go to the smallest length that holds them, batches never mix lengths, one
   # compiled shape each (finetune/batching.py); () pads every row to max_seq_length
   c.data.length_buckets = ()
-  # evaluation and predict run each batch's real tokens packed into fewer rows, the padding dropped (exact;
-  # bert_jax/models/unpad.py), where the family can (BERT's families, ModernBERT); False: the padded rows
+  # training steps, evaluation and predict run each batch's real tokens packed into fewer rows, the padding dropped
+  # (exact, dropout included; bert_jax/models/unpad.py), where the family can (BERT's families, ModernBERT); False:
+  # the padded rows
   c.data.unpad = True
   c.data.train_limit = 0  # use only the first N training examples (0: all)
   c.data.eval_limit = 0

@@ -27,10 +27,12 @@ Ettin (Weller et al. 2025, `ettin_17m` ... `ettin_1b`): ModernBERT's architectur
 its BPE of 50,368 (a tokenizer.json: data.tokenizer=tokenizer_json), 1.7T tokens at 1024, 30% masking; the
 peak rate 3e-3 up to 68m, 8e-4 at 150m, 5e-4 at 400m and 1b (betas 0.9/0.98). mmBERT (Marone et al. 2025,
 `mmbert_small`, `mmbert_base`): the same architecture with Gemma 2's tokenizer (256,000 entries), betas
-0.9/0.95, eps 1e-8, in three chained phases whose masking rate falls as the paper's schedule does
-(MASK_SCHEDULE: 30% -> 15% -> 5%): pretraining (2.3T tokens at 1024, RoPE theta 10k), `_mid` (600B tokens at
-8192, theta 160k local and global, init_from the first), `_decay` (100B tokens, 1 - sqrt decay to 2% of the
-rate, init_from `_mid`). Shapes from the released training configs (JHU-CLSP's ettin-encoder-vs-decoder and
+0.9/0.95, eps 1e-8, its masking rate falling as the paper's schedule does (MASK_SCHEDULE: 30% -> 15% -> 5%):
+pretraining (2.3T tokens at 1024, RoPE theta 10k, 30%), then `_mid`, init_from it: one run at 8192 tokens (theta
+160k local and global) of mid-training (600B tokens, 15%) and the decay (100B tokens, 5%, 1 - sqrt to 2% of the
+rate), the rate changing at the decay's first step in the running input (data.mask_rate_schedule). The first
+boundary stays between two runs: the rows grow from 1024 to 8192 tokens and RoPE's theta changes there.
+Shapes from the released training configs (JHU-CLSP's ettin-encoder-vs-decoder and
 mmBERT repositories); `bert-jax presets` shows the counts (tests/test_modernbert.py: within 4% of the published
 17M ... 1B, 140M and 307M).
 
@@ -57,7 +59,8 @@ SIZES = {
     "mmbert_base": (22, 768, 12, 1152, 3, 128),
 }
 VOCAB = {"mmbert_small": 256_000, "mmbert_base": 256_000}  # the others: ModernBertConfig's 50,368
-# mmBERT's masking rate by phase (the paper's annealed schedule; data.mask_rate of each phase's run)
+# mmBERT's masking rate by phase (the paper's annealed schedule): pretraining's, then mid-training's and the decay's
+# in one run (data.mask_rate, then data.mask_rate_schedule from the decay's first step)
 MASK_SCHEDULE = {"": 0.3, "mid": 0.15, "decay": 0.05}
 
 # name: (peak rate, batch, batch warmup start (a fraction of the batch), batch warmup steps, warmup steps, steps)
@@ -80,8 +83,8 @@ RECIPES = {
 # weight decay per step at the peak rate (ModernBERT's 1e-5 where not listed)
 WEIGHT_DECAY = {"ettin_17m": 3e-4, "ettin_32m": 3e-4, "ettin_68m": 3e-4, "ettin_1b": 5e-5, "mmbert_small": 8e-5,
                 "mmbert_base": 8e-5}
-# mmBERT's later phases at 8192 tokens, 4,608 rows: (steps, decay steps): 600B tokens held, then 100B decaying
-MMBERT_PHASES = {"mid": (15_895, 0), "decay": (2_649, 2_649)}
+# mmBERT's later phases at 8192 tokens, 4,608 rows, one run (`_mid`): 600B tokens held, then 100B decaying
+MMBERT_PHASES = {"mid": 15_895, "decay": 2_649}
 # Phase 2 at 8192 tokens: (rate, batch, steps, decay steps, warmup steps); 72 rows of 8192 tokens = 590k tokens
 # per step, the last 50B tokens decaying.
 LONG = {"tiny": (3e-4, 16, 300, 100, 10), "base": (3e-4, 72, 508_000, 85_000, 500),
@@ -98,10 +101,8 @@ PRESETS = {
        for n in ("17m", "32m", "68m", "150m", "400m", "1b")},
     **{f"mmbert_{n}": f"mmBERT-{n} (Marone et al. 2025) pretraining: 256k vocabulary, 30% masking at 1024 tokens"
        for n in ("small", "base")},
-    **{f"mmbert_{n}_mid": f"mmBERT-{n}'s mid-training: 8192 tokens, 15% masking, init_from mmbert_{n}"
-       for n in ("small", "base")},
-    **{f"mmbert_{n}_decay": f"mmBERT-{n}'s decay: 5% masking, 1 - sqrt decay, init_from mmbert_{n}_mid"
-       for n in ("small", "base")},
+    **{f"mmbert_{n}_mid": f"mmBERT-{n}'s mid-training and decay in one run: 8192 tokens, 15% then 5% masking, "
+       f"1 - sqrt decay, init_from mmbert_{n}" for n in ("small", "base")},
 }
 
 
@@ -117,7 +118,7 @@ def model_config(size: str):
 
 def get_config(arg: str = "base"):
   common.check_preset(arg, PRESETS)
-  phase = next((p for p in MMBERT_PHASES if arg.endswith(f"_{p}")), "")
+  phase = "mid" if arg.endswith("_mid") else ""
   size, long = arg.removesuffix("_long").removesuffix(f"_{phase}"), arg.endswith("_long")
   c = common.base_config()
   c.model = model_config(size)
@@ -157,15 +158,17 @@ def _context_extension(c, size: str) -> None:
 
 
 def _mmbert_phase(c, size: str, phase: str) -> None:
-  """mmBERT's phase (MASK_SCHEDULE): its masking rate; mid-training and decay at 8192 tokens with RoPE theta 160k
-  (local and global), no warmup, init_from the phase before; the decay's rate falls as 1 - sqrt to 2%."""
+  """mmBERT's phases (MASK_SCHEDULE): pretraining's 30%; `mid`: mid-training and the decay as one run at 8192 tokens
+  with RoPE theta 160k (local and global), no warmup, init_from pretraining, 15% masking then 5% from the decay's
+  first step (data.mask_rate_schedule), the rate falling as 1 - sqrt to 2% over the decay's steps."""
   c.data.mask_rate = MASK_SCHEDULE[phase]
   if not phase:
     return
-  steps, decay_steps = MMBERT_PHASES[phase]
+  mid, decay = MMBERT_PHASES["mid"], MMBERT_PHASES["decay"]
+  c.data.mask_rate_schedule = ((mid, MASK_SCHEDULE["decay"]),)
   c.model.update(global_rope_theta=160_000.0, local_rope_theta=160_000.0)
   c.data.max_seq_length = 8192
-  c.optimizer.update(warmup_steps=0, decay="1-sqrt" if decay_steps else "constant", decay_steps=decay_steps,
-                     end_learning_rate=0.02 * c.optimizer.learning_rate if decay_steps else 0.0)
-  c.train.update(num_steps=steps, batch_warmup_steps=0, batch_warmup_start=1.0)
-  c.init_from = f"runs/{size}" if phase == "mid" else f"runs/{size}_mid"  # override with --config.init_from
+  c.optimizer.update(warmup_steps=0, decay="1-sqrt", decay_steps=decay, decay_start=-1,
+                     end_learning_rate=0.02 * c.optimizer.learning_rate)
+  c.train.update(num_steps=mid + decay, batch_warmup_steps=0, batch_warmup_start=1.0)
+  c.init_from = f"runs/{size}"  # override with --config.init_from

@@ -10,7 +10,7 @@ import numpy as np
 
 from bert_jax.data_pipelines import span_corruption
 from bert_jax.data_pipelines.knowledge import split_tags
-from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, predictions_per_seq, row_keys
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, predictions_per_seq, rates_at, row_keys
 from bert_jax.data_pipelines.shuffling import shuffle_trigrams, trigram_slots
 from bert_jax.data_pipelines.tftools import tf
 
@@ -106,12 +106,12 @@ class Featurizer:
     self._spec, t = spec, tf()
     width = max_seq_length
 
-    def featurize(ids, length, segment_ids, label, document_ids, shard, counter):
+    def featurize(ids, length, segment_ids, label, document_ids, shard, counter, rates):
       keys = row_keys(seeds, shard, counter)
       tags = None
       if masking.strategy == "knowledge":  # rows of tagged ids (knowledge.py)
         ids, tags = split_tags(ids)
-      masked = mask_batch(ids, length, keys, masking, tags)
+      masked = mask_batch(ids, length, keys, masking, tags, rates)
       if "shuffled_positions" in spec:
         masked.update(shuffle_trigrams(ids, length, masked, keys, masking))
       real = t.range(width)[None] < length[:, None]
@@ -123,10 +123,14 @@ class Featurizer:
 
     rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
             t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
-            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int64), t.TensorSpec([None], t.int64)]
+            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int64), t.TensorSpec([None], t.int64),
+            t.TensorSpec([None], t.float64)]
     self._fn = t.function(featurize, input_signature=rows)
+    self._masking = masking
 
   def __call__(self, rows: dict) -> dict:
-    out = self._fn(*(rows[name] for name in ROW_FIELDS))
+    """rows: ROW_FIELDS, and `step` int64[N] (each row's batch: data.mask_rate_schedule's rate; 0 without)."""
+    steps = rows.get("step", np.zeros(len(rows["length"]), np.int64))
+    out = self._fn(*(rows[name] for name in ROW_FIELDS), rates_at(self._masking, steps))
     labels = {name: rows[name] for name in ERNIE_FEATURES if name in self._spec}  # built with the rows
     return {name: np.asarray(value) for name, value in {**out, **labels}.items()}

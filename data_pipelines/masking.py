@@ -53,6 +53,8 @@ class MaskingConfig:
   trigram_shuffle_rate: float = 0.0  # StructBERT's word objective (shuffling.py); 0: off
   # knowledge: odds of a basic (word), phrase and entity unit being drawn; 0 splits that level into words
   level_weights: tuple = (1.0, 1.0, 1.0)
+  # data.mask_rate_schedule: ((step, rate), ...): from each step on (increasing, > 0), that rate instead of `rate`
+  schedule: tuple = ()
 
   def __post_init__(self):
     if self.strategy not in STRATEGIES:
@@ -69,8 +71,30 @@ class MaskingConfig:
       raise DataError(f"data.knowledge weights (basic, phrase, entity)={weights}; use a positive basic weight and "
                       "phrase and entity weights >= 0 (0: that level's spans are masked as words)")
     object.__setattr__(self, "level_weights", weights)
+    object.__setattr__(self, "schedule", check_schedule(self.schedule))
     object.__setattr__(self, "lengths", _length_distribution(self.strategy))
     object.__setattr__(self, "replacements", np.flatnonzero(~self.special).astype(np.int32))
+
+
+def check_schedule(schedule) -> tuple:
+  """data.mask_rate_schedule as ((step, rate), ...), steps increasing from 1 and rates in (0, 1); else one line."""
+  try:
+    pairs = tuple((int(step), float(rate)) for step, rate in schedule)
+    ok = all(p == tuple(x) for p, x in zip(pairs, schedule))
+  except (TypeError, ValueError):
+    ok = False
+  if not ok or any(not 0 < r < 1 for _, r in pairs) or [s for s, _ in pairs] != sorted({s for s, _ in pairs}) or \
+      (pairs and pairs[0][0] < 1):
+    raise DataError(f"data.mask_rate_schedule={schedule!r}; use ((step, rate), ...) with steps increasing from 1 and "
+                    "rates in (0, 1), e.g. ((15895, 0.05),): data.mask_rate before the first step")
+  return pairs
+
+
+def rates_at(cfg: MaskingConfig, steps: np.ndarray) -> np.ndarray:
+  """float64[N]: the masking rate of each row's step (data.mask_rate, then the schedule's from its steps)."""
+  bounds = np.asarray([s for s, _ in cfg.schedule], np.int64)
+  values = np.asarray([cfg.rate] + [r for _, r in cfg.schedule], np.float64)
+  return values[np.searchsorted(bounds, np.asarray(steps, np.int64), side="right")]
 
 
 def predictions_per_seq(data_cfg) -> int:
@@ -78,7 +102,8 @@ def predictions_per_seq(data_cfg) -> int:
   ceil(data.mask_rate * data.max_seq_length), so a row gets the rate it asks for at any length (BERT's 20 at 128
   tokens and 15%, 77 at 512; ModernBERT's 308 at 1024 and 30%)."""
   cap = data_cfg.max_predictions_per_seq
-  return cap if cap else max(math.ceil(round(data_cfg.mask_rate * data_cfg.max_seq_length, 6)), 1)
+  rate = max([data_cfg.mask_rate] + [r for _, r in check_schedule(data_cfg.get("mask_rate_schedule", ()))])
+  return cap if cap else max(math.ceil(round(rate * data_cfg.max_seq_length, 6)), 1)
 
 
 def check_predictions(data_cfg) -> None:
@@ -323,11 +348,12 @@ def _knowledge_tags(tags, cfg):
   return t.where(t.gather(off, (tags + 1) // 2), 0, tags)
 
 
-def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
+def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None, rates=None) -> dict:
   """Masks rows `ids` (int32[B, T], padded, with [CLS]/[SEP]; `lengths` int32[B] real tokens) with
   per-row `keys` (uint32[B]). Returns input_ids, masked_lm_{positions, ids, weights} and the span
   features (masked_lm_span_{left, right, offset}) of FEATURES. `tags` (int32[B, T], knowledge.py): the
-  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words.
+  phrase and entity spans of knowledge masking; None or all 0 (no span) masks whole words. `rates` (float64[B]):
+  each row's masking rate (`rates_at`: data.mask_rate_schedule at the row's step); None: cfg.rate.
 
   Rows are masked in groups cut to the width that holds them (an eighth, a quarter, all of it; cuts of
   at least 64): a row's mask depends on its own tokens and key only (never on the width past its
@@ -336,15 +362,17 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   t = tf()
   width = ids.shape[1]
   cuts = [cut for cut in (width // 8, width // 4) if cut >= 64] + [width]
+  if rates is None:
+    rates = t.fill([t.shape(ids)[0]], t.constant(cfg.rate, t.float64))
   if len(cuts) == 1:
-    return _mask_rows(ids, lengths, keys, cfg, tags)
+    return _mask_rows(ids, lengths, keys, cfg, tags, rates)
   group = t.reduce_sum(t.cast(lengths[:, None] > cuts[:-1], t.int32), 1)
   groups, outputs = [], []
   for k, cut in enumerate(cuts):
     rows = t.where(group == k)[:, 0]
     group_ids = t.gather(ids, rows)
     out = _mask_rows(group_ids[:, :cut], t.gather(lengths, rows), t.gather(keys, rows), cfg,
-                     None if tags is None else t.gather(tags, rows)[:, :cut])
+                     None if tags is None else t.gather(tags, rows)[:, :cut], t.gather(rates, rows))
     out["input_ids"] = t.concat([out["input_ids"], group_ids[:, cut:]], 1)
     groups.append(rows)
     outputs.append(out)
@@ -352,7 +380,7 @@ def mask_batch(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
   return {name: t.gather(t.concat([out[name] for out in outputs], 0), back) for name in outputs[0]}
 
 
-def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
+def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags, rates) -> dict:
   """mask_batch on one group of rows."""
   t = tf()
   width, slots = ids.shape[1], cfg.max_predictions
@@ -368,7 +396,7 @@ def _mask_rows(ids, lengths, keys, cfg: MaskingConfig, tags=None) -> dict:
     first = t.gather((tags + 1) // 2, t.minimum(starts, width - 1), batch_dims=1)  # 0 basic, 1 phrase, 2 entity
     unit_weights = t.gather(t.constant(cfg.level_weights, t.float64), first)
   num_candidates = t.reduce_sum(t.cast(candidate, t.float64), 1)
-  budget = t.minimum(slots, t.maximum(1, t.cast(t.round(num_candidates * cfg.rate), t.int32)))
+  budget = t.minimum(slots, t.maximum(1, t.cast(t.round(num_candidates * t.cast(rates, t.float64)), t.int32)))
   if len(cfg.lengths) == 1:
     chosen, lo, hi = _single_units(keys, starts, ends, valid, budget, cfg, unit_weights)
   else:

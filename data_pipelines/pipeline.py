@@ -39,8 +39,8 @@ def _masked(rows, featurize):
 class _RowThread:
   """The in-process row stage: shard batches on a prefetch thread."""
 
-  def __init__(self, ctx, shards, states, rows_per_shard):
-    self._prefetcher = Prefetcher(lambda: shard_batches(ctx, shards, states, rows_per_shard))
+  def __init__(self, ctx, shards, states, rows_per_shard, first):
+    self._prefetcher = Prefetcher(lambda: shard_batches(ctx, shards, states, rows_per_shard, first))
     self.stats = []
 
   def next(self):
@@ -53,8 +53,8 @@ class _RowThread:
 class _RowWorkers:
   """Rows and their masks in worker processes: `next()` gives (masked batch, states)."""
 
-  def __init__(self, context_args, groups, states, rows_per_shard):
-    self._pool = WorkerPool(context_args, groups, states, rows_per_shard)
+  def __init__(self, context_args, groups, states, rows_per_shard, first):
+    self._pool = WorkerPool(context_args, groups, states, rows_per_shard, first)
 
   @property
   def stats(self):
@@ -75,6 +75,7 @@ class PretrainInput:
     self._ctx, self.tokenizer, self._shards = ctx, ctx.tokenizer, shards
     self._rows_per_shard, self._process_index = rows_per_shard, process_index
     self._states = {s: None for s in shards}
+    self._step = 0  # batches consumed: the run's step of the next one (data.mask_rate_schedule), saved with the states
     self._featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
     # context_args rebuild ctx in a worker: picklable, unlike the tokenizer and the source
     groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
@@ -101,9 +102,9 @@ class PretrainInput:
   def __next__(self) -> dict:
     if self._rows is None:
       if self._groups:
-        self._rows = _RowWorkers(self._context_args, self._groups, self._states, self._rows_per_shard)
+        self._rows = _RowWorkers(self._context_args, self._groups, self._states, self._rows_per_shard, self._step)
       else:
-        self._rows = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard)
+        self._rows = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard, self._step)
         self._masker = Prefetcher(lambda: _masked(self._rows, self._featurize))
     try:
       batch, states = (self._masker or self._rows).next()  # workers mask their own rows
@@ -111,6 +112,7 @@ class PretrainInput:
       self.close()  # a stage failed or we were interrupted: the next call restarts from the consumed position
       raise
     self._states.update(states)
+    self._step += 1
     return batch
 
   def close(self) -> None:
@@ -130,13 +132,14 @@ class PretrainInput:
   def save(self, directory: str) -> None:
     """Writes this process's shard positions to `directory` (one file per process)."""
     write_state(directory, self._process_index,
-                {"num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard,
+                {"num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard, "step": self._step,
                  "shards": {str(s): self._states[s] for s in self._shards}})
 
   def restore(self, directory: str) -> None:
     """Reads the positions of this host's shards from the files every process wrote (any host count)."""
-    found = {}
+    found, step = {}, 0
     for path, state in read_states(directory):
+      step = state.get("step", 0)  # every process's is the same; a position saved before the field: 0
       if (state["num_shards"], state["rows_per_shard"]) != (self._ctx.num_shards, self._rows_per_shard):
         raise DataError(f"{path}: saved with num_shards={state['num_shards']} and "
                         f"{state['rows_per_shard']} rows per shard; this run has {self._ctx.num_shards} "
@@ -148,6 +151,7 @@ class PretrainInput:
                       "was the checkpoint written by a run with the same data config?")
     self.close()
     self._states = {s: found[s] for s in self._shards}
+    self._step = step
 
 
 def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int, process_count: int,

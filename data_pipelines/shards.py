@@ -164,14 +164,16 @@ def _stack(rows, counters, shards, width: int) -> dict:
   return out
 
 
-def shard_batches(ctx: Context, shards, states: dict, rows_per_shard: int):
-  """(key, unmasked rows of `shards` in shard order, their states after those rows) for batch 0, 1, ..."""
+def shard_batches(ctx: Context, shards, states: dict, rows_per_shard: int, first: int = 0):
+  """(key, unmasked rows of `shards` in shard order, their states after those rows) for batch 0, 1, ...; the rows'
+  `step` is the batch's in the run, `first` + key (masking.rates_at: data.mask_rate_schedule)."""
   streams = [ShardStream(ctx, s, states[s]) for s in shards]
   iterators = [iter(s) for s in streams]
   for key in itertools.count():
     taken = [(next(it), s.shard) for it, s in zip(iterators, streams) for _ in range(rows_per_shard)]
     rows = [row for (row, _), _ in taken]
     rows = _stack(rows, [counter for (_, counter), _ in taken], [shard for _, shard in taken], ctx.max_seq_length)
+    rows["step"] = np.full(len(taken), first + key, np.int64)
     yield key, rows, {s.shard: s.state for s in streams}
 
 
@@ -254,11 +256,15 @@ def masking_config(data_cfg, tokenizer) -> MaskingConfig:
     raise DataError(f"data.masking_mode={data_cfg.masking_mode!r}; choose one of {MASKING_MODES}")
   if data_cfg.masking_mode == "static" and data_cfg.dupe_factor < 1:
     raise DataError(f"data.dupe_factor={data_cfg.dupe_factor}; static masking needs at least 1 (BERT used 10)")
+  if data_cfg.get("mask_rate_schedule") and (data_cfg.masking_mode == "static" or data_cfg.format != "text"):
+    raise DataError(f"data.mask_rate_schedule={tuple(data_cfg.mask_rate_schedule)} changes the rate of masks drawn "
+                    "as the run goes: it needs data.masking_mode=dynamic and data.format=text")
   special = tokenizer.special_ids
   k = data_cfg.knowledge
   return MaskingConfig(data_cfg.masking, data_cfg.mask_rate, predictions_per_seq(data_cfg),
                        special[data_cfg.mask_token], tokenizer.special_mask(), tokenizer.continuation_mask(),
-                       data_cfg.trigram_shuffle_rate, (k.basic_weight, k.phrase_weight, k.entity_weight))
+                       data_cfg.trigram_shuffle_rate, (k.basic_weight, k.phrase_weight, k.entity_weight),
+                       tuple(data_cfg.get("mask_rate_schedule", ())))
 
 
 def seeds(data_cfg, split: str) -> tuple:

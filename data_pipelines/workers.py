@@ -122,7 +122,8 @@ def _chunks(batches, size: int):
       return
 
 
-def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, stop):
+def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, stop,
+                     first: int = 0):
   """(key, states, stats) for every batch, its piece written to the next slot; if building fails, the error as
   the last message. Ends when stopped."""
   try:
@@ -131,7 +132,7 @@ def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_sh
     featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
     rows = rows_per_shard * len(shards)
     size = chunk_batches(rows * ctx.max_seq_length, slots.count)
-    for chunk, error in _chunks(shard_batches(ctx, shards, states, rows_per_shard), size):
+    for chunk, error in _chunks(shard_batches(ctx, shards, states, rows_per_shard, first), size):
       pieces = [piece for _, piece, _ in chunk]
       masked = featurize(pieces[0] if len(pieces) == 1 else
                          {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}) if pieces else {}
@@ -149,7 +150,7 @@ def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_sh
 
 
 def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, out, stop,
-            tf_threads: int):
+            tf_threads: int, first: int = 0):
   """A worker process's main: sends its messages until stopped, or until the last one (an error)."""
   # Before TensorFlow starts here: its thread pools would each get a thread per core this process may use,
   # but the workers share those cores, and an idle pool thread spins before it sleeps. Unless the environment
@@ -160,7 +161,7 @@ def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int,
   # (the trainer keeps reading batches after SIGTERM until the agreed stop step).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  for message in _worker_messages(context_args, shards, states, rows_per_shard, slots, stop):
+  for message in _worker_messages(context_args, shards, states, rows_per_shard, slots, stop, first):
     try:
       out.send(message)  # small, and at most slots.count + 1 of them unread: never blocks for long
     except (BrokenPipeError, ConnectionResetError):  # the main process is gone
@@ -170,7 +171,8 @@ def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int,
 class WorkerPool:
   """Worker processes, one per contiguous group of shards, each sending its piece of every batch."""
 
-  def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int):
+  def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int, first: int = 0):
+    """first: the run's step of the next batch (data.mask_rate_schedule)."""
     mp = multiprocessing.get_context("spawn")  # forking a process that runs TF threads can deadlock
     self._stop = mp.Event()
     data_cfg = ml_collections.ConfigDict(context_args["data_cfg"])
@@ -181,7 +183,7 @@ class WorkerPool:
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
                    args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, slots, writer, self._stop,
-                         tf_threads))
+                         tf_threads, first))
         for g, slots, (_, writer) in zip(groups, self._slots, pipes)]
     for p in self._processes:
       p.start()

@@ -15,7 +15,7 @@ import transformers
 from core_helpers import slow
 
 import bert_jax
-from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, row_keys
+from bert_jax.data_pipelines.masking import MaskingConfig, mask_batch, rates_at, row_keys
 from bert_jax import cli
 from bert_jax.config_utils import load_config
 from bert_jax.conversion import common, hf, native
@@ -295,25 +295,31 @@ def test_presets_have_the_released_sizes(preset, released):
 
 @pytest.mark.parametrize("size", ["small", "base"])
 def test_mmbert_phases_anneal_the_masking_rate(size):
-  """mmBERT's three phases (configs/modernbert.py MASK_SCHEDULE): 30%, 15% and 5% of the real tokens masked
-  (counted over 400 masked rows of 128 tokens), Gemma 2's vocabulary, the later phases at 8192 tokens with RoPE
-  theta 160k, each init_from the one before, the decay falling as 1 - sqrt to 2% of the rate."""
+  """mmBERT's schedule (configs/modernbert.py MASK_SCHEDULE): 30%, 15% and 5% of the real tokens masked (counted
+  over 400 masked rows of 128 tokens), Gemma 2's vocabulary; mid-training and the decay as one run (`_mid`) at 8192
+  tokens with RoPE theta 160k, init_from pretraining, its rate 15% until the decay's first step and 5% from it
+  (data.mask_rate_schedule), the learning rate falling as 1 - sqrt to 2% over the decay's steps."""
   rng = np.random.default_rng(0)
   ids = rng.integers(5, 1000, (400, 128)).astype(np.int32)
   special = np.arange(1000) < 5
-  got = {}
-  for phase, rate in (("", 0.3), ("_mid", 0.15), ("_decay", 0.05)):
-    config = load_config(f"configs/modernbert.py:mmbert_{size}{phase}", [])
+  mid = load_config(f"configs/modernbert.py:mmbert_{size}_mid", [])
+  first = load_config(f"configs/modernbert.py:mmbert_{size}", [])
+  boundary = mid.data.mask_rate_schedule[0][0]
+  for config, step, rate in ((first, 0, 0.3), (mid, boundary - 1, 0.15), (mid, boundary, 0.05)):
     assert config.model.vocab_size == 256_000 and config.data.tokenizer == "tokenizer_json"
-    cfg = MaskingConfig(config.data.masking, config.data.mask_rate, 128, 4, special, np.zeros(1000, bool))
-    out = mask_batch(ids, np.full(400, 128, np.int32), row_keys((1,), np.zeros(400), np.arange(400)), cfg)
-    got[phase] = float(np.asarray(out["masked_lm_weights"]).sum()) / ids.size
-    assert abs(got[phase] - rate) < 0.01, (phase, got[phase])
-  mid, decay = (load_config(f"configs/modernbert.py:mmbert_{size}_{p}", []) for p in ("mid", "decay"))
+    cfg = MaskingConfig(config.data.masking, config.data.mask_rate, 128, 4, special, np.zeros(1000, bool),
+                        schedule=config.data.mask_rate_schedule)
+    rates = rates_at(cfg, np.full(400, step))
+    out = mask_batch(ids, np.full(400, 128, np.int32), row_keys((1,), np.zeros(400), np.arange(400)), cfg,
+                     rates=rates)
+    got = float(np.asarray(out["masked_lm_weights"]).sum()) / ids.size
+    assert abs(got - rate) < 0.01, (step, got)
   assert (mid.data.max_seq_length, mid.model.global_rope_theta, mid.model.local_rope_theta) == (8192, 16e4, 16e4)
-  assert mid.init_from == f"runs/mmbert_{size}" and decay.init_from == f"runs/mmbert_{size}_mid"
-  assert (decay.optimizer.decay, decay.optimizer.decay_steps, decay.train.num_steps) == ("1-sqrt", 2649, 2649)
-  assert decay.optimizer.end_learning_rate == pytest.approx(0.02 * decay.optimizer.learning_rate)
+  assert mid.init_from == f"runs/mmbert_{size}" and first.data.mask_rate_schedule == ()
+  assert (boundary, mid.train.num_steps) == (15_895, 15_895 + 2_649)
+  assert (mid.optimizer.decay, mid.optimizer.decay_steps, mid.optimizer.decay_start) == ("1-sqrt", 2649, -1)
+  assert mid.optimizer.end_learning_rate == pytest.approx(0.02 * mid.optimizer.learning_rate)
+  assert mid.data.max_predictions_per_seq == 1229  # the first rate's: ceil(0.15 * 8192)
 
 
 def test_tiny_parameter_table():

@@ -23,7 +23,7 @@ import numpy as np
 from bert_jax.errors import UserError
 from bert_jax.finetune.features import MODEL_INPUTS
 from bert_jax.models import families, unpad
-from bert_jax.training import partitioning
+from bert_jax.training import accumulate, partitioning
 
 Features = dict[str, np.ndarray]
 
@@ -118,6 +118,22 @@ def unpad_config(data, model_config) -> Any:
   if model_config is None or not data.get("unpad", True):
     return None
   return model_config if unpad.can_unpad(type(families.build(model_config)), model_config) else None
+
+
+def train_packer(encoder_config, train, mesh) -> Callable[[Features], Features] | None:
+  """How a training batch goes to the step with its real tokens packed (models/unpad.py), or None (padded):
+  `encoder_config` is `unpad_config`'s. One pass over the global batch packs it as evaluation does; a step
+  over micro-batches or a bfloat16 reduction (training/accumulate.py) packs each device's micro-batch on
+  its own (`unpad.pack_groups`), so each restores from its own rows. Either way a token's dropout is the
+  padded step's (models/batch_rows.py: packed), so the step's loss and gradients are the padded step's."""
+  if encoder_config is None:
+    return None
+  if accumulate.one_pass(train.grad_accum_steps, train.grad_reduce_dtype):
+    pack = lambda batch: {**batch, **_packed(batch, len(batch["input_ids"]), encoder_config, mesh)}  # noqa: E731
+  else:
+    groups = max(1, accumulate.parts(mesh) // jax.process_count())
+    pack = lambda batch: unpad.pack_groups(batch, encoder_config, groups, train.grad_accum_steps)  # noqa: E731
+  return lambda batch: pack(batch) if batch["input_ids"].ndim == 2 else batch  # not a ranking head's groups
 
 
 def _packed(batch: Features, real: int, encoder_config, mesh) -> Features:

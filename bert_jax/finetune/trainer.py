@@ -94,9 +94,23 @@ def seeds(train: ml_collections.ConfigDict) -> dict[str, int]:
 def run_model(setup: TrainSetup, params: Any, features: dict[str, np.ndarray], batch_size: int
               ) -> dict[str, np.ndarray]:
   lengths = batching.buckets(setup.config.data.get("length_buckets", ()), features["input_ids"].shape[1])
-  model = getattr(setup.objective, "model", None)  # a FinetuneModel's batches unpad (not a quantized one's)
-  packing = batching.unpad_config(setup.config.data, model.config if isinstance(model, heads.FinetuneModel) else None)
+  packing = batching.unpad_config(setup.config.data, _encoder_config(setup))
   return batching.run_model(setup.eval_step, params, setup.mesh, features, batch_size, lengths, packing)
+
+
+def _encoder_config(setup: TrainSetup) -> Any:
+  """The encoder config of a FinetuneModel's objective (whose batches unpad; not a quantized model's), or None."""
+  model = getattr(setup.objective, "model", None)
+  return model.config if isinstance(model, heads.FinetuneModel) else None
+
+
+def _packing(setup: TrainSetup) -> Any:
+  """`unpad_config` of the training step: plain fine-tuning's objective without SMART (whose perturbation is
+  of the padded embeddings), not a distillation's or another learner's."""
+  objective = setup.objective
+  if type(objective) is not FinetuneObjective or objective.smart is not None:
+    return None
+  return batching.unpad_config(setup.config.data, _encoder_config(setup))
 
 
 def evaluate(setup: TrainSetup, params: Any, task: Task, batch_size: int, eval_sets=None
@@ -202,7 +216,9 @@ class Run:
 
   def batches(self, start: int, end: int):
     lengths = batching.buckets(self.config.data.get("length_buckets", ()), self.config.data.max_seq_length)
-    return train_batches(self.task.train, self.config.train.batch_size, self.seeds["data"], start, end, lengths)
+    batches = train_batches(self.task.train, self.config.train.batch_size, self.seeds["data"], start, end, lengths)
+    packer = batching.train_packer(_packing(self.setup), self.config.train, self.setup.mesh)
+    return batches if packer is None else map(packer, batches)
 
   def step(self, state: Any, batch: dict) -> tuple[Any, dict]:
     return self.setup.train_step(state, batch, self._rng)

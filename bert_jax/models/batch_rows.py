@@ -10,6 +10,9 @@ the same seed draws the same numbers for a row on one device, a 2x2x2 mesh or tw
 Outside `shard` (evaluation, prediction, one unsharded array) the offset is 0. Within `chunk(i, n)` the
 traced array is the i-th of n equal consecutive slices of those rows (GradCache's chunks, sbert/gradcache.py),
 so a chunk draws the slice of the whole batch's numbers, as the uncached step does.
+Within `packed(unpad_index, packed_rows)` the traced arrays are packed rows [R, T] of a padded batch [B, T]
+(models/unpad.py), and `packed_tokens` gives each packed token its place b * T + t in the padded batch, so
+dropout draws for it what the padded computation draws for row b, position t (models/dropout.py).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import jax.numpy as jnp
 
 _AXES: list[tuple[str, ...]] = []  # the innermost `shard` context's mesh axes; empty outside one
 _CHUNKS: list[tuple[jax.Array | int, int]] = []  # the innermost `chunk` context's (index, count)
+_PACKED: list[tuple[jax.Array, int] | None] = []  # the innermost `packed` context's (packed_tokens, B)
 
 
 @contextlib.contextmanager
@@ -42,6 +46,31 @@ def chunk(index: jax.Array | int, count: int) -> Iterator[None]:
     yield
   finally:
     _CHUNKS.pop()
+
+
+@contextlib.contextmanager
+def packed(unpad_index: jax.Array | None, packed_rows: int) -> Iterator[None]:
+  """While tracing an encoder on packed rows [packed_rows, T] of the padded batch that `unpad_index`
+  int32[B, T] maps into them (models/unpad.py), random draws follow each token's padded place. None:
+  the arrays are the padded batch's (the context is then a no-op)."""
+  if unpad_index is None:
+    _PACKED.append(None)
+  else:
+    size, width = unpad_index.shape
+    slots = packed_rows * width
+    # the inverse of unpad_index: each packed slot's b * T + t, B * T on the slots no padded token fills
+    places = jnp.full((slots + 1,), size * width, jnp.int32).at[unpad_index.reshape(-1)].set(
+        jnp.arange(size * width, dtype=jnp.int32), mode="drop")
+    _PACKED.append((places[:slots].reshape(packed_rows, width), size))
+  try:
+    yield
+  finally:
+    _PACKED.pop()
+
+
+def packed_tokens() -> tuple[jax.Array, int] | None:
+  """(int32[R, T]: each packed token's place b * T + t in the padded batch, B) inside `packed`; else None."""
+  return _PACKED[-1] if _PACKED else None
 
 
 def axes() -> tuple[str, ...]:

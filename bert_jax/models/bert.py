@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.models import attention, unpad
+from bert_jax.models import attention, batch_rows, unpad
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.dropout import Dropout
 
@@ -647,7 +647,6 @@ class BertModel(nn.Module):
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     embeddings = Embeddings(cfg, name="embeddings")
-    x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic, task_ids))
     attention.say_fallback(cfg.attention, output_attentions, head_mask)
     segments = attention.Segments.of(attention_mask, document_ids, cfg.causal)
     if cfg.entity_layers and (output_hidden_states or output_attentions or head_mask is not None):
@@ -658,8 +657,11 @@ class BertModel(nn.Module):
     if heads_only and masked_positions is not None and runs_heads_only(cfg):
       # [CLS] (the pooler's) and the masked positions; h is [B, 1 + P, H] at them.
       queries = jnp.concatenate([jnp.zeros_like(masked_positions[:, :1]), masked_positions], axis=1)
-    h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic,
-                                           None if queries is None else queries.astype(jnp.int32))
+    # packed rows draw their dropout at each token's padded place (models/batch_rows.py)
+    with batch_rows.packed(None if deterministic else unpad_index, input_ids.shape[0]):
+      x = constrain_hidden(embeddings(input_ids, token_type_ids, position_ids, deterministic, task_ids))
+      h, layer_outputs, attentions = encoder(x, segments, layer_head_mask(cfg, head_mask), deterministic,
+                                             None if queries is None else queries.astype(jnp.int32))
     if cfg.entity_layers:
       h = KnowledgeEncoder(cfg, name="knowledge_encoder")(h, entity_vectors, entity_mask, segments, deterministic)
     hidden_states = jnp.concatenate([x[None], layer_outputs], axis=0) if output_hidden_states else None

@@ -12,7 +12,9 @@ values are scaled by the exact inverse of the keep fraction, so the expectation 
 Counters are global (row index over the leading axes, block index along the last), so the mask
 does not depend on how the array is sharded; inside the train step's shard_map the rows are numbered
 from the device's first global row (models/batch_rows.py), so a device's slice of the batch gets the
-slice of the whole batch's mask. The random streams differ from flax's.
+slice of the whole batch's mask. An encoder on packed rows (models/unpad.py) numbers each token by its
+place in the padded batch (batch_rows.packed), so its masks are the padded computation's. The random
+streams differ from flax's.
 """
 from __future__ import annotations
 
@@ -55,18 +57,11 @@ def _key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return data[0], data[1]
 
 
-def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
-  """bool[shape], True with probability 1 - round(rate * 65536) / 65536, from `key`."""
-  if not shape:
-    return keep_mask(key, (1,), rate)[0]
+def _keep(key: jax.Array, row: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+  """bool[shape]: the keep decisions of the rows whose counters `row` (uint32, broadcastable to shape[:-1]
+  + (1, 1)) gives, along a last axis of shape[-1] elements (block index the second counter)."""
   rows, n = shape[:-1], shape[-1]
-  if math.prod(rows) >= 2 ** 32:
-    raise ValueError(f"dropout over {shape}: more than 2**32 rows of counters")
   blocks = -(-n // 4)
-  row = jnp.zeros((), jnp.uint32) + batch_rows.row_offset(math.prod(rows))
-  for axis, size in enumerate(rows):
-    stride = math.prod(rows[axis + 1:])
-    row = row + jax.lax.broadcasted_iota(jnp.uint32, rows + (1, 1), axis) * np.uint32(stride)
   col = jax.lax.broadcasted_iota(jnp.uint32, (1,) * len(rows) + (1, blocks), len(rows) + 1)
   b1, b2 = threefry2x32(*_key_words(key), jnp.broadcast_to(row, rows + (1, blocks)),
                         jnp.broadcast_to(col, rows + (1, blocks)))
@@ -75,6 +70,48 @@ def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   keep = jnp.concatenate([(b1 & low) >= threshold, (b1 >> 16) >= threshold,
                           (b2 & low) >= threshold, (b2 >> 16) >= threshold], axis=-2)
   return keep.reshape(rows + (4 * blocks,))[..., :n]
+
+
+def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+  """bool[shape], True with probability 1 - round(rate * 65536) / 65536, from `key`."""
+  if not shape:
+    return keep_mask(key, (1,), rate)[0]
+  rows = shape[:-1]
+  if math.prod(rows) >= 2 ** 32:
+    raise ValueError(f"dropout over {shape}: more than 2**32 rows of counters")
+  packed = batch_rows.packed_tokens()
+  if packed is not None:
+    return _packed_keep(key, shape, rate, *packed)
+  row = jnp.zeros((), jnp.uint32) + batch_rows.row_offset(math.prod(rows))
+  for axis, size in enumerate(rows):
+    stride = math.prod(rows[axis + 1:])
+    row = row + jax.lax.broadcasted_iota(jnp.uint32, rows + (1, 1), axis) * np.uint32(stride)
+  return _keep(key, row, shape, rate)
+
+
+def _packed_keep(key: jax.Array, shape: tuple[int, ...], rate: float, places: jax.Array, size: int
+                 ) -> jax.Array:
+  """keep_mask over packed rows (models/unpad.py): each token draws what its place b * T + t in the padded
+  batch [B, T] (`places` int32[R, T]) draws there, for the layouts an encoder drops out: [R, T, X] and
+  [R * T, X] (row counter b * T + t), attention probabilities [R, N, T, T] (row counter (b N + n) T + t,
+  and the key axis read at each key's padded position t')."""
+  packed_rows, width = places.shape
+  at = places.astype(jnp.uint32)
+  if len(shape) == 3 and shape[:2] == (packed_rows, width):
+    row = batch_rows.row_offset(size * width) + at[:, :, None, None]
+    return _keep(key, row, shape, rate)
+  if len(shape) == 2 and shape[0] == packed_rows * width:
+    row = batch_rows.row_offset(size * width) + at.reshape(-1, 1, 1)
+    return _keep(key, row, shape, rate)
+  if len(shape) == 4 and (shape[0], shape[2], shape[3]) == (packed_rows, width, width):
+    heads = shape[1]
+    b, t = at // np.uint32(width), at % np.uint32(width)
+    head = jax.lax.broadcasted_iota(jnp.uint32, (1, heads, 1), 1)
+    row = (b[:, None, :] * np.uint32(heads) + head) * np.uint32(width) + t[:, None, :]
+    keep = _keep(key, batch_rows.row_offset(size * heads * width) + row[..., None, None], shape, rate)
+    keys = jnp.broadcast_to(t.astype(jnp.int32)[:, None, None, :], shape)  # each key's padded position
+    return jnp.take_along_axis(keep, keys, axis=-1)
+  raise ValueError(f"dropout over {shape} inside packed rows [{packed_rows}, {width}]: not a token layout")
 
 
 class Dropout(nn.Module):

@@ -138,7 +138,8 @@ def symmetric_kl(p_logits: Array, q_logits: Array) -> Array:
 
 
 def _per_row(batch: Batch) -> Array:
-  return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+  # attention_mask: the padded batch's rows, also where input_ids are packed rows (models/unpad.py)
+  return jnp.asarray(batch["attention_mask"].shape[0], jnp.float32)
 
 
 def _per_labelled_token(batch: Batch) -> Array:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models import attention, rope, unpad
+from bert_jax.models import attention, batch_rows, rope, unpad
 from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, heads_out, layer_head_mask,
                                   lookup, on_rows, tied_logits)
 from bert_jax.models.config import FamilyConfig
@@ -392,11 +392,13 @@ class ModernBertModel(nn.Module):
       position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
     attention.say_fallback(cfg.attention, output_attentions, head_mask)
     embeddings = Embeddings(cfg, name="embeddings")
-    x = constrain_hidden(embeddings(input_ids, deterministic))
     segments = attention.Segments.of(attention_mask, document_ids)
     encoder = Encoder(cfg, output_hidden_states, output_attentions, name="encoder")
-    h, layer_outputs, attentions = encoder(x, segments, position_ids, layer_head_mask(cfg, head_mask),
-                                           deterministic)
+    # packed rows draw their dropout at each token's padded place (models/batch_rows.py)
+    with batch_rows.packed(None if deterministic else unpad_index, input_ids.shape[0]):
+      x = constrain_hidden(embeddings(input_ids, deterministic))
+      h, layer_outputs, attentions = encoder(x, segments, position_ids, layer_head_mask(cfg, head_mask),
+                                             deterministic)
     hidden_states = None
     if output_hidden_states:  # as Hugging Face: the last entry is the final norm's output
       hidden_states = jnp.concatenate([x[None], layer_outputs[:-1], h[None]], axis=0)

@@ -12,6 +12,10 @@ compiles at most eight shapes. After the last layer the encoder gathers its outp
 (`restore`, by `unpad_index`: each padded token's place in the packed rows, the zero row past them for the
 padding), so pooling and the heads read the padded layout as before.
 
+Fine-tuning's training steps run packed too (finetune/batching.py:train_packer): dropout inside the encoder
+draws each token's mask at its padded place (models/batch_rows.py:packed), so the step's loss and gradients are
+the padded step's; a step over micro-batches packs each device's micro-batch on its own (`pack_groups`).
+
 A batch that went through `pack` holds input_ids, token_type_ids, position_ids, document_ids int32[R, T] (the
 packed rows), attention_mask int32[B, T] (the padded batch's) and unpad_index int32[B, T]. An encoder takes
 part when its __call__ accepts `unpad_index` (BertModel's families, ModernBERT: `can_unpad`).
@@ -69,17 +73,18 @@ def _bins(lengths: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, int]
 
 
 def pack(batch: dict[str, np.ndarray], config, *, unit: int | None = None, process_index: int = 0,
-         process_count: int = 1) -> dict[str, np.ndarray]:
+         process_count: int = 1, rows: int | None = None) -> dict[str, np.ndarray]:
   """A padded batch (input_ids, attention_mask, token_type_ids int32[B, T], each row's real tokens where
   attention_mask is 1) as packed rows (module docstring). With several hosts each packs its own rows to the
   same R (`unit` a multiple of the rows any host needs is the caller's; by default B's `default_unit`), and
-  unpad_index points into the global rows (this host's from process_index * R)."""
+  unpad_index points into the global rows (this host's from process_index * R). rows: R itself (at least
+  the rows the batch needs), instead of rounding up to `unit`."""
   ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"]) != 0
   types = np.asarray(batch.get("token_type_ids", np.zeros_like(ids)))
   size, width = ids.shape
   lengths = mask.sum(axis=1)
   row, start, used = _bins(lengths, width)
-  rows = row_count(used, size, unit or default_unit(size))
+  rows = rows or row_count(used, size, unit or default_unit(size))
   offset = np.cumsum(mask, axis=1) - 1  # each real token's place among its row's real tokens
   b, t = np.nonzero(mask)
   r, w = row[b], start[b] + offset[b, t]
@@ -94,6 +99,33 @@ def pack(batch: dict[str, np.ndarray], config, *, unit: int | None = None, proce
   index = np.full((size, width), rows * width * process_count, np.int32)
   index[b, t] = (process_index * rows + r) * width + w
   return {**out, "attention_mask": mask.astype(np.int32), INDEX: index}
+
+
+def pack_groups(batch: dict[str, np.ndarray], config, groups: int, micro: int = 1) -> dict[str, np.ndarray]:
+  """A padded batch packed for a train step that runs its rows in `groups` parts of `micro` micro-batches each
+  (training/accumulate.py: the devices' equal consecutive slices, each cut into micro-batches a, a + A, ...):
+  every (part, micro-batch) is packed on its own to the same r rows (each part's `default_unit`), laid out so
+  that the same split gives it its own packed rows, and its unpad_index points into those (local) rows. The
+  other features ([B, ...] labels) stay as they are. groups * micro == 1 is `pack` of the whole batch."""
+  size = len(batch["input_ids"])
+  per = size // (groups * micro)
+  if per * groups * micro != size:
+    raise ValueError(f"{size} rows do not split into {groups} x {micro} equal micro-batches")
+  members = [g * micro * per + a + micro * np.arange(per) for g in range(groups) for a in range(micro)]
+  lengths = (np.asarray(batch["attention_mask"]) != 0).sum(axis=1)
+  needed = max(_bins(lengths[m], batch["input_ids"].shape[1])[2] for m in members)
+  rows = row_count(max(needed, 1), per, default_unit(per))
+  parts = [pack({k: batch[k][m] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch},
+                config, rows=rows) for m in members]
+  out = {k: v for k, v in batch.items()}
+  for key in PACKED:  # packed row k of micro-batch a of part g at g * micro * r + k * micro + a
+    stacked = np.stack([p[key] for p in parts]).reshape((groups, micro, rows, -1))
+    out[key] = stacked.transpose(0, 2, 1, 3).reshape(groups * rows * micro, -1)
+  index = np.zeros_like(np.asarray(batch["attention_mask"]), np.int32)
+  for m, p in zip(members, parts):
+    index[m] = p[INDEX]
+  out[INDEX] = index
+  return out
 
 
 def restore(x: jax.Array, index: jax.Array) -> jax.Array:

@@ -19,6 +19,7 @@ left split over the data axes like the batch.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -34,6 +35,17 @@ REDUCE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # (params, micro_batch, rng) -> ((loss, sums), grads), additive over rows.
 GradFn = Callable[[Any, dict, jax.Array], tuple[tuple[jax.Array, dict], Any]]
+
+
+def one_pass(num_micro: int, reduce_dtype: str) -> bool:
+  """Does the train step compute the global batch's gradient in one pass under plain jit (no micro-batches,
+  a float32 reduction), rather than through `gradients`?"""
+  return num_micro == 1 and reduce_dtype == "float32"
+
+
+def parts(mesh) -> int:
+  """The slices of the batch `gradients` computes apart, one per device over the data axes (1: none)."""
+  return math.prod(mesh.shape.get(a, 1) for a in DATA_AXES)
 
 
 def _names(entry) -> tuple[str, ...]:

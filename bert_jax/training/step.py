@@ -94,7 +94,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
     return objective.loss(sums, counts), sums
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1 and grad_reduce_dtype == "float32":
+  if accumulate.one_pass(grad_accum_steps, grad_reduce_dtype):
     # One pass: XLA reduces each layer's gradient as the backward pass makes it, overlapped with the
     # layers below (and with fsdp gathers each layer's weights when it needs them).
     (_, sums), grads = grad_fn(state.params, batch, rng)
