@@ -296,6 +296,9 @@ FIELDS += (
     _own("data.tokenizer", *_STR, "the tokenizer kind (data_pipelines/tokenizer_kinds.py): wordpiece, "
          "sentencepiece, tokenizer_json, ...; it must match the vocabulary file", (CORPUS,)),
     _own("data.mask_rate", "in (0, 1)", lambda v: _positive(v) and v < 1, "the share of tokens masked", (CORPUS,)),
+    _own("data.mask_rate_schedule", *_SEQ, "((step, rate), ...): from each step on, the rows of that step's "
+         "batches are masked at that rate (data.mask_rate before the first); one run's masking-rate phases "
+         "(mmBERT's 15% then its decay), changed inside the running input", (CORPUS,)),
     _own("data.masking", *_STR, "token, whole_word, ngram, span or knowledge (data_pipelines/masking.py)", (CORPUS,)),
     _own("data.knowledge", *_MAP, "data.masking=knowledge (ERNIE 1.0): spacy_model, phrases and each level's "
          "weight (data_pipelines/knowledge.py)", (CORPUS,)),
