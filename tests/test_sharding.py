@@ -153,3 +153,21 @@ def test_bfloat16_gradient_reduction():
   differences = [float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(rounded_params),
                                                               jax.tree.leaves(exact_params))]
   assert 0 < max(differences) < 1e-3  # rounded, by less than a step of the optimizer
+
+
+def test_bert_large_splits_its_parameters_and_lamb_moments_over_every_device():
+  """The large preset's mesh is data=1, fsdp=-1 (ZeRO-3 over all devices: each keeps and updates 1/n of the
+  parameters and LAMB's moments; BENCHMARKS.md, issue 54): any device count resolves, one CPU device too, and
+  on 8 devices each matrix and its two moments are split 8 ways (at the preset's own sizes, abstractly)."""
+  from bert_jax.config_utils import load_config
+  config = load_config("configs/bert.py:large", ["--config.train.batch_size=64", "--config.train.grad_accum_steps=1"])
+  assert [partitioning.mesh_shape(config.mesh, n) for n in (1, 8, 64, 2048)] == [
+      (1, 1, 1), (1, 8, 1), (1, 64, 1), (1, 2048, 1)]
+  setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
+  assert setup.abstract_state.params["encoder"]["layers"]["feed_forward"]["intermediate"]["kernel"].shape == (
+      24, 1024, 4096)
+  moments = [x for x in jax.tree.leaves(setup.abstract_state.opt_state) if getattr(x, "shape", ()) == (24, 1024, 4096)]
+  assert len(moments) == 2
+  specs = [s for s, x in zip(jax.tree.leaves(setup.state_shardings.opt_state), jax.tree.leaves(
+      setup.abstract_state.opt_state)) if getattr(x, "shape", ()) == (24, 1024, 4096)]
+  assert [s.shard_shape((24, 1024, 4096)) for s in specs] == [(24, 128, 4096)] * 2
