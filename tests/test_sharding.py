@@ -164,10 +164,8 @@ def test_bert_large_splits_its_parameters_and_lamb_moments_over_every_device():
   assert [partitioning.mesh_shape(config.mesh, n) for n in (1, 8, 64, 2048)] == [
       (1, 1, 1), (1, 8, 1), (1, 64, 1), (1, 2048, 1)]
   setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
-  assert setup.abstract_state.params["encoder"]["layers"]["feed_forward"]["intermediate"]["kernel"].shape == (
-      24, 1024, 4096)
-  moments = [x for x in jax.tree.leaves(setup.abstract_state.opt_state) if getattr(x, "shape", ()) == (24, 1024, 4096)]
-  assert len(moments) == 2
-  specs = [s for s, x in zip(jax.tree.leaves(setup.state_shardings.opt_state), jax.tree.leaves(
-      setup.abstract_state.opt_state)) if getattr(x, "shape", ()) == (24, 1024, 4096)]
-  assert [s.shard_shape((24, 1024, 4096)) for s in specs] == [(24, 128, 4096)] * 2
+  ffn = (24, 1024, 4096)  # the stacked layers' first feed-forward matrix
+  shards = [s.shard_shape(ffn) for tree in ("params", "opt_state")
+            for s, x in zip(jax.tree.leaves(getattr(setup.state_shardings, tree)),
+                            jax.tree.leaves(getattr(setup.abstract_state, tree))) if getattr(x, "shape", ()) == ffn]
+  assert shards == [(24, 128, 4096)] * 3  # the weight, LAMB's first and second moments
