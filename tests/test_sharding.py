@@ -166,3 +166,19 @@ def test_bfloat16_gradient_reduction_stays_close_to_float32():
   differences = [float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(rounded_params),
                                                               jax.tree.leaves(exact_params))]
   assert 0 < max(differences) < 1e-3  # rounded, by less than a step of the optimizer
+
+
+def test_bert_large_splits_its_parameters_and_lamb_moments_over_every_device():
+  """The large preset's mesh is data=1, fsdp=-1 (ZeRO-3 over all devices: each keeps and updates 1/n of the
+  parameters and LAMB's moments; BENCHMARKS.md, issue 54): any device count resolves, one CPU device too, and
+  on 8 devices each matrix and its two moments are split 8 ways (at the preset's own sizes, abstractly)."""
+  from bert_jax.config_utils import load_config
+  config = load_config("configs/bert.py:large", ["--config.train.batch_size=64", "--config.train.grad_accum_steps=1"])
+  assert [partitioning.mesh_shape(config.mesh, n) for n in (1, 8, 64, 2048)] == [
+      (1, 1, 1), (1, 8, 1), (1, 64, 1), (1, 2048, 1)]
+  setup = build_train_setup(config, partitioning.make_mesh(config.mesh, jax.devices()))
+  ffn = (24, 1024, 4096)  # the stacked layers' first feed-forward matrix
+  shards = [s.shard_shape(ffn) for tree in ("params", "opt_state")
+            for s, x in zip(jax.tree.leaves(getattr(setup.state_shardings, tree)),
+                            jax.tree.leaves(getattr(setup.abstract_state, tree))) if getattr(x, "shape", ()) == ffn]
+  assert shards == [(24, 128, 4096)] * 3  # the weight, LAMB's first and second moments

@@ -4,7 +4,8 @@ Per op (each instruction outside fused computations, times the trip counts of th
 tpu/hlo.py: walk): FLOPs and HBM bytes from XLA's own cost analysis of that op alone (a one-op
 module, hlo.op_module, through the generic HloCostAnalysis), the bytes of operands and results the
 TPU compiler placed in on-chip memory (memory spaces S(1..)) left out; per collective the bytes one
-device sends (hlo.py's ring model) over the chip's ICI bandwidth.
+device sends (hlo.py's ring model) over the chip's ICI bandwidth. A kernel's custom call moves its operands
+and results across HBM once; an uninitialised allocation (custom call "AllocateBuffer") moves nothing.
 
 The model, which is what the estimate means:
 - an op takes max(FLOPs / bf16 peak, bytes / HBM bandwidth); it is compute-bound when the first term
@@ -34,6 +35,10 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "whil
          "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "async-start",
          "async-update", "async-done", "copy-done", "slice-done", "send-done", "recv-done"}
 _ON_CHIP = re.compile(r"S\(([1-9])\)")
+# Custom calls that move no data: "AllocateBuffer" is an uninitialised buffer, put by XLA where a loop's zeroed
+# buffer has every slot overwritten before it is read (a scanned layer stack's saved activations): the loop's
+# dynamic-update-slices write it and are counted there. XLA's per-op cost analysis says -1 (unknown) for it.
+_NO_DATA_CALL = re.compile(r'custom_call_target="AllocateBuffer"')
 
 
 @dataclasses.dataclass
@@ -94,7 +99,7 @@ def step_time(hlo_text: str, chip: slices.Chip, num_devices: int) -> StepTime:
       seconds = hlo.sent_bytes(match, num_devices) / ici
       own.comm += seconds
       continue
-    if opcode in _FREE or opcode.endswith("-done"):
+    if opcode in _FREE or opcode.endswith("-done") or (opcode == "custom-call" and _NO_DATA_CALL.search(line)):
       continue
     text = hlo.op_module(module, computation, line)
     operand_types = re.findall(r"%p\d+ = (.*) parameter", text)
