@@ -59,6 +59,7 @@ FAMILY = families.register(families.Family(
     name="albert",
     packs=True,
     config=ModelConfig,
+    adapters=True,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

@@ -19,6 +19,7 @@ FAMILY = families.register(families.Family(
     name="bert",
     packs=True,
     config=ModelConfig,
+    adapters=True,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

@@ -50,6 +50,7 @@ FAMILY = families.register(families.Family(
     name="electra",
     packs=True,
     config=ModelConfig,
+    adapters=True,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

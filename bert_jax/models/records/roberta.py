@@ -27,6 +27,7 @@ FAMILY = families.register(families.Family(
     name="roberta",
     packs=True,
     config=ModelConfig,
+    adapters=True,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,
