@@ -26,6 +26,12 @@ class TokenizerKind:
   own_ids: bool = False  # SentencePiece in a family's own id layout: a *.model/*.json file is read as this kind
   cased: bool = False  # its files are a cased vocabulary: a checkpoint's do_lower_case never applies (byte-level BPE)
   saved: Callable[[Any], dict] = lambda tokenizer: {}  # what config.json records of it besides kind and case
+  # transformers' class for it keeps words of at most max_input_chars_per_word characters (BertTokenizer's 100):
+  # a Hugging Face folder's tokenizer is read with that limit (conversion/hf.py)
+  hf_word_limit: bool = False
+  # how `bert-jax vocab extend` makes a word one token (conversion/vocab_extend.py: "whole_word", "unigram",
+  # "fairseq"); "": it does not extend this kind
+  extend: str = ""
 
   @property
   def described(self) -> str:
