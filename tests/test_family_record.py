@@ -22,7 +22,7 @@ import safetensors.numpy
 from bert_jax import cli, params_checkpoint, pretrained
 from bert_jax.conversion import common, hf, native
 from bert_jax.errors import UserError
-from bert_jax.finetune import heads
+from bert_jax.finetune import heads, modes
 from bert_jax.finetune.predict import Predictor
 from bert_jax.models import families
 from bert_jax.models.bert import ModelOutput
@@ -320,7 +320,6 @@ def test_registry_lookups_and_the_family_key():
 
 
 def test_adapters_are_a_record_capability(toy_family):
-  from bert_jax.finetune import modes
   # finetune/modes.py asked isinstance(model, ModelConfig) before the hook: the same families answer yes.
   assert {n for n in families.names() if families.get(n).adapters} == {
       n for n in families.names() if families.get(n).config is ModelConfig}

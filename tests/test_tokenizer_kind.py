@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bert_jax.conversion import common, native
+from bert_jax.conversion import common, native, vocab_extend
 from bert_jax.data_pipelines import tokenizer_kinds, tokenizers
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase
@@ -90,7 +90,6 @@ def test_built_in_kinds_keep_their_order_and_a_kind_registers_once():
 
 
 def test_word_limit_and_vocabulary_extension_are_fields_of_the_kind(toy_kind):
-  from bert_jax.conversion import vocab_extend
   # Before the fields, conversion/hf.py and vocab_extend.py named these kinds; the fields keep the same sets.
   assert [k for k in tokenizer_kinds.names() if tokenizer_kinds.get(k).hf_word_limit] == ["wordpiece"]
   assert vocab_extend.extendable() == ("wordpiece", "sentencepiece", "camembert_spm", "xlmr_spm")
