@@ -1,10 +1,9 @@
 """The registry of tokenizer kinds (data.tokenizer; a family record's `tokenizer`): one `TokenizerKind` per
 kind says everything the rest of bert_jax asks about it: how to load it, the files a checkpoint folder
 holds it under, transformers' class for it, what a workdir's config.json records of it, HF's word limit and
-how `bert-jax vocab extend` grows it. A new kind is
-one `register(TokenizerKind(...))` beside its class (tokenizers.py: wordpiece, sentencepiece, xlnet_spm,
-bpe; fairseq_spm.py: camembert_spm, xlmr_spm; hf_tokenizer.py: tokenizer_json); tests/test_family_record.py
-registers a toy one.
+how `bert-jax vocab extend` grows it. A new kind is one `register(TokenizerKind(...))`; the built-in ones
+are registered at the end of tokenizers.py (their classes there and in fairseq_spm.py, hf_tokenizer.py,
+t5_spm.py, deberta_spm.py); tests/test_tokenizer_kind.py registers a toy one.
 """
 from __future__ import annotations
 
