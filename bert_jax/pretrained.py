@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
-from bert_jax.data_pipelines import hf_tokenizer
+from bert_jax.data_pipelines import hf_tokenizer, tokenizers
 from bert_jax.data_pipelines.tokenizers import kind_of_file
 from bert_jax.errors import UserError
 from bert_jax.models import families
@@ -267,10 +267,8 @@ def build_tokenizer(info: common.Tokenizer):
   if info.kind == "bpe":
     from bert_jax.conversion.bpe import ByteLevelBPETokenizer  # pylint: disable=import-outside-toplevel
     return ByteLevelBPETokenizer(*files)
-  from bert_jax.data_pipelines.tokenizers import load_tokenizer as load_vocab  # pylint: disable=import-outside-toplevel
-  if info.kind == "wordpiece" and info.max_chars_per_word:
-    return load_vocab(files[0], info.lower_case, max_chars_per_word=info.max_chars_per_word)
-  return load_vocab(files[0], info.lower_case, kind=info.kind)
+  return tokenizers.load_tokenizer(files[0], info.lower_case, kind=info.kind,  # a kind with no word limit ignores it
+                                   max_chars_per_word=info.max_chars_per_word or tokenizers.GOOGLE_MAX_CHARS_PER_WORD)
 
 
 def load_tokenizer(path: str):

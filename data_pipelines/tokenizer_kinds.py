@@ -1,9 +1,9 @@
 """The registry of tokenizer kinds (data.tokenizer; a family record's `tokenizer`): one `TokenizerKind` per
 kind says everything the rest of bert_jax asks about it: how to load it, the files a checkpoint folder
-holds it under, transformers' class for it, and what a workdir's config.json records of it. A new kind is
-one `register(TokenizerKind(...))` beside its class (tokenizers.py: wordpiece, sentencepiece, xlnet_spm,
-bpe; fairseq_spm.py: camembert_spm, xlmr_spm; hf_tokenizer.py: tokenizer_json); tests/test_family_record.py
-registers a toy one.
+holds it under, transformers' class for it, what a workdir's config.json records of it, HF's word limit and
+how `bert-jax vocab extend` grows it. A new kind is one `register(TokenizerKind(...))`; the built-in ones
+are registered at the end of tokenizers.py (their classes there and in fairseq_spm.py, hf_tokenizer.py,
+t5_spm.py, deberta_spm.py); tests/test_tokenizer_kind.py registers a toy one.
 """
 from __future__ import annotations
 
@@ -26,6 +26,12 @@ class TokenizerKind:
   own_ids: bool = False  # SentencePiece in a family's own id layout: a *.model/*.json file is read as this kind
   cased: bool = False  # its files are a cased vocabulary: a checkpoint's do_lower_case never applies (byte-level BPE)
   saved: Callable[[Any], dict] = lambda tokenizer: {}  # what config.json records of it besides kind and case
+  # transformers' class for it keeps words of at most max_input_chars_per_word characters (BertTokenizer's 100):
+  # a Hugging Face folder's tokenizer is read with that limit (conversion/hf.py)
+  hf_word_limit: bool = False
+  # how `bert-jax vocab extend` makes a word one token (conversion/vocab_extend.py: "whole_word", "unigram",
+  # "fairseq"); "": it does not extend this kind
+  extend: str = ""
 
   @property
   def described(self) -> str:

@@ -461,17 +461,19 @@ def _fairseq(kind: str, hf_class: str) -> tokenizer_kinds.TokenizerKind:
   files = (fairseq_spm.HF_TOKENIZER_FILE, fairseq_spm.HF_MODEL_FILE)
   load = lambda path, lower, chars, quotes: fairseq_spm.FairseqSentencePieceTokenizer(path, kind)  # noqa: E731
   return tokenizer_kinds.TokenizerKind(
-      kind, load, file_names=" or ".join(files), hf_class=hf_class, own_ids=True,
+      kind, load, file_names=" or ".join(files), hf_class=hf_class, own_ids=True, extend="fairseq",
       hf_json=lambda path, lower: fairseq_spm.hf_tokenizer_json(fairseq_spm.FairseqSentencePieceTokenizer(path, kind)))
 
 
 for _kind in (
     tokenizer_kinds.TokenizerKind("wordpiece",
                                   lambda path, lower, chars, quotes: WordPieceTokenizer(path, lower, chars),
-                                  ("vocab.txt",), hf_class="BertTokenizer", saved=_wordpiece_saved),
+                                  ("vocab.txt",), hf_class="BertTokenizer", saved=_wordpiece_saved,
+                                  hf_word_limit=True, extend="whole_word"),
     tokenizer_kinds.TokenizerKind("sentencepiece",
                                   lambda path, lower, chars, quotes: SentencePieceTokenizer(path, lower, quotes),
-                                  ("spiece.model",), "spiece.model (any *.model)", hf_class="AlbertTokenizer"),
+                                  ("spiece.model",), "spiece.model (any *.model)", hf_class="AlbertTokenizer",
+                                  extend="unigram"),
     tokenizer_kinds.TokenizerKind("bpe", None, ("vocab.json", "merges.txt"), hf_class="RobertaTokenizer", cased=True),
     tokenizer_kinds.TokenizerKind("xlnet_spm", lambda path, lower, chars, quotes: XLNetTokenizer(path, lower),
                                   ("spiece.model",), f"spiece.model or {fairseq_spm.HF_TOKENIZER_FILE}",

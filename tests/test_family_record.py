@@ -14,6 +14,7 @@ import re
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -21,7 +22,7 @@ import safetensors.numpy
 from bert_jax import cli, params_checkpoint, pretrained
 from bert_jax.conversion import common, hf, native
 from bert_jax.errors import UserError
-from bert_jax.finetune import heads
+from bert_jax.finetune import heads, modes
 from bert_jax.finetune.predict import Predictor
 from bert_jax.models import families
 from bert_jax.models.bert import ModelOutput
@@ -316,3 +317,13 @@ def test_registry_lookups_and_the_family_key():
   assert electra_base.family == "electra" and electra_base.replace(rtd_head=False).family == "bert"
   with pytest.raises(UserError, match="model.family='roberta', but these switches make a 'bert' model"):
     ModelConfig(family="roberta")
+
+
+def test_adapters_are_a_record_capability(toy_family):
+  # finetune/modes.py asked isinstance(model, ModelConfig) before the hook: the same families answer yes.
+  assert {n for n in families.names() if families.get(n).adapters} == {
+      n for n in families.names() if families.get(n).config is ModelConfig}
+  train = ml_collections.ConfigDict({"mode": "adapters", "adapter_size": 8})
+  assert modes.model_config(ModelConfig(family="bert"), train).adapter_size == 8
+  with pytest.raises(UserError, match="a toy model has none"):
+    modes.model_config(ToyConfig(), train)

@@ -187,3 +187,16 @@ def test_clip_by_global_norm_is_optax_as_one_scalar_factor():
         np.testing.assert_array_equal(x, g)  # unclipped: the very same values
   nan, _ = optim.clip_by_global_norm(1.0).update({"a": jnp.asarray([1.0, jnp.nan])}, None)
   assert np.isnan(np.asarray(nan["a"])).all()  # as optax: a non-finite norm poisons every update
+
+
+def test_optimizers_by_name_and_an_unknown_one_in_one_line():
+  assert optim.OPTIMIZERS == ("lamb", "adamw", "stable_adamw", "adafactor")
+  cfg = ml_collections.ConfigDict(dict(name="adamw", learning_rate=0.1, warmup_steps=0, warmup_ratio=0.0,
+                                       decay="constant", b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=0.0))
+  params = {"w": jnp.array([1.0, -2.0])}
+  tx, _ = optim.make_optimizer(cfg, 10)
+  updates, _ = tx.update({"w": jnp.array([0.5, 0.5])}, tx.init(params), params)
+  np.testing.assert_allclose(updates["w"], [-0.1, -0.1], rtol=1e-5)  # Adam's first step: -lr * sign(g)
+  cfg.name = "sgd"
+  with pytest.raises(UserError, match=r"optimizer.name='sgd' is not one of \('lamb', 'adamw', 'stable_adamw'"):
+    optim.make_optimizer(cfg, 10)

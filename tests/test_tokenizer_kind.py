@@ -5,14 +5,16 @@ config.json and is read back from one; nothing else in bert_jax names it. Beside
 toy family, it is what a family with a new tokenizer brings."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from bert_jax.conversion import common, native
+from bert_jax.conversion import common, native, vocab_extend
 from bert_jax.data_pipelines import tokenizer_kinds, tokenizers
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tokenizer_base import TokenizerBase
+from bert_jax.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -85,3 +87,16 @@ def test_built_in_kinds_keep_their_order_and_a_kind_registers_once():
   assert tokenizer_kinds.get("bpe").load is None and tokenizer_kinds.get("wordpiece").hf_class == "BertTokenizer"
   with pytest.raises(ValueError, match="registered twice"):
     tokenizer_kinds.register(tokenizer_kinds.get("wordpiece"))
+
+
+def test_word_limit_and_vocabulary_extension_are_fields_of_the_kind(toy_kind):
+  # Before the fields, conversion/hf.py and vocab_extend.py named these kinds; the fields keep the same sets.
+  assert [k for k in tokenizer_kinds.names() if tokenizer_kinds.get(k).hf_word_limit] == ["wordpiece"]
+  assert vocab_extend.extendable() == ("wordpiece", "sentencepiece", "camembert_spm", "xlmr_spm")
+  assert "toy_chars" not in vocab_extend.extendable()
+  tokenizer_kinds.unregister(toy_kind.name)
+  tokenizer_kinds.register(dataclasses.replace(toy_kind, extend="whole_word"))  # a new kind opts in by its field
+  assert vocab_extend.extendable()[-1] == "toy_chars"
+  with pytest.raises(UserError, match="a bpe vocabulary; `bert-jax vocab extend` extends wordpiece, sentencepiece, "
+                                      "camembert_spm, xlmr_spm, toy_chars vocabularies"):
+    vocab_extend._way("bpe")  # pylint: disable=protected-access

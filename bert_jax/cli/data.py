@@ -108,9 +108,9 @@ def _vocab_extend(args):
   converted = pretrained.read_checkpoint(args.checkpoint)
   if converted.tokenizer is None:
     raise UserError(f"{args.checkpoint}: no tokenizer files to extend")
-  if converted.tokenizer.kind not in vocab_extend.KINDS:
+  if converted.tokenizer.kind not in vocab_extend.extendable():
     raise UserError(f"{args.checkpoint}: a {converted.tokenizer.kind} vocabulary; `bert-jax vocab extend` extends "
-                    f"{', '.join(vocab_extend.KINDS)} vocabularies")
+                    f"{', '.join(vocab_extend.extendable())} vocabularies")
   tokenizer = pretrained.build_tokenizer(converted.tokenizer)
   words = vocab_extend.candidates(tokenizer, vocab.corpus_sentences(args.corpus), args.count, args.min_pieces)
   if not words:

@@ -173,9 +173,10 @@ def tokenizer(directory: str) -> common.Tokenizer | None:
 
 
 def _with_word_limit(found: common.Tokenizer | None, directory: str) -> common.Tokenizer | None:
-  """A WordPiece tokenizer keeps HF's longest word: tokenizer.json's model.max_input_chars_per_word,
-  else BertTokenizer's 100 (Google's tokenizer, and so bert_jax's by default, allows 200)."""
-  if found is None or found.kind != "wordpiece":
+  """A tokenizer whose kind has HF's word limit (WordPiece) keeps HF's longest word: tokenizer.json's
+  model.max_input_chars_per_word, else BertTokenizer's 100 (Google's tokenizer, and so bert_jax's by default,
+  allows 200)."""
+  if found is None or not tokenizer_kinds.get(found.kind).hf_word_limit:
     return found
   fast = epath.Path(directory) / "tokenizer.json"
   model = workdir.read_json(fast).get("model") or {} if fast.exists() else {}

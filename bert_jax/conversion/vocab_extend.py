@@ -28,12 +28,22 @@ import numpy as np
 
 from bert_jax import workdir
 from bert_jax.conversion import common
-from bert_jax.data_pipelines import fairseq_spm
+from bert_jax.data_pipelines import fairseq_spm, tokenizer_kinds
 from bert_jax.data_pipelines.tokenizers import albert_preprocess, basic_tokenize
 from bert_jax.errors import UserError
 
-KINDS = ("wordpiece", "sentencepiece", *fairseq_spm.KINDS)  # the tokenizer kinds this extends
 _MARK = "\u2581"
+
+
+def extendable() -> tuple[str, ...]:
+  """The tokenizer kinds this extends: those whose record names a way (`TokenizerKind.extend`, `_WAYS`)."""
+  return tuple(k for k in tokenizer_kinds.names() if tokenizer_kinds.get(k).extend)
+
+
+def _way(kind: str) -> str:
+  if kind not in extendable():
+    raise UserError(f"a {kind} vocabulary; `bert-jax vocab extend` extends {', '.join(extendable())} vocabularies")
+  return tokenizer_kinds.get(kind).extend
 
 
 def candidates(tokenizer, sentences, count: int, min_pieces: int = 2) -> list[tuple[str, list[int], int]]:
@@ -56,10 +66,14 @@ def candidates(tokenizer, sentences, count: int, min_pieces: int = 2) -> list[tu
 def new_token(tokenizer, word: str) -> str | None:
   """The vocabulary entry that makes `word` one token: itself (WordPiece), or its `▁`-marked piece as the
   SentencePiece search sees it (None where the normalizer makes it several words)."""
-  if tokenizer.kind == "wordpiece":
-    return word
-  if tokenizer.kind == "sentencepiece":
-    return _MARK + albert_preprocess(word, tokenizer.lower_case, tokenizer.quotes_to_double)
+  return _WAYS[_way(tokenizer.kind)][0](tokenizer, word)
+
+
+def _unigram_token(tokenizer, word: str) -> str:
+  return _MARK + albert_preprocess(word, tokenizer.lower_case, tokenizer.quotes_to_double)
+
+
+def _fairseq_token(tokenizer, word: str) -> str | None:
   marked = tokenizer.marked_words(word)
   return marked[0] if len(marked) == 1 else None
 
@@ -96,15 +110,12 @@ def extended(converted: common.Converted, tokenizer, words: list[tuple[str, list
   the module docstring) and its parameters set to match: a table padded past the vocabulary (vocab_size
   rounded up to a multiple) gives its padding rows to the new words first, and grows only past them."""
   info, config = converted.tokenizer, converted.config
-  if info is None or info.kind not in KINDS:
-    raise UserError(f"a {info.kind if info else 'missing'} vocabulary; `bert-jax vocab extend` extends "
-                    f"{', '.join(KINDS)} vocabularies")
+  way = _way(info.kind if info else "missing")
   if config.vocab_size < tokenizer.vocab_size:
     raise UserError(f"the model has {config.vocab_size} token embeddings but its vocabulary {tokenizer.vocab_size} "
                     "entries: the vocabulary's last ids have no embedding; extend a model whose table covers it")
   tokens = [new_token(tokenizer, w) for w, _, _ in words]
-  write = {"wordpiece": _wordpiece, "sentencepiece": _sentencepiece}.get(info.kind, _fairseq)
-  name = write(tokenizer, tokens, directory)
+  name = _WAYS[way][1](tokenizer, tokens, directory)
   params = grow(converted.params, config.vocab_size, tokenizer.vocab_size, [p for _, p, _ in words])
   size = max(config.vocab_size, tokenizer.vocab_size + len(words))
   return common.Converted(converted.family, config.replace(vocab_size=size), params,
@@ -136,3 +147,11 @@ def _fairseq(tokenizer, tokens: list[str], directory: str) -> str:
   spec["model"]["vocab"] += [[t, best] for t in tokens]
   workdir.write_json(os.path.join(directory, fairseq_spm.HF_TOKENIZER_FILE), spec)
   return fairseq_spm.HF_TOKENIZER_FILE
+
+
+# TokenizerKind.extend -> (the entry that makes a word one token, the writer of the extended vocabulary)
+_WAYS = {
+    "whole_word": (lambda tokenizer, word: word, _wordpiece),
+    "unigram": (_unigram_token, _sentencepiece),
+    "fairseq": (_fairseq_token, _fairseq),
+}

@@ -25,7 +25,6 @@ import numpy as np
 
 from bert_jax.errors import UserError
 from bert_jax.models import families
-from bert_jax.models.config import ModelConfig
 
 MODES = ("finetune", "adapters", "feature")
 _ADAPTER_TRAINS = ("head", "pooler")  # top-level keys that train with the adapters
@@ -42,7 +41,7 @@ def validate(train: ml_collections.ConfigDict) -> None:
 def model_config(model: families.Config, train: ml_collections.ConfigDict) -> families.Config:
   """The encoder a mode trains: adapters added (adapters), dropout off (feature)."""
   if train.mode == "adapters":
-    if not isinstance(model, ModelConfig):
+    if not families.of(model).adapters:
       raise UserError(f"train.mode=adapters: Houlsby adapters sit in BertModel's layers (BERT, RoBERTa, ALBERT, "
                       f"ELECTRA); a {model.family} model has none: use train.mode=finetune or feature")
     return model.replace(adapter_size=train.adapter_size)

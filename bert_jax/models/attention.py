@@ -152,6 +152,13 @@ def configured(model, length: int, platform: str) -> str:
   return resolve(backend, length, getattr(model, "causal", False), platform)
 
 
+def check_dropout(backend: str, attention_dropout: float) -> None:
+  """UserError when a kernel backend (KERNELS) is set with dropout on the attention probabilities."""
+  if backend in KERNELS and attention_dropout > 0:
+    raise UserError(f"model.attention={backend!r} has no dropout on the attention probabilities: set "
+                    "model.attention_dropout=0 or model.attention='dot'")
+
+
 def check(model, length: int | None = None, platform: str | None = None) -> None:
   """UserError, before anything is built or written, when `model.attention` (a model config or its config
   section) cannot run on `platform` (default: JAX's here) or at `length` tokens: cudnn off a GPU, splash at a
@@ -160,9 +167,7 @@ def check(model, length: int | None = None, platform: str | None = None) -> None
   backend = getattr(model, "attention", "dot")
   if backend not in BACKENDS:
     raise UserError(f"model.attention={backend!r} is not one of {BACKENDS}")
-  if backend in KERNELS and getattr(model, "attention_dropout", 0) > 0:
-    raise UserError(f"model.attention={backend!r} has no dropout on the attention probabilities: set "
-                    "model.attention_dropout=0 or model.attention='dot'")
+  check_dropout(backend, getattr(model, "attention_dropout", 0))
   platform = platform or jax.default_backend()
   if backend == "cudnn" and platform != "gpu":
     here = "'dot' and 'splash'" if platform == "tpu" else "'dot' ('splash' too, in Pallas' slow interpret mode)"

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
+from bert_jax.models import attention
 
 # The families whose layout BertModel's switches decide (ModelConfig.family is read off the switches).
 LAYOUT_FAMILIES = ("bert", "roberta", "albert", "electra")
@@ -22,7 +23,7 @@ _CHOICES = {
     "dtype": ("float32", "bfloat16", "float16"),
     "param_dtype": ("float32", "bfloat16"),
     "remat": ("none", "full", "dots", "dots_no_batch"),
-    "attention": ("dot", "splash", "cudnn", "auto"),
+    "attention": attention.BACKENDS,
     "entity_fusion": ("paper", "residual"),
 }
 # A key older configs wrote, and what its values became (`attention`).
@@ -149,9 +150,7 @@ class ModelConfig(Dtypes):
     if self.pruned_heads and (self.scan_layers or self.share_layers != "none"):
       raise UserError("model.pruned_heads needs model.scan_layers=False and model.share_layers='none' "
                       "(pruned layers differ in shape)")
-    if self.attention in ("splash", "cudnn") and self.attention_dropout > 0:
-      raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
-                      "model.attention_dropout=0 or model.attention='dot'")
+    attention.check_dropout(self.attention, self.attention_dropout)
     if not 0 <= self.entity_layers < self.num_layers:
       raise UserError(f"model.entity_layers={self.entity_layers} must be >= 0 (0: no entity fusion) and below "
                       f"model.num_layers={self.num_layers} (at least one text layer under the fusion layers)")

@@ -242,7 +242,8 @@ class Family:
   last layer). packs: the module takes several sentences per row (`document_ids` and `position_ids`;
   sbert/embed.py packs short sentences). layer_losses: its layers are transformer layers whose hidden states
   and attention a teacher's can be matched to (distillation's hidden, attention and PKD losses; not the
-  BiLSTM student's, whose hidden_size is a ReLU layer's width).
+  BiLSTM student's, whose hidden_size is a ReLU layer's width). adapters: its layers take Houlsby adapters
+  (`model.adapter_size`, fine-tuning's train.mode=adapters: BertModel's families).
   """
   name: str
   config: type
@@ -264,6 +265,7 @@ class Family:
   flops: Flops | None = None
   packs: bool = False
   layer_losses: bool = True
+  adapters: bool = False
   # A pretraining run's params as conversion reads them: the encoder's tree out of a tree holding several
   # networks (DeBERTa-v3's generator and discriminator, models/deberta.py:from_pretraining); as they are by default.
   from_pretraining: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda params: params

@@ -125,9 +125,7 @@ class MobileBertConfig(FamilyConfig):
       raise UserError("model.sentence_head='nsp' needs model.use_pooler=True")
     if self.family != "mobilebert":
       raise UserError(f"model.family={self.family!r}: this is MobileBERT's config")
-    if self.attention in ("splash", "cudnn") and self.attention_dropout > 0:
-      raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
-                      "model.attention_dropout=0 or model.attention='dot'")
+    attention.check_dropout(self.attention, self.attention_dropout)
 
 
   @property

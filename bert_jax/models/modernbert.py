@@ -110,9 +110,7 @@ class ModernBertConfig(FamilyConfig):
                       "heads of an even width (rotary embeddings rotate pairs)")
     if self.family != "modernbert":
       raise UserError(f"model.family={self.family!r}: this is ModernBERT's config")
-    if self.attention in ("splash", "cudnn") and self.attention_dropout > 0:
-      raise UserError(f"model.attention={self.attention!r} has no dropout on the attention probabilities: set "
-                      "model.attention_dropout=0 or model.attention='dot'")
+    attention.check_dropout(self.attention, self.attention_dropout)
 
 
   def is_global(self, layer):

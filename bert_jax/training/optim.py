@@ -208,20 +208,24 @@ def adafactor(learning_rate: optax.ScalarOrSchedule, *, clip_norm: float = 0.0) 
   return optax.chain(clip_by_global_norm(clip_norm) if clip_norm > 0 else optax.identity(), unboxed)
 
 
-OPTIMIZERS = ("lamb", "adamw", "stable_adamw", "adafactor")
+# optimizer.name -> (config section, schedule, stacked) -> the optimizer: the registry of optimizers by name.
+_BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, optax.Schedule, Any], optax.GradientTransformation]] = {
+    "lamb": lambda cfg, schedule, stacked: lamb(schedule, stacked=stacked, **_common(cfg)),
+    "adamw": lambda cfg, schedule, stacked: adamw(schedule, **_common(cfg)),
+    "stable_adamw": lambda cfg, schedule, stacked: stable_adamw(schedule, stacked=stacked, **_common(cfg)),
+    "adafactor": lambda cfg, schedule, stacked: adafactor(schedule, clip_norm=cfg.clip_norm),
+}
+OPTIMIZERS = tuple(_BUILDERS)
+
+
+def _common(cfg: ml_collections.ConfigDict) -> dict:
+  return dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict, num_steps: int, stacked: Any = None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optimizer and its schedule from the `optimizer` config section."""
+  if cfg.name not in _BUILDERS:
+    raise UserError(f"optimizer.name={cfg.name!r} is not one of {OPTIMIZERS}")
   schedule = learning_rate_schedule(cfg, num_steps)
-  common = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
-  if cfg.name == "lamb":
-    return lamb(schedule, stacked=stacked, **common), schedule
-  if cfg.name == "adamw":
-    return adamw(schedule, **common), schedule
-  if cfg.name == "stable_adamw":
-    return stable_adamw(schedule, stacked=stacked, **common), schedule
-  if cfg.name == "adafactor":
-    return adafactor(schedule, clip_norm=cfg.clip_norm), schedule
-  raise UserError(f"optimizer.name={cfg.name!r} is not one of {OPTIMIZERS}")
+  return _BUILDERS[cfg.name](cfg, schedule, stacked), schedule

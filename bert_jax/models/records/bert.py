@@ -18,7 +18,7 @@ with_heads = bl.heads_switch("nsp")
 FAMILY = families.register(families.Family(
     name="bert",
     packs=True,
-    config=ModelConfig,
+    config=ModelConfig, adapters=True,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,
