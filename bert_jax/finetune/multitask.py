@@ -327,11 +327,9 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> str:
   """The lines a multi-task run ends with: each task's dev score and the mean, or where it stopped."""
   if result["stopped_by"]:
-    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
-            f"{workdir}/{workdir_lib.PAUSED} | next: the same command resumes")
+    return driver.stopped_line(workdir, result)
   dev = result["dev"]
-  before = (f"{workdir}: this run finished at step {result['step']}; nothing to train (--config.train.restart=true "
-            "trains it again) | " if result["finished_before"] else "")
+  before = driver.finished_before(workdir, result)
   shown = " | ".join(f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()
                                             if isinstance(v, (int, float)) and k != "loss")
                      for name, metrics in dev.items() if isinstance(metrics, dict))

@@ -316,11 +316,9 @@ def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> st
   """The line a seq2seq run ends with."""
   del config
   if result["stopped_by"]:
-    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
-            f"{workdir}/{workdir_lib.PAUSED} | next: the same command resumes")
+    return driver.stopped_line(workdir, result)
   dev = result["dev"]
-  before = (f"{workdir}: this run finished at step {result['step']}; nothing to train (--config.train.restart=true "
-            "trains it again) | " if result["finished_before"] else "")
+  before = driver.finished_before(workdir, result)
   best = (f" (best at step {result['best_step']})" if result.get("best_step", -1) >= 0 else "")
   return (f"{before}done: dev exact match {dev['exact_match']:.4f}{best} | dev target loss {dev['target_loss']:.4g} | "
           f"a T5 in {workdir}, predictions in {workdir}/{workdir_lib.PREDICTIONS} | next: bert-jax predict --model "

@@ -306,8 +306,7 @@ def summary(config, workdir: str, result: dict) -> str:
   """The lines a fine-tuning (or task distillation) run ends with: its final dev metrics, where its
   outputs are and the next command; or where it stopped and how to resume; or that it had finished."""
   if result["stopped_by"]:
-    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
-            f"{workdir}/state | next: the same command resumes")
+    return driver.stopped_line(workdir, result)
   lines = []
   best = (f"best dev {result['score']} {result['best_score']:.4g} at step {result['best_step']}"
           if result.get("best_score") is not None else "no evaluation during training")

@@ -335,12 +335,10 @@ def summary(config: ml_collections.ConfigDict, workdir: str, result: dict) -> st
   """The line a bi-encoder run ends with."""
   del config
   if result["stopped_by"]:
-    return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
-            f"{workdir}/{workdir_lib.PAUSED} | next: the same command resumes")
+    return driver.stopped_line(workdir, result)
   dev = result["dev"]
   scores = f"dev STS spearman {dev['spearman']:.4f} (the starting encoder's: {dev['initial/spearman']:.4f})" if (
       "initial/spearman" in dev) else f"dev STS spearman {dev['spearman']:.4f}"
-  before = (f"{workdir}: this run finished at step {result['step']}; nothing to train (--config.train.restart=true "
-            "trains it again) | " if result["finished_before"] else "")
+  before = driver.finished_before(workdir, result)
   return (f"{before}done: {scores} | a sentence embedding model in {workdir} | next: bert-jax embed --model "
           f"{os.fspath(workdir)} --input FILE --output OUT.npy")

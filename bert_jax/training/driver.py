@@ -276,3 +276,20 @@ def run_job(config: ml_collections.ConfigDict, workdir: str, *, validate: Callab
     if not config.get("eval_only", False):
       run.advance()
     return run.result()
+
+
+def stopped_line(workdir, result: dict) -> str:
+  """The line a run paused by a signal or a deadline ends with ('' for a run that was not stopped)."""
+  if not result["stopped_by"]:
+    return ""
+  return (f"stopped at step {result['step']}/{result['num_steps']} by {result['stopped_by']} | train state in "
+          f"{workdir}/{workdir_lib.PAUSED} | next: the same command resumes")
+
+
+def finished_before(workdir, result: dict) -> str:
+  """The prefix of the `done:` line of a run that had already finished ('' otherwise)."""
+  if not result["finished_before"]:
+    return ""
+  return (f"{workdir}: this run finished at step {result['step']}; nothing to train (--config.train.restart=true "
+          "trains it again) | ")
+
