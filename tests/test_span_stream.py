@@ -183,6 +183,17 @@ def test_workers_give_the_in_process_batches_and_resume_exactly(corpus, tmp_path
   last.close()
 
 
+def test_throughput_counts_the_encoder_inputs_real_tokens(corpus):
+  from bert_jax.data_pipelines import throughput  # pylint: disable=import-outside-toplevel
+  config = _config(corpus, num_shards=2, shuffle_buffer=5)
+  config.train.batch_size = 4
+  data = _stream(config)
+  batch = [next(data) for _ in range(4)][-1]  # after throughput's 3 warm-up batches
+  data.close()
+  result = throughput.measure(config, 1)
+  assert result["mean_real_tokens_per_row"] == (batch["encoder_input_tokens"] > 0).sum() / 4
+
+
 def test_reads_the_corpus_a_block_at_a_time(corpus, tmp_path):
   data = _stream(_config(corpus, shuffle_buffer=3))
   next(data)
