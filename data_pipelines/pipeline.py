@@ -27,7 +27,7 @@ from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer, feature_spec
 from bert_jax.data_pipelines.shards import (Context, check_layout, check_model_fit, make_context, make_tokenizer,
                                             masking_config, read_states, seeds, shard_batches, write_state)
-from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, usable_cores
+from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, worker_count
 
 def _masked(rows, featurize):
   """(masked batch, states) from a row stage's (key, rows, states) batches."""
@@ -162,10 +162,7 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
     raise DataError(f"split={split!r}; use 'train' or 'eval'")
   num_shards = data_cfg.num_shards
   check_layout(global_batch_size, process_index, process_count, num_shards)
-  if data_cfg.num_workers < -1:
-    raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build rows in this process), -1 (one "
-                    "worker process per core this process may use) "
-                    "or a positive number of worker processes")
+  workers = worker_count(data_cfg)
   per_host = num_shards // process_count
   shards = range(process_index * per_host, (process_index + 1) * per_host)
   if data_cfg.format == "bert_tfrecord":
@@ -181,7 +178,6 @@ def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int,
   context_args = {"split": split, "max_position_embeddings": max_position_embeddings,
                   "model_vocab_size": model_vocab_size}
   ctx = make_context(data_cfg, **context_args)
-  workers = usable_cores() if data_cfg.num_workers == -1 else data_cfg.num_workers
   return PretrainInput(ctx, shards, global_batch_size // num_shards, process_index, workers,
                        {"data_cfg": data_cfg.to_dict(), **context_args})
 

@@ -15,19 +15,24 @@ Batch: as pipeline.py, host h builds shards [h S/H, (h+1) S/H), global_batch / S
 shard order: a global batch depends on the config and the step only, whatever the host count.
 Resume: a shard's position is its stream's state before the first example no row holds yet; `save` writes the
 positions as the masked-LM input does (shards.write_state: the checkpoint's data item) and `restore` re-reads
-one block per shard. Rows are built on one prefetch thread; data.num_workers is not used by this builder.
+one block per shard.
+Where: on one prefetch thread in this process, or (data.num_workers, as the masked-LM input) in worker processes,
+each building its contiguous group of shards' rows into shared-memory slots (workers.WorkerPool with
+`worker_pieces`): a row depends on its shard's stream only, so the batches are the same for any number of workers.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
+import ml_collections
 import numpy as np
 
 from bert_jax.data_pipelines import shards as shards_lib
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.span_corruption import (BUILDER, FEATURES, corrupt, example_rng, noise, pack,
                                                      random_spans_helper, random_spans_noise_mask)
-from bert_jax.data_pipelines.workers import Prefetcher
+from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, worker_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,19 +99,27 @@ def _batches(ctx, shards, states: dict, rows_per_shard: int, corruption: Corrupt
 
 
 class SpanCorruptionInput:
-  """Iterable of this host's packed rows of each global batch; `save`/`restore` its position; `close` its thread."""
+  """Iterable of this host's packed rows of each global batch; `save`/`restore` its position; `close` its thread or
+  worker processes."""
 
   def __init__(self, ctx: shards_lib.Context, shards: range, rows_per_shard: int, process_index: int,
-               corruption: Corruption):
+               corruption: Corruption, num_workers: int = 0, context_args: dict | None = None):
+    """context_args: what rebuilds ctx in a worker (picklable; see `worker_pieces`), with num_workers > 0."""
     self._ctx, self.tokenizer, self._shards, self.corruption = ctx, ctx.tokenizer, shards, corruption
     self._rows_per_shard, self._process_index = rows_per_shard, process_index
     self._states = {s: None for s in shards}
-    self._prefetcher = None
+    groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
+    self._groups, self._context_args = [[int(s) for s in g] for g in groups], context_args
+    self._prefetcher = None  # the prefetch thread or the WorkerPool: `next()` gives (rows, states)
+    self._closed_worker_stats = collections.Counter()
     self.spec = FEATURES
 
   @property
   def stats(self) -> dict:
-    return dict(self._ctx.stats)
+    total = self._ctx.stats + self._closed_worker_stats
+    for worker_stats in getattr(self._prefetcher, "stats", []):
+      total.update(worker_stats)
+    return dict(total)
 
   def shard_rows(self, shard: int) -> ShardRows:
     """A fresh reader of `shard` from this input's position (the tests read its examples one by one)."""
@@ -116,7 +129,10 @@ class SpanCorruptionInput:
     return self
 
   def __next__(self) -> dict:
-    if self._prefetcher is None:
+    if self._prefetcher is None and self._groups:
+      self._prefetcher = WorkerPool(self._context_args, self._groups, self._states, self._rows_per_shard,
+                                    make_pieces=worker_pieces)
+    elif self._prefetcher is None:
       states = dict(self._states)
       self._prefetcher = Prefetcher(lambda: _batches(self._ctx, self._shards, states, self._rows_per_shard,
                                                      self.corruption))
@@ -130,6 +146,8 @@ class SpanCorruptionInput:
 
   def close(self) -> None:
     if self._prefetcher is not None:
+      for worker_stats in getattr(self._prefetcher, "stats", []):
+        self._closed_worker_stats.update(worker_stats)
       self._prefetcher.close()
       self._prefetcher = None
 
@@ -170,21 +188,36 @@ def _context(data_cfg, split: str, tokens_length: int, max_position_embeddings, 
   return ctx
 
 
+def _setup(data_cfg, split: str, max_position_embeddings, model_vocab_size) -> tuple:
+  """(context, Corruption) of `data_cfg`: built so in the main process and in every worker."""
+  density, mean = noise(data_cfg)
+  tokens_length, targets_length = random_spans_helper(data_cfg.max_seq_length, density, mean)
+  ctx = _context(data_cfg, split, tokens_length, max_position_embeddings, model_vocab_size)
+  return ctx, Corruption(data_cfg.max_seq_length, targets_length, density, mean, ctx.tokenizer.sentinel(0),
+                         ctx.tokenizer.eos_id)
+
+
+def worker_pieces(context_args: dict, shards: list, states: dict, rows_per_shard: int, first: int, slot_count: int):
+  """A worker's pieces (workers.masked_pieces' contract): (key, rows of `shards`, their states, stats) per batch."""
+  del first, slot_count  # no mask-rate schedule; rows are built one batch at a time
+  data_cfg = ml_collections.ConfigDict(context_args["data_cfg"])
+  ctx, corruption = _setup(data_cfg, **{k: v for k, v in context_args.items() if k != "data_cfg"})
+  for key, (rows, shard_states) in enumerate(_batches(ctx, shards, states, rows_per_shard, corruption)):
+    yield key, rows, shard_states, dict(ctx.stats)
+
+
 def for_config(config, split: str, batch_size: int, process_index: int = 0, process_count: int = 1):
   """This host's share of the span-corruption stream of `config` (see the module docstring)."""
   data_cfg = config.data
   if data_cfg.format != "text":
     raise DataError(f"data.example_builder='{BUILDER}' reads text (data.corpus, prepared or tfds_name), not "
                     f"data.format={data_cfg.format!r}")
-  if data_cfg.num_workers:
-    raise DataError(f"data.example_builder='{BUILDER}' builds its rows on one thread of this process: set "
-                    f"data.num_workers=0 (it is {data_cfg.num_workers})")
+  workers = worker_count(data_cfg)
   shards_lib.check_layout(batch_size, process_index, process_count, data_cfg.num_shards)
-  density, mean = noise(data_cfg)
-  tokens_length, targets_length = random_spans_helper(data_cfg.max_seq_length, density, mean)
-  ctx = _context(data_cfg, split, tokens_length, config.model.max_position_embeddings, config.model.vocab_size)
-  corruption = Corruption(data_cfg.max_seq_length, targets_length, density, mean, ctx.tokenizer.sentinel(0),
-                          ctx.tokenizer.eos_id)
+  context_args = {"split": split, "max_position_embeddings": config.model.max_position_embeddings,
+                  "model_vocab_size": config.model.vocab_size}
+  ctx, corruption = _setup(data_cfg, **context_args)
   per_host = data_cfg.num_shards // process_count
   shards = range(process_index * per_host, (process_index + 1) * per_host)
-  return SpanCorruptionInput(ctx, shards, batch_size // data_cfg.num_shards, process_index, corruption)
+  return SpanCorruptionInput(ctx, shards, batch_size // data_cfg.num_shards, process_index, corruption, workers,
+                             {"data_cfg": data_cfg.to_dict(), **context_args})

@@ -26,6 +26,11 @@ def _cpu_seconds() -> float:
   return total
 
 
+def _real_tokens(batch: dict) -> int:
+  """The batch's non-padding input tokens (an encoder-decoder's: its encoder inputs, span_corruption.FEATURES)."""
+  return int((batch["input_mask"] if "input_mask" in batch else batch["encoder_segment_ids"] > 0).sum())
+
+
 def measure(config, batches: int) -> dict:
   """Reads `batches` batches of the train input after warm-up; CPU time is this process's, all threads, and
   its worker processes'."""
@@ -36,7 +41,7 @@ def measure(config, batches: int) -> dict:
     for _ in range(_WARMUP_BATCHES):
       next(data)
     wall, cpu = time.perf_counter(), _cpu_seconds()
-    tokens = sum(int(next(data)["input_mask"].sum()) for _ in range(batches))
+    tokens = sum(_real_tokens(next(data)) for _ in range(batches))
     wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
   finally:
     data.close()

@@ -5,7 +5,8 @@ picklable config), mask their rows (a row's mask depends on its own key only: ma
 their piece of every batch into a ring of slots in shared memory, sending only its key and their
 shards' positions through a pipe; the main process only copies the pieces out in shard order. So the
 whole text input (tokenizing, building rows, masking) runs on as many cores as there are workers.
-Shards are independent streams, so the batches are the same for any number of workers.
+Shards are independent streams, so the batches are the same for any number of workers. A builder with its own
+rows (T5's span corruption: span_stream.py) hands WorkerPool its own `make_pieces`.
 """
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ _CHUNK_BATCHES = 8
 def usable_cores() -> int:
   """The cores this process may run on (its affinity where the OS has one, as under `taskset`; macOS has none)."""
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def worker_count(data_cfg) -> int:
+  """Worker processes for `data.num_workers` (-1: one per usable core; 0: none, rows built in this process)."""
+  if data_cfg.num_workers < -1:
+    raise DataError(f"data.num_workers={data_cfg.num_workers}; use 0 (build rows in this process), -1 (one "
+                    "worker process per core this process may use) "
+                    "or a positive number of worker processes")
+  return usable_cores() if data_cfg.num_workers == -1 else data_cfg.num_workers
 
 
 def chunk_batches(piece_tokens: int, slots: int) -> int:
@@ -122,35 +132,44 @@ def _chunks(batches, size: int):
       return
 
 
-def _worker_messages(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, stop,
-                     first: int = 0):
-  """(key, states, stats) for every batch, its piece written to the next slot; if building fails, the error as
-  the last message. Ends when stopped."""
+def masked_pieces(context_args: dict, shards: list, states: dict, rows_per_shard: int, first: int, slot_count: int):
+  """The masked-LM builders' pieces: (key, masked piece, shard states, stats) of every batch of `shards`; if
+  building fails, the pieces built before the failure, then the error."""
+  ctx = make_context(ml_collections.ConfigDict(context_args["data_cfg"]),
+                     **{k: v for k, v in context_args.items() if k != "data_cfg"})
+  featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
+  rows = rows_per_shard * len(shards)
+  size = chunk_batches(rows * ctx.max_seq_length, slot_count)
+  for chunk, error in _chunks(shard_batches(ctx, shards, states, rows_per_shard, first), size):
+    pieces = [piece for _, piece, _ in chunk]
+    masked = featurize(pieces[0] if len(pieces) == 1 else
+                       {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}) if pieces else {}
+    for i, (key, _, shard_states) in enumerate(chunk):
+      piece = {name: value[i * rows:(i + 1) * rows] for name, value in masked.items()}
+      yield key, piece, shard_states, dict(ctx.stats)
+    if error is not None:
+      raise error
+
+
+def _worker_messages(make_pieces, context_args: dict, shards: list, states: dict, rows_per_shard: int,
+                     slots: Slots, stop, first: int = 0):
+  """(key, states, stats) for every batch, its piece (from `make_pieces`, as masked_pieces) written to the next
+  slot; if building fails, the error as the last message. Ends when stopped."""
   try:
-    ctx = make_context(ml_collections.ConfigDict(context_args["data_cfg"]),
-                       **{k: v for k, v in context_args.items() if k != "data_cfg"})
-    featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
-    rows = rows_per_shard * len(shards)
-    size = chunk_batches(rows * ctx.max_seq_length, slots.count)
-    for chunk, error in _chunks(shard_batches(ctx, shards, states, rows_per_shard, first), size):
-      pieces = [piece for _, piece, _ in chunk]
-      masked = featurize(pieces[0] if len(pieces) == 1 else
-                         {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}) if pieces else {}
-      for i, (key, _, shard_states) in enumerate(chunk):
-        if not _acquire(slots.free, stop):
-          return
-        slots.write(key % slots.count, {name: value[i * rows:(i + 1) * rows] for name, value in masked.items()})
-        yield key, shard_states, dict(ctx.stats)
-      if error is not None:
-        raise error
+    for key, piece, shard_states, stats in make_pieces(context_args, shards, states, rows_per_shard, first,
+                                                       slots.count):
+      if not _acquire(slots.free, stop):
+        return
+      slots.write(key % slots.count, piece)
+      yield key, shard_states, stats
   except DataError as e:
     yield e
   except Exception:  # pylint: disable=broad-except  # any failure must reach the caller, with its trace
     yield RuntimeError(f"data worker for shards {shards} failed:\n{traceback.format_exc()}")
 
 
-def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, out, stop,
-            tf_threads: int, first: int = 0):
+def _worker(make_pieces, context_args: dict, shards: list, states: dict, rows_per_shard: int, slots: Slots, out,
+            stop, tf_threads: int, first: int = 0):
   """A worker process's main: sends its messages until stopped, or until the last one (an error)."""
   # Before TensorFlow starts here: its thread pools would each get a thread per core this process may use,
   # but the workers share those cores, and an idle pool thread spins before it sleeps. Unless the environment
@@ -161,7 +180,8 @@ def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int,
   # (the trainer keeps reading batches after SIGTERM until the agreed stop step).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  for message in _worker_messages(context_args, shards, states, rows_per_shard, slots, stop, first):
+  for message in _worker_messages(make_pieces, context_args, shards, states, rows_per_shard, slots, stop,
+                                  first):
     try:
       out.send(message)  # small, and at most slots.count + 1 of them unread: never blocks for long
     except (BrokenPipeError, ConnectionResetError):  # the main process is gone
@@ -171,8 +191,10 @@ def _worker(context_args: dict, shards: list, states: dict, rows_per_shard: int,
 class WorkerPool:
   """Worker processes, one per contiguous group of shards, each sending its piece of every batch."""
 
-  def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int, first: int = 0):
-    """first: the run's step of the next batch (data.mask_rate_schedule)."""
+  def __init__(self, context_args: dict, groups: list, states: dict, rows_per_shard: int, first: int = 0,
+               make_pieces=masked_pieces):
+    """first: the run's step of the next batch (data.mask_rate_schedule); make_pieces: a module-level function
+    (a worker imports it by name) giving a group's pieces, laid out as features.feature_shapes."""
     mp = multiprocessing.get_context("spawn")  # forking a process that runs TF threads can deadlock
     self._stop = mp.Event()
     data_cfg = ml_collections.ConfigDict(context_args["data_cfg"])
@@ -182,8 +204,8 @@ class WorkerPool:
     tf_threads = max(1, usable_cores() // len(groups))
     self._processes = [
         mp.Process(target=_worker, daemon=True, name=f"data-worker-{g[0]}-{g[-1]}",
-                   args=(context_args, g, {s: states[s] for s in g}, rows_per_shard, slots, writer, self._stop,
-                         tf_threads, first))
+                   args=(make_pieces, context_args, g, {s: states[s] for s in g}, rows_per_shard, slots, writer,
+                         self._stop, tf_threads, first))
         for g, slots, (_, writer) in zip(groups, self._slots, pipes)]
     for p in self._processes:
       p.start()

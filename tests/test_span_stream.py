@@ -145,6 +145,55 @@ def test_resume_gives_the_batches_of_an_uninterrupted_run(corpus, tmp_path):
     h.close()
 
 
+def test_workers_give_the_in_process_batches_and_resume_exactly(corpus, tmp_path):
+  # One pool of workers (each spawn starts TensorFlow, seconds): it resumes from an in-process position, gives the
+  # in-process batches, and its own saved position resumes the in-process input exactly.
+  import multiprocessing  # pylint: disable=import-outside-toplevel
+  config = _config(corpus, num_shards=4, shuffle_buffer=5)
+  reference = _stream(config, batch=8)
+  want = [next(reference) for _ in range(8)]
+  reference.close()
+  first = _stream(config, batch=8)
+  for _ in range(2):
+    next(first)
+  first.save(str(tmp_path / "at2"))
+  first.close()
+  config.data.num_workers = 2  # shard groups [0, 1] and [2, 3], each worker's rows through the shared-memory slots
+  pool = _stream(config, batch=8)
+  pool.restore(str(tmp_path / "at2"))
+  try:
+    for k in range(2, 6):
+      got = next(pool)
+      for name in sc.FEATURES:
+        assert got[name].dtype == want[k][name].dtype
+        np.testing.assert_array_equal(got[name], want[k][name], err_msg=f"batch {k} {name}")
+    children = multiprocessing.active_children()
+    assert len(children) == 2
+    pool.save(str(tmp_path / "at6"))
+  finally:
+    pool.close()
+  assert not any(c.is_alive() for c in children)
+  config.data.num_workers = 0
+  last = _stream(config, batch=8)
+  last.restore(str(tmp_path / "at6"))
+  for k in range(6, 8):
+    got = next(last)
+    for name in sc.FEATURES:
+      np.testing.assert_array_equal(got[name], want[k][name], err_msg=f"batch {k} {name}")
+  last.close()
+
+
+def test_throughput_counts_the_encoder_inputs_real_tokens(corpus):
+  from bert_jax.data_pipelines import throughput  # pylint: disable=import-outside-toplevel
+  config = _config(corpus, num_shards=2, shuffle_buffer=5)
+  config.train.batch_size = 4
+  data = _stream(config)
+  batch = [next(data) for _ in range(4)][-1]  # after throughput's 3 warm-up batches
+  data.close()
+  result = throughput.measure(config, 1)
+  assert result["mean_real_tokens_per_row"] == (batch["encoder_input_tokens"] > 0).sum() / 4
+
+
 def test_reads_the_corpus_a_block_at_a_time(corpus, tmp_path):
   data = _stream(_config(corpus, shuffle_buffer=3))
   next(data)
@@ -162,7 +211,7 @@ def test_lengths_follow_t5_and_bad_settings_are_one_line(corpus):
   data = _stream(_config(corpus, max_seq_length=512))
   assert data._ctx.builder.max_seq_length == 568  # pylint: disable=protected-access
   assert (data.corruption.inputs_length, data.corruption.targets_length) == (512, 114)
-  with pytest.raises(DataError, match="data.num_workers=0"):
-    _stream(_config(corpus, num_workers=2))
+  with pytest.raises(DataError, match="data.num_workers=-2"):
+    _stream(_config(corpus, num_workers=-2))
   with pytest.raises(DataError, match="not a multiple of data.num_shards"):
     _stream(_config(corpus, num_shards=3))
