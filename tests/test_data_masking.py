@@ -182,7 +182,9 @@ def test_short_rows_masked_cut_to_a_narrower_width_give_the_same_masks(strategy)
   lengths = np.array([len(r) for r in rows], np.int32)
   keys = row_keys((7,), np.zeros(len(rows)), np.arange(len(rows)))
   cfg = _config(strategy, max_predictions=76)
-  split, whole = mask_batch(ids, lengths, keys, cfg), _mask_rows(ids, lengths, keys, cfg)
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  rates = tf.fill([len(rows)], tf.constant(cfg.rate, tf.float64))  # what mask_batch fills in for rates=None
+  split, whole = mask_batch(ids, lengths, keys, cfg), _mask_rows(ids, lengths, keys, cfg, None, rates)
   assert split.keys() == whole.keys()
   for name in whole:
     assert np.array_equal(split[name].numpy(), whole[name].numpy()), name

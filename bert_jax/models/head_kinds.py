@@ -138,8 +138,9 @@ def symmetric_kl(p_logits: Array, q_logits: Array) -> Array:
 
 
 def _per_row(batch: Batch) -> Array:
-  # attention_mask: the padded batch's rows, also where input_ids are packed rows (models/unpad.py)
-  return jnp.asarray(batch["attention_mask"].shape[0], jnp.float32)
+  # attention_mask: the padded batch's rows, also where input_ids are packed rows (models/unpad.py); a batch
+  # without one (a ranking group's scores alone) counts its input_ids' rows
+  return jnp.asarray(batch.get("attention_mask", batch["input_ids"]).shape[0], jnp.float32)
 
 
 def _per_labelled_token(batch: Batch) -> Array:
