@@ -106,6 +106,7 @@ def test_a_piece_that_does_not_fit_its_slot_is_an_error():
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 
 
+@slow  # a property of the pools' sizes, not of the batches (~20 s quiet): weekly
 @pytest.mark.skipif(_CORES < 2 or not os.path.isdir("/proc/self/task"),
                     reason="needs 2 cores (one worker's default pool size is the cores) and Linux's /proc")
 def test_workers_share_the_cores_between_their_tensorflow_thread_pools(corpus):
@@ -179,7 +180,8 @@ def test_interpreter_exits_cleanly_with_running_workers(corpus):
       os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("how", [pytest.param("exit", marks=slow), "close"])  # exit: weekly (~15 s quiet)
+# weekly (~15 and ~19 s quiet): every pretraining test's run closes its in-process prefetch at its end
+@pytest.mark.parametrize("how", [pytest.param("exit", marks=slow), pytest.param("close", marks=slow)])
 def test_in_process_prefetch_never_blocks_exit_or_close(corpus, how):
   # The prefetch thread is mid-generator (building ahead) when the input is dropped or the interpreter
   # exits; tf.data's from_generator deadlocked on the GIL here.
