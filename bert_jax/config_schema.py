@@ -333,8 +333,8 @@ FIELDS += (
          "embedded data", _TASK_JOBS),
     _own("data.length_buckets", "a tuple of whole token counts", _seq, "rows go to the smallest length that holds "
          "them, one compiled shape each; (): every row padded to data.max_seq_length", FINETUNING),
-    _own("data.unpad", *_BOOL, "evaluation and predict pack each batch's real tokens into fewer rows (exact), "
-         "where the family can", FINETUNING),
+    _own("data.unpad", *_BOOL, "fine-tuning's steps, evaluation and predict pack each batch's real tokens into "
+         "fewer rows (exact); refused for a model.family that cannot (init_from's runs padded)", FINETUNING),
     _own("data.train_limit", ">= 0", _int(0), "use only the first N training examples; 0: all",
          FINETUNING + _SEQ2SEQ),
     _own("data.eval_limit", ">= 0", _int(0), "evaluate only the first N dev examples; 0: all",

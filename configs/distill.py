@@ -104,6 +104,7 @@ def _bilstm(task: str) -> ml_collections.ConfigDict:
     c.model.update(vocab_size=8192, embedding_size=64, lstm_size=32, hidden_size=64)
   c.distill.update(soft_loss="logit_mse", hard_weight=0.5, soft_weight=0.5, projection=False)
   c.optimizer.learning_rate = 1e-3
+  c.data.unpad = False  # its encoder reads the padded rows (models/unpad.py)
   return c
 
 
@@ -119,6 +120,7 @@ def _mobilebert() -> ml_collections.ConfigDict:
   c.model = mobilebert.model_config("tiny")
   c.model.vocab_size = 30522
   c.optimizer.learning_rate = 1e-3
+  c.data.unpad = False  # its encoder reads the padded rows (models/unpad.py)
   return c
 
 

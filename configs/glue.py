@@ -65,8 +65,8 @@ def base_config() -> ml_collections.ConfigDict:
   # compiled shape each (finetune/batching.py); () pads every row to max_seq_length
   c.data.length_buckets = ()
   # training steps, evaluation and predict run each batch's real tokens packed into fewer rows, the padding dropped
-  # (exact, dropout included; bert_jax/models/unpad.py), where the family can (BERT's families, ModernBERT); False:
-  # the padded rows
+  # (exact, dropout included; bert_jax/models/unpad.py) where the family can (BERT's families, ModernBERT): a
+  # model.family that cannot is refused, an init_from of one runs padded; False: the padded rows
   c.data.unpad = True
   c.data.train_limit = 0  # use only the first N training examples (0: all)
   c.data.eval_limit = 0

@@ -2,7 +2,8 @@
 restored after the encoder. The packing against hand counts; fine-tuning heads on BERT (absolute and RoBERTa
 positions) and ModernBERT (local windows) packed against the same padded batch (1e-5, rows in order); the
 evaluation/predict path (finetune/batching.run_model) with data.unpad on and off."""
-import types
+import importlib
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -10,10 +11,14 @@ import ml_collections
 import numpy as np
 import pytest
 
+from bert_jax.cli import main
+from bert_jax.config_utils import load_config
+from bert_jax.errors import UserError
 from bert_jax.finetune import batching, heads
 from bert_jax.finetune.objective import FinetuneObjective
-from bert_jax.models import ModelConfig, unpad
-from bert_jax.models.modernbert import ModernBertConfig, ModernBertModel
+from bert_jax.models import ModelConfig, families, unpad
+from bert_jax.models.modernbert import ModernBertConfig
+from bert_jax.models.xlnet import XLNetConfig
 from bert_jax.training import partitioning
 
 
@@ -112,5 +117,43 @@ def test_run_model_unpads_where_data_unpad_says(monkeypatch):
   assert [s[0] for s in seen] == [3, 2]  # 20+18+... of 8 rows in 3, then 3 rows (filler rows dropped) in 2
   np.testing.assert_allclose(packed["logits"], padded["logits"], atol=1e-5, rtol=0)
   assert packed["logits"].shape == (len(lengths), 2)
-  assert unpad.can_unpad(ModernBertModel, config) and not unpad.can_unpad(ModernBertModel, types.SimpleNamespace(
-      entity_layers=1)) and not unpad.can_unpad(type("NoUnpad", (), {"__call__": lambda self, x: x}), config)
+  assert batching.unpad_config({"unpad": True}, ModelConfig(entity_layers=1)) is None
+  assert batching.unpad_config({"unpad": True}, XLNetConfig()) is None
+
+
+def test_each_family_record_says_whether_its_encoder_unpads():
+  """The record's hook (models/families.py: unpad_refusal) agrees with the module: '' exactly where its
+  __call__ takes unpad_index; ERNIE-THU's entity layers refuse inside BertModel's families."""
+  for family in families.all_families():
+    config = family.config()
+    takes = unpad.INDEX in inspect.signature(type(family.module(config)).__call__).parameters
+    assert (family.unpad_refusal(config) == "") == takes, family.name
+  assert families.get("bert").unpad_refusal(ModelConfig(entity_layers=1)) == (
+      "ERNIE-THU's entity layers read each padded token")
+
+
+def test_data_unpad_on_a_family_that_cannot_is_one_line_before_the_workdir(capsys, tmp_path):
+  """data.unpad=true with config.model of a family whose encoder reads padded rows: one line, exit 2, no
+  workdir; no preset in configs/ is refused; BERT's and ModernBERT's families still unpad."""
+  workdir = tmp_path / "w"
+  assert main(["distill", "--config", "configs/distill.py:mobilebert", "--config.data.unpad=true",
+               "--workdir", str(workdir)]) == 2
+  assert capsys.readouterr().err.strip() == (
+      "bert-jax distill: error: data.unpad: the mobilebert family cannot run a batch's real tokens packed into "
+      "fewer rows (its encoder takes no unpad_index); set --config.data.unpad=false")
+  assert not workdir.exists()
+  for spec in (f"configs/{name}.py:{preset}" for name in ("glue", "squad", "ner", "distill")
+               for preset in importlib.import_module(f"bert_jax.configs.{name}").PRESETS):
+    batching.check_unpad(load_config(spec))
+  config = load_config("configs/glue.py:embedded")
+  assert config.data.unpad and config.model.family in ("", "bert")
+  batching.check_unpad(config)
+  config.model = ml_collections.ConfigDict(CONFIGS["modernbert"].to_dict())
+  batching.check_unpad(config)
+  assert batching.unpad_config(config.data, CONFIGS["modernbert"]) is CONFIGS["modernbert"]
+  config.model = load_config("configs/ernie_thu.py:tiny").model
+  with pytest.raises(UserError, match=r"^data.unpad: the bert family .* \(ERNIE-THU's entity layers read each "
+                     r"padded token\); set --config.data.unpad=false$"):
+    batching.check_unpad(config)
+  config.data.unpad = False
+  batching.check_unpad(config)

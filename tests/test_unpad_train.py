@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.compress import distill, theseus
 from bert_jax.config_utils import load_config
 from bert_jax.finetune import batching, heads, trainer
 from bert_jax.finetune.objective import FinetuneObjective
@@ -133,3 +134,7 @@ def test_training_packs_only_plain_fine_tuning():
   config.data.unpad = True
   setup.objective.smart = config.smart
   assert trainer._packing(setup) is None
+  setup.objective.smart = None
+  other = types.SimpleNamespace(packs_rows=False, model=setup.objective.model)  # a distillation's, say
+  assert trainer._packing(dataclasses.replace(setup, objective=other)) is None
+  assert not distill.DistillObjective.packs_rows and not theseus.TheseusObjective.packs_rows

@@ -66,6 +66,7 @@ def layer_map(student_layers: int, teacher_layers: int, chosen: tuple[int, ...] 
 
 class DistillObjective:
   """The student's objective with the teacher's outputs; `with_teacher(params)` is what the step uses."""
+  packs_rows = False  # the teacher and student read the padded batch (finetune/trainer.py:_packing)
 
   def __init__(self, cfg: ml_collections.ConfigDict, student: InnerModel, teacher: InnerModel,
                mapping: tuple[int, ...]):

@@ -56,6 +56,7 @@ def _layer(params: dict, config: ModelConfig, i: int) -> dict:
 class TheseusObjective:
   """The mixed model's task loss (train) and the successor alone (evaluation); `with_teacher` binds the
   predecessor's params and the step (the curriculum's clock)."""
+  packs_rows = False  # the mixed model reads the padded batch (finetune/trainer.py:_packing)
 
   def __init__(self, cfg: ml_collections.ConfigDict, student: InnerModel, teacher_config: ModelConfig,
                curriculum_steps: int):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
+import ml_collections
 import numpy as np
 
 from bert_jax.errors import UserError
@@ -112,12 +113,27 @@ def _length_axes(apply: Callable, params: Any, rows: int, lengths: Sequence[int]
   return {k: next((i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y), None) for k in a}
 
 
+def check_unpad(config: ml_collections.ConfigDict) -> None:
+  """UserError when data.unpad is on and the family config.model names cannot run packed rows (its record's
+  `unpad_refusal`). A run whose architecture is init_from's keeps the default's "where the family can"."""
+  if not config.data.get("unpad", True):
+    return
+  try:
+    model = families.model_config(config.model.to_dict())
+  except UserError:  # a model section init_from's family check or the model's build names first
+    return
+  reason = families.of(model).unpad_refusal(model)
+  if reason:
+    raise UserError(f"data.unpad: the {model.family} family cannot run a batch's real tokens packed into fewer rows "
+                    f"({reason}); set --config.data.unpad=false")
+
+
 def unpad_config(data, model_config) -> Any:
   """The encoder config `run_model` packs batches for when data.unpad is on (the default; a workdir written
   before the field existed reads as on) and the family restores packed rows (models/unpad.py), else None."""
   if model_config is None or not data.get("unpad", True):
     return None
-  return model_config if unpad.can_unpad(type(families.build(model_config)), model_config) else None
+  return None if families.of(model_config).unpad_refusal(model_config) else model_config
 
 
 def train_packer(encoder_config, train, mesh) -> Callable[[Features], Features] | None:

@@ -26,6 +26,12 @@ class FinetuneObjective:
     self.head = head_kinds.get(model.kind)
     self.smart = smart_config
 
+  @property
+  def packs_rows(self) -> bool:
+    """Its training step takes a batch's real tokens packed into fewer rows (models/unpad.py): not with SMART,
+    whose perturbation is of the padded embeddings."""
+    return self.smart is None
+
   def init(self, rng: jax.Array, batch: dict[str, jax.Array]) -> Any:
     return self.model.init(rng, *(batch[k] for k in MODEL_INPUTS))["params"]
 

@@ -105,10 +105,9 @@ def _encoder_config(setup: TrainSetup) -> Any:
 
 
 def _packing(setup: TrainSetup) -> Any:
-  """`unpad_config` of the training step: plain fine-tuning's objective without SMART (whose perturbation is
-  of the padded embeddings), not a distillation's or another learner's."""
-  objective = setup.objective
-  if type(objective) is not FinetuneObjective or objective.smart is not None:
+  """`unpad_config` of the training step, where its objective `packs_rows` (plain fine-tuning's without SMART;
+  not a distillation's or Theseus's)."""
+  if not setup.objective.packs_rows:
     return None
   return batching.unpad_config(setup.config.data, _encoder_config(setup))
 
@@ -281,6 +280,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   modes.validate(config.train)
   memory.validate(config)
   batching.buckets(config.data.get("length_buckets", ()), config.data.max_seq_length)
+  batching.check_unpad(config)
 
 
 def run_job(config: ml_collections.ConfigDict, workdir: str,

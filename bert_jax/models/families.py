@@ -106,6 +106,11 @@ def _no_constants(config: Config) -> list[tuple[Row, np.ndarray]]:
   return []
 
 
+def _no_unpad(config: Config) -> str:
+  del config
+  return "its encoder takes no unpad_index"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
   """A family's mapping table and how it lays over a config.
@@ -243,7 +248,9 @@ class Family:
   sbert/embed.py packs short sentences). layer_losses: its layers are transformer layers whose hidden states
   and attention a teacher's can be matched to (distillation's hidden, attention and PKD losses; not the
   BiLSTM student's, whose hidden_size is a ReLU layer's width). adapters: its layers take Houlsby adapters
-  (`model.adapter_size`, fine-tuning's train.mode=adapters: BertModel's families).
+  (`model.adapter_size`, fine-tuning's train.mode=adapters: BertModel's families). unpad_refusal(config): why
+  the encoder cannot run a batch's real tokens packed into fewer rows (models/unpad.py, data.unpad), '' when it
+  can (an encoder whose __call__ takes `unpad_index`: BertModel's families, ModernBERT).
   """
   name: str
   config: type
@@ -266,6 +273,7 @@ class Family:
   packs: bool = False
   layer_losses: bool = True
   adapters: bool = False
+  unpad_refusal: Callable[[Config], str] = _no_unpad
   # A pretraining run's params as conversion reads them: the encoder's tree out of a tree holding several
   # networks (DeBERTa-v3's generator and discriminator, models/deberta.py:from_pretraining); as they are by default.
   from_pretraining: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda params: params

@@ -18,11 +18,10 @@ the padded step's; a step over micro-batches packs each device's micro-batch on 
 
 A batch that went through `pack` holds input_ids, token_type_ids, position_ids, document_ids int32[R, T] (the
 packed rows), attention_mask int32[B, T] (the padded batch's) and unpad_index int32[B, T]. An encoder takes
-part when its __call__ accepts `unpad_index` (BertModel's families, ModernBERT: `can_unpad`).
+part when its __call__ accepts `unpad_index` (BertModel's families, ModernBERT), as its family record's
+`unpad_refusal` says (models/families.py).
 """
 from __future__ import annotations
-
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -30,13 +29,6 @@ import numpy as np
 
 PACKED = ("input_ids", "token_type_ids", "position_ids", "document_ids")  # [R, T] in a packed batch
 INDEX = "unpad_index"
-
-
-def can_unpad(module_class, config) -> bool:
-  """Does the encoder restore packed rows (an `unpad_index` argument), and does its config allow it (not
-  ERNIE-THU's entity layers, whose inputs are per padded token)?"""
-  names = inspect.signature(module_class.__call__).parameters
-  return INDEX in names and not getattr(config, "entity_layers", 0)
 
 
 def padded_positions(config, attention_mask: np.ndarray) -> np.ndarray:

@@ -58,7 +58,7 @@ def read_hf_config(hf_config, heads, scan_layers: bool, source: str) -> ModelCon
 FAMILY = families.register(families.Family(
     name="albert",
     packs=True,
-    config=ModelConfig, adapters=True,
+    config=ModelConfig, adapters=True, unpad_refusal=bl.unpad_refusal,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

@@ -18,7 +18,7 @@ with_heads = bl.heads_switch("nsp")
 FAMILY = families.register(families.Family(
     name="bert",
     packs=True,
-    config=ModelConfig, adapters=True,
+    config=ModelConfig, adapters=True, unpad_refusal=bl.unpad_refusal,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

@@ -36,6 +36,11 @@ def heads_switch(sentence: str | None) -> Callable[[ModelConfig, Iterable[str]],
   return with_heads
 
 
+def unpad_refusal(config: ModelConfig) -> str:
+  """BertModel restores packed rows (models/unpad.py) unless ERNIE-THU's entity layers read its padded tokens."""
+  return "ERNIE-THU's entity layers read each padded token" if config.entity_layers else ""
+
+
 def parts(config: ModelConfig) -> frozenset[str]:
   return frozenset({"backbone", *heads_of(config)}
                    | ({"projection"} if config.embed_dim != config.hidden_size else set())

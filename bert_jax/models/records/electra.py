@@ -49,7 +49,7 @@ def write_scopes(config: ModelConfig) -> dict[str, str]:
 FAMILY = families.register(families.Family(
     name="electra",
     packs=True,
-    config=ModelConfig, adapters=True,
+    config=ModelConfig, adapters=True, unpad_refusal=bl.unpad_refusal,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,

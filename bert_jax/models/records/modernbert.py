@@ -148,7 +148,7 @@ def with_dropout(config: ModernBertConfig, hidden: float, attention: float) -> M
 
 FAMILY = families.register(families.Family(
     name="modernbert",
-    packs=True,
+    packs=True, unpad_refusal=lambda config: "",
     config=ModernBertConfig,
     module=ModernBertModel,
     heads=HEADS,

@@ -26,7 +26,7 @@ def write_hf_config(config: ModelConfig) -> dict:
 FAMILY = families.register(families.Family(
     name="roberta",
     packs=True,
-    config=ModelConfig, adapters=True,
+    config=ModelConfig, adapters=True, unpad_refusal=bl.unpad_refusal,
     module=BertModel,
     heads=bl.HEADS,
     heads_of=bl.heads_of,
