@@ -6,7 +6,7 @@ import pytest
 from jax.extend.random import threefry2x32_p
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from bert_jax.models import bert
+from bert_jax.models import activations
 from bert_jax.models.dropout import Dropout, keep_mask, threefry2x32
 
 
@@ -93,8 +93,8 @@ def test_mask_does_not_depend_on_sharding():
 def test_gelu_is_the_erf_formula():
   x = jnp.linspace(-12.0, 12.0, 4001)
   ref = jax.nn.gelu(x, approximate=False)  # JAX's erfc formulation
-  np.testing.assert_allclose(bert.gelu(x), ref, atol=1e-6, rtol=1e-6)
-  np.testing.assert_allclose(jax.vmap(jax.grad(bert.gelu))(x),
+  np.testing.assert_allclose(activations.gelu(x), ref, atol=1e-6, rtol=1e-6)
+  np.testing.assert_allclose(jax.vmap(jax.grad(activations.gelu))(x),
                              jax.vmap(jax.grad(lambda v: jax.nn.gelu(v, approximate=False)))(x), atol=1e-6)
   # Hand values: gelu(1) = 0.5 * (1 + erf(1/sqrt 2)) = 0.8413447460685429; gelu(-1) = -0.15865525393145707.
-  np.testing.assert_allclose(bert.gelu(jnp.array([1.0, -1.0, 0.0])), [0.8413447, -0.1586553, 0.0], atol=1e-6)
+  np.testing.assert_allclose(activations.gelu(jnp.array([1.0, -1.0, 0.0])), [0.8413447, -0.1586553, 0.0], atol=1e-6)

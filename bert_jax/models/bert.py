@@ -25,33 +25,11 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.models import attention, batch_rows, unpad
+from bert_jax.models.activations import ACTIVATIONS, REMAT_POLICIES
 from bert_jax.models.config import ModelConfig
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
-
-
-def gelu(x: Array) -> Array:
-  """Exact GELU as the original BERT code and PyTorch write it: 0.5 x (1 + erf(x / sqrt(2))).
-
-  jax.nn.gelu(approximate=False) uses erfc for relative accuracy far in the negative tail, which
-  XLA:CPU lowers through exp and selects; erf is cheaper (BENCHMARKS.md, "GELU with erf") and the
-  values differ by less than 1e-6 absolute (tests/test_dropout.py).
-  """
-  return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(2 ** -0.5, x.dtype)))
-
-
-_ACTIVATIONS = {
-    "gelu": gelu,
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "relu": jax.nn.relu,
-}
-
-_REMAT_POLICIES = {
-    "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
 
 
 @flax.struct.dataclass
@@ -96,7 +74,7 @@ def dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str) 
 
 
 def activation(config: ModelConfig):
-  return _ACTIVATIONS[config.hidden_act]
+  return ACTIVATIONS[config.hidden_act]
 
 
 def lookup(embed: nn.Embed, ids: Array, table_axes: tuple) -> Array:
@@ -378,7 +356,7 @@ class Encoder(nn.Module):
       return (x if queries is None else gather_positions(x, queries)), None, None
     layer_cls = TransformerLayer
     if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(4,))
     shared = self._shared_submodules()
     keep = (self.keep_outputs, self.keep_attentions)

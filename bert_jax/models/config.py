@@ -10,22 +10,34 @@ import jax.numpy as jnp
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models import attention
+from bert_jax.models import activations, attention
 
 # The families whose layout BertModel's switches decide (ModelConfig.family is read off the switches).
 LAYOUT_FAMILIES = ("bert", "roberta", "albert", "electra")
 
+# The choices every family's config has; a family's own come on top, their names read from the one table of
+# their kind (models/activations.py: activations and remat policies; models/attention.py: attention backends).
+SHARED_CHOICES = {
+    "dtype": ("float32", "bfloat16", "float16"),
+    "param_dtype": ("float32", "bfloat16"),
+    "remat": activations.REMAT,
+}
 _CHOICES = {
-    "hidden_act": ("gelu", "gelu_tanh", "relu"),
+    "hidden_act": activations.NAMES,
     "position_style": ("absolute", "roberta"),
     "share_layers": ("none", "all", "attention", "ffn"),
     "sentence_head": ("nsp", "sop", "none"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "param_dtype": ("float32", "bfloat16"),
-    "remat": ("none", "full", "dots", "dots_no_batch"),
     "attention": attention.BACKENDS,
     "entity_fusion": ("paper", "residual"),
 }
+
+
+def check_choices(config: Any, choices: Mapping[str, tuple[str, ...]]) -> None:
+  """UserError naming the first field of `config` (SHARED_CHOICES' and `choices`') whose value is not allowed."""
+  for name, allowed in {**SHARED_CHOICES, **choices}.items():
+    if getattr(config, name) not in allowed:
+      raise UserError(f"model.{name}={getattr(config, name)!r} is not one of {allowed}")
+
 # A key older configs wrote, and what its values became (`attention`).
 _LEGACY_ATTENTION = {"auto": "dot", "xla": "dot", "cudnn": "cudnn"}
 
@@ -135,9 +147,7 @@ class ModelConfig(Dtypes):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, _CHOICES)
     if self.hidden_size % self.num_heads:
       raise UserError(f"model.hidden_size={self.hidden_size} is not divisible by "
                       f"model.num_heads={self.num_heads}")

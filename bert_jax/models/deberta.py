@@ -40,25 +40,17 @@ import numpy as np
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models import attention
+from bert_jax.models import activations, attention
+from bert_jax.models.activations import REMAT_POLICIES
 from bert_jax.models.bert import (ModelOutput, ReplacedTokenHead, activation, constrain_hidden, dense, gather_positions,
                                   kernel_init, layer_head_mask, layer_norm, lookup, on_rows, tied_logits, zeros_init)
-from bert_jax.models.config import FamilyConfig
+from bert_jax.models.config import FamilyConfig, check_choices
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {
-    "hidden_act": ("gelu", "gelu_tanh", "relu"),
-    "pooler_act": ("gelu", "gelu_tanh", "relu", "tanh"),
-    "norm_rel_ebd": ("layer_norm", "none"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "param_dtype": ("float32", "bfloat16"),
-    "remat": ("none", "full", "dots", "dots_no_batch"),
-}
+_CHOICES = {"hidden_act": activations.NAMES, "pooler_act": (*activations.NAMES, "tanh"), "norm_rel_ebd": ("layer_norm", "none")}
 _POSITION_TERMS = ("c2p", "p2c")
-_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots,
-                   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +108,7 @@ class DebertaConfig(FamilyConfig):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, _CHOICES)
     if self.hidden_size % self.num_heads:
       raise UserError(f"model.hidden_size={self.hidden_size} must split into model.num_heads={self.num_heads} heads")
     unknown = [t for t in self.position_terms if t not in _POSITION_TERMS]
@@ -309,7 +299,7 @@ class Encoder(nn.Module):
       relative = layer_norm(cfg, "rel_norm")(relative)
     layer_cls = Layer
     if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(5,))
     keep = (self.keep_outputs or cfg.emd, self.keep_attentions)  # the decoder reads the last layer's input
     if cfg.scan_layers:

@@ -31,25 +31,17 @@ import jax.numpy as jnp
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models import attention
+from bert_jax.models import activations, attention
+from bert_jax.models.activations import REMAT_POLICIES
 from bert_jax.models.bert import (ModelOutput, activation, constrain_hidden, gather_positions, layer_head_mask,
                                   lookup, tied_logits, zeros_init, kernel_init)
-from bert_jax.models.config import FamilyConfig
+from bert_jax.models.config import FamilyConfig, check_choices
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {
-    "hidden_act": ("gelu", "gelu_tanh", "relu"),
-    "normalization_type": ("no_norm", "layer_norm"),
-    "sentence_head": ("nsp", "none"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "param_dtype": ("float32", "bfloat16"),
-    "remat": ("none", "full", "dots", "dots_no_batch"),
-    "attention": attention.BACKENDS,
-}
-_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots,
-                   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
+_CHOICES = {"hidden_act": activations.NAMES, "normalization_type": ("no_norm", "layer_norm"), "sentence_head": ("nsp", "none"),
+            "attention": attention.BACKENDS}
 TORCH_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, where Hugging Face passes no eps
 
 
@@ -109,9 +101,7 @@ class MobileBertConfig(FamilyConfig):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, _CHOICES)
     if self.embedding_size <= 0:
       raise UserError(f"model.embedding_size={self.embedding_size} must be >= 1 (this family has no 0 for "
                       "model.hidden_size)")
@@ -312,7 +302,7 @@ class Encoder(nn.Module):
     cfg = self.config
     layer_cls = MobileBertLayer
     if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(4,))
     keep = (self.keep_outputs, self.keep_attentions)
     if cfg.scan_layers:

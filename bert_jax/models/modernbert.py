@@ -20,7 +20,6 @@ Shapes: B batch, T length, N heads, D head dim, H hidden, F intermediate, V voca
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
@@ -29,26 +28,16 @@ import jax.numpy as jnp
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models import attention, batch_rows, rope, unpad
-from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, gelu, heads_out, layer_head_mask,
+from bert_jax.models import activations, attention, batch_rows, rope, unpad
+from bert_jax.models.activations import ACTIVATIONS, REMAT_POLICIES
+from bert_jax.models.bert import (ModelOutput, constrain_hidden, gather_positions, heads_out, layer_head_mask,
                                   lookup, on_rows, tied_logits)
-from bert_jax.models.config import FamilyConfig
+from bert_jax.models.config import FamilyConfig, check_choices
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {
-    "hidden_act": ("gelu", "gelu_tanh"),
-    "head_act": ("gelu", "gelu_tanh"),
-    "pooling": ("cls", "mean"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "param_dtype": ("float32", "bfloat16"),
-    "remat": ("none", "full", "dots", "dots_no_batch"),
-    "attention": attention.BACKENDS,
-}
-_ACTIVATIONS = {"gelu": gelu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True)}
-_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots,
-                   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
+_CHOICES = {"hidden_act": activations.NAMES, "head_act": activations.NAMES, "pooling": ("cls", "mean"), "attention": attention.BACKENDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +91,7 @@ class ModernBertConfig(FamilyConfig):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, _CHOICES)
     if self.hidden_size % self.num_heads or self.head_dim % 2:
       raise UserError(f"model.hidden_size={self.hidden_size} must split into model.num_heads={self.num_heads} "
                       "heads of an even width (rotary embeddings rotate pairs)")
@@ -237,7 +224,7 @@ class GeGLU(nn.Module):
     wi = _weight(self, cfg, "wi", (h, 2, f), ("embed", None, "mlp"))
     wo = _weight(self, cfg, "wo", (f, h), ("mlp", "embed"), _out_std(cfg))
     both = on_rows(lambda rows: jnp.tensordot(rows, wi, axes=1), x.astype(cfg.compute_dtype))
-    y = _ACTIVATIONS[cfg.hidden_act](both[:, :, 0]) * both[:, :, 1]
+    y = ACTIVATIONS[cfg.hidden_act](both[:, :, 0]) * both[:, :, 1]
     y = Dropout(cfg.mlp_dropout)(y, deterministic=deterministic)
     return on_rows(lambda rows: jnp.einsum("...f,fh->...h", rows, wo), y)
 
@@ -283,7 +270,7 @@ class Encoder(nn.Module):
     cfg = self.config
     layer_cls = Layer
     if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(4, 6) if not cfg.scan_layers else (6,))
     keep = (self.keep_outputs, self.keep_attentions)
     if cfg.scan_layers:
@@ -306,7 +293,7 @@ def _prediction_head(module: nn.Module, cfg: ModernBertConfig, x: Array) -> Arra
   """Dense (no bias) -> activation -> LayerNorm, as `module`'s kernel and norm: [..., H] -> [..., H]."""
   h = jnp.einsum("...h,hk->...k", x.astype(cfg.compute_dtype),
                  _weight(module, cfg, "kernel", (cfg.hidden_size, cfg.hidden_size), ("embed", "mlp"), _out_std(cfg)))
-  return norm(cfg, "norm")(_ACTIVATIONS[cfg.head_act](h))
+  return norm(cfg, "norm")(ACTIVATIONS[cfg.head_act](h))
 
 
 class PredictionHead(nn.Module):

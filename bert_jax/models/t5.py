@@ -31,19 +31,13 @@ import jax.numpy as jnp
 from bert_jax import config_schema
 from bert_jax.errors import UserError
 from bert_jax.models.bert import constrain_hidden, heads_out, lookup, on_rows
-from bert_jax.models.config import FamilyConfig
+from bert_jax.models.activations import REMAT_POLICIES
+from bert_jax.models.config import FamilyConfig, check_choices
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {
-    "feed_forward": ("relu", "gated-gelu", "gated-relu"),
-    "dtype": ("float32", "bfloat16", "float16"),
-    "param_dtype": ("float32", "bfloat16"),
-    "remat": ("none", "full", "dots", "dots_no_batch"),
-}
-_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots,
-                   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
+_CHOICES = {"feed_forward": ("relu", "gated-gelu", "gated-relu")}
 # Hugging Face's "gated-gelu" is gelu_new (the tanh approximation), as mesh-tensorflow's T5 v1.1.
 _ACTIVATIONS = {"relu": jax.nn.relu, "gated-relu": jax.nn.relu,
                 "gated-gelu": functools.partial(jax.nn.gelu, approximate=True)}
@@ -98,9 +92,7 @@ class T5Config(FamilyConfig):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, _CHOICES)
     if self.num_decoder_layers < 0:
       raise UserError(f"model.num_decoder_layers must be >= 0 (0: as many as num_layers), got {self.num_decoder_layers}")
     if self.family != "t5":
@@ -278,7 +270,7 @@ def _run_layers(module: nn.Module, layer_cls, cfg: T5Config, count: int, x: Arra
   remat per cfg.remat. args: broadcast to every layer (the last one: deterministic, static)."""
   static = len(args) + 1
   if cfg.remat != "none":
-    layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                          static_argnums=(static,))
   if cfg.scan_layers:
     scanned = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},

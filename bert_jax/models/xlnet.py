@@ -47,17 +47,14 @@ import numpy as np
 
 from bert_jax import config_schema
 from bert_jax.errors import UserError
-from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, gelu, layer_head_mask, lookup, tied_logits
-from bert_jax.models.config import FamilyConfig
+from bert_jax.models import activations
+from bert_jax.models.activations import ACTIVATIONS, REMAT_POLICIES
+from bert_jax.models.bert import ModelOutput, constrain_hidden, dense, layer_head_mask, lookup, tied_logits
+from bert_jax.models.config import FamilyConfig, check_choices
 from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_ACTIVATIONS = {"gelu": gelu, "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True), "relu": jax.nn.relu}
-_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots,
-                   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}
-_CHOICES = {"hidden_act": tuple(_ACTIVATIONS), "dtype": ("float32", "bfloat16", "float16"),
-            "param_dtype": ("float32", "bfloat16"), "remat": ("none", *_REMAT_POLICIES)}
 _NEG = 1e30  # what Hugging Face's and the original code subtract from a blocked score
 
 
@@ -124,9 +121,7 @@ class XLNetConfig(FamilyConfig):
 
   def __post_init__(self):
     config_schema.check_block("model", self)  # the plain fields' ranges
-    for name, allowed in _CHOICES.items():
-      if getattr(self, name) not in allowed:
-        raise UserError(f"model.{name}={getattr(self, name)!r} is not one of {allowed}")
+    check_choices(self, {"hidden_act": activations.NAMES})
     if self.hidden_size % self.num_heads or self.hidden_size % 2:
       raise UserError(f"model.hidden_size={self.hidden_size} must be even and split into "
                       f"model.num_heads={self.num_heads} heads")
@@ -293,7 +288,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     y = nn.Dense(cfg.intermediate_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                  kernel_init=_init(cfg, ("embed", "mlp")), bias_init=_zeros(("mlp",)), name="intermediate")(x)
-    y = Dropout(cfg.hidden_dropout)(_ACTIVATIONS[cfg.hidden_act](y), deterministic=deterministic)
+    y = Dropout(cfg.hidden_dropout)(ACTIVATIONS[cfg.hidden_act](y), deterministic=deterministic)
     y = nn.Dense(cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
                  kernel_init=_init(cfg, ("mlp", "embed")), bias_init=_zeros(("embed",)), name="output")(y)
     return layer_norm(cfg, "layer_norm")(Dropout(cfg.hidden_dropout)(y, deterministic=deterministic) + x)
@@ -331,7 +326,7 @@ class Encoder(nn.Module):
     cfg = self.config
     layer_cls = Layer
     if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
+      layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers,
                            static_argnums=(9,))
     shared = (pos, other_segment, mask_h, mask_g, target_mapping, deterministic)
     if cfg.scan_layers:

@@ -69,8 +69,8 @@ _SEQUENCE = _task_rows("pooler", "classifier", "head/classifier")
 # Hugging Face switches bert_jax's ModernBERT does not have (it has no biases but the decoder's and the
 # fine-tuning classifiers').
 _FIXED = {"attention_bias": False, "mlp_bias": False, "norm_bias": False, "classifier_bias": False}
-_ACTS_TO_OURS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
-_ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+_ACTS_TO_OURS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "relu": "relu"}
+_ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
 
 
 def _layer_period(layer_types: list[str], source: str) -> int:
