@@ -20,13 +20,11 @@ saved as JSON and restored by re-reading one block; see `PretrainInput.save`.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from bert_jax.data_pipelines import corpora, span_stream, xlnet_stream
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.features import Featurizer, feature_spec
-from bert_jax.data_pipelines.shards import (Context, check_layout, check_model_fit, make_context, make_tokenizer,
-                                            masking_config, read_states, seeds, shard_batches, write_state)
+from bert_jax.data_pipelines.shards import (Context, ShardedInput, check_layout, check_model_fit, make_context,
+                                            make_tokenizer, masking_config, seeds, shard_batches)
 from bert_jax.data_pipelines.workers import Prefetcher, WorkerPool, worker_count
 
 def _masked(rows, featurize):
@@ -67,47 +65,29 @@ class _RowWorkers:
     self._pool.close()
 
 
-class PretrainInput:
+class PretrainInput(ShardedInput):
   """Iterable of this host's rows of each global batch; `save`/`restore` its position; `close` its threads."""
 
   def __init__(self, ctx: Context, shards: range, rows_per_shard: int, process_index: int,
                num_workers: int, context_args: dict):
-    self._ctx, self.tokenizer, self._shards = ctx, ctx.tokenizer, shards
-    self._rows_per_shard, self._process_index = rows_per_shard, process_index
-    self._states = {s: None for s in shards}
+    super().__init__(ctx, shards, rows_per_shard, process_index, num_workers, context_args)
     self._step = 0  # batches consumed: the run's step of the next one (data.mask_rate_schedule), saved with the states
     self._featurize = Featurizer(ctx.masking, ctx.seeds, ctx.spec, ctx.max_seq_length)
-    # context_args rebuild ctx in a worker: picklable, unlike the tokenizer and the source
-    groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
-    self._groups = [[int(s) for s in g] for g in groups]
-    self._context_args = context_args
-    self._rows = self._masker = None
-    self._closed_worker_stats = corpora.Stats()
-
-  @property
-  def stats(self) -> dict:
-    """Counted skips: skipped_lines (not UTF-8), skipped_files (binary), short_documents."""
-    total = self._ctx.stats + self._closed_worker_stats
-    for worker_stats in (self._rows.stats if self._rows else []):
-      total.update(worker_stats)
-    return dict(total)
+    self._masker = None  # the stage is the rows' (a thread, or worker processes that mask their own)
 
   @property
   def spec(self) -> dict:
     return self._ctx.spec
 
-  def __iter__(self):
-    return self
-
   def __next__(self) -> dict:
-    if self._rows is None:
+    if self._stage is None:
       if self._groups:
-        self._rows = _RowWorkers(self._context_args, self._groups, self._states, self._rows_per_shard, self._step)
+        self._stage = _RowWorkers(self._context_args, self._groups, self._states, self._rows_per_shard, self._step)
       else:
-        self._rows = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard, self._step)
-        self._masker = Prefetcher(lambda: _masked(self._rows, self._featurize))
+        self._stage = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard, self._step)
+        self._masker = Prefetcher(lambda: _masked(self._stage, self._featurize))
     try:
-      batch, states = (self._masker or self._rows).next()  # workers mask their own rows
+      batch, states = (self._masker or self._stage).next()  # workers mask their own rows
     except BaseException:
       self.close()  # a stage failed or we were interrupted: the next call restarts from the consumed position
       raise
@@ -116,42 +96,27 @@ class PretrainInput:
     return batch
 
   def close(self) -> None:
-    """Stops the stages (threads, worker processes); the next `next()` starts again from the consumed position."""
     if self._masker is not None:
       self._masker.close()
       self._masker = None
-    if self._rows is not None:
-      for worker_stats in self._rows.stats:
-        self._closed_worker_stats.update(worker_stats)
-      self._rows.close()
-      self._rows = None
+    super().close()
 
-  def __del__(self):
-    self.close()
+  def _position(self) -> dict:
+    return {"num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard, "step": self._step}
 
-  def save(self, directory: str) -> None:
-    """Writes this process's shard positions to `directory` (one file per process)."""
-    write_state(directory, self._process_index,
-                {"num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard, "step": self._step,
-                 "shards": {str(s): self._states[s] for s in self._shards}})
+  def _check_position(self, path, state: dict) -> None:
+    if (state["num_shards"], state["rows_per_shard"]) != (self._ctx.num_shards, self._rows_per_shard):
+      raise DataError(f"{path}: saved with num_shards={state['num_shards']} and "
+                      f"{state['rows_per_shard']} rows per shard; this run has {self._ctx.num_shards} "
+                      f"and {self._rows_per_shard}; keep data.num_shards and the batch size to resume")
+
+  def _missing(self, directory: str, missing: list[int]) -> str:
+    return (f"{directory}: no saved input position for shards {missing}; "
+            "was the checkpoint written by a run with the same data config?")
 
   def restore(self, directory: str) -> None:
-    """Reads the positions of this host's shards from the files every process wrote (any host count)."""
-    found, step = {}, 0
-    for path, state in read_states(directory):
-      step = state.get("step", 0)  # every process's is the same; a position saved before the field: 0
-      if (state["num_shards"], state["rows_per_shard"]) != (self._ctx.num_shards, self._rows_per_shard):
-        raise DataError(f"{path}: saved with num_shards={state['num_shards']} and "
-                        f"{state['rows_per_shard']} rows per shard; this run has {self._ctx.num_shards} "
-                        f"and {self._rows_per_shard}; keep data.num_shards and the batch size to resume")
-      found.update({int(k): v for k, v in state["shards"].items()})
-    missing = [s for s in self._shards if s not in found]
-    if missing:
-      raise DataError(f"{directory}: no saved input position for shards {missing}; "
-                      "was the checkpoint written by a run with the same data config?")
-    self.close()
-    self._states = {s: found[s] for s in self._shards}
-    self._step = step
+    # every process's step is the same; a position saved before the field: 0
+    self._step = super().restore(directory).get("step", 0)
 
 
 def make_pretrain_input(data_cfg, *, global_batch_size: int, process_index: int, process_count: int,

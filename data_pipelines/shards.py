@@ -309,3 +309,64 @@ def _ernie_encoder(data_cfg, tokenized: bool, encoder, tokenizer):
     return ernie.CasedEncoder(tokenizer.encode), share
   encoder.encode = ernie.cased(encoder.encode)  # knowledge masking's tags and the capital bit together
   return encoder, share
+
+
+class ShardedInput:
+  """What a host's input over its virtual shards shares (pipeline.PretrainInput, span_stream.SpanCorruptionInput):
+  each shard's position (`_states`), saved and restored as one JSON file per process; the shard groups of
+  data.num_workers' processes; the counted skips, a closed stage's too; `close`, which stops the running stage
+  (`_stage`: `.close()`, and its workers' `.stats` where it has workers) so that the next batch starts again from
+  the consumed position. A subclass says what its saved position holds besides the shards' (`_position`), checks
+  a saved one (`_check_position`) and words the error for shards without one (`_missing`)."""
+
+  def __init__(self, ctx: Context, shards: range, rows_per_shard: int, process_index: int, num_workers: int,
+               context_args: dict | None):
+    self._ctx, self.tokenizer, self._shards = ctx, ctx.tokenizer, shards
+    self._rows_per_shard, self._process_index = rows_per_shard, process_index
+    self._states = {s: None for s in shards}
+    groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
+    self._groups = [[int(s) for s in g] for g in groups]
+    self._context_args = context_args  # what rebuilds ctx in a worker: picklable, unlike the tokenizer and the source
+    self._stage = None
+    self._closed_worker_stats = corpora.Stats()
+
+  @property
+  def stats(self) -> dict:
+    """Counted skips: skipped_lines (not UTF-8), skipped_files (binary), short_documents."""
+    total = self._ctx.stats + self._closed_worker_stats
+    for worker_stats in getattr(self._stage, "stats", []):
+      total.update(worker_stats)
+    return dict(total)
+
+  def __iter__(self):
+    return self
+
+  def close(self) -> None:
+    """Stops the stage (threads, worker processes); the next `next()` starts again from the consumed position."""
+    if self._stage is not None:
+      for worker_stats in getattr(self._stage, "stats", []):
+        self._closed_worker_stats.update(worker_stats)
+      self._stage.close()
+      self._stage = None
+
+  def __del__(self):
+    self.close()
+
+  def save(self, directory: str) -> None:
+    """Writes this process's shard positions to `directory` (one file per process)."""
+    write_state(directory, self._process_index,
+                {**self._position(), "shards": {str(s): self._states[s] for s in self._shards}})
+
+  def restore(self, directory: str) -> dict:
+    """Reads the positions of this host's shards from the files every process wrote (any host count); returns the
+    last file's state (the fields of `_position`)."""
+    found, state = {}, {}
+    for path, state in read_states(directory):
+      self._check_position(path, state)
+      found.update({int(k): v for k, v in state["shards"].items()})
+    missing = [s for s in self._shards if s not in found]
+    if missing:
+      raise DataError(self._missing(directory, missing))
+    self.close()
+    self._states = {s: found[s] for s in self._shards}
+    return state

@@ -22,7 +22,6 @@ each building its contiguous group of shards' rows into shared-memory slots (wor
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import ml_collections
@@ -98,82 +97,49 @@ def _batches(ctx, shards, states: dict, rows_per_shard: int, corruption: Corrupt
     yield {k: np.stack([row[k] for row in rows]) for k in FEATURES}, {s.shard: s.state for s in streams}
 
 
-class SpanCorruptionInput:
+class SpanCorruptionInput(shards_lib.ShardedInput):
   """Iterable of this host's packed rows of each global batch; `save`/`restore` its position; `close` its thread or
   worker processes."""
 
   def __init__(self, ctx: shards_lib.Context, shards: range, rows_per_shard: int, process_index: int,
                corruption: Corruption, num_workers: int = 0, context_args: dict | None = None):
     """context_args: what rebuilds ctx in a worker (picklable; see `worker_pieces`), with num_workers > 0."""
-    self._ctx, self.tokenizer, self._shards, self.corruption = ctx, ctx.tokenizer, shards, corruption
-    self._rows_per_shard, self._process_index = rows_per_shard, process_index
-    self._states = {s: None for s in shards}
-    groups = np.array_split(np.array(shards), min(num_workers, len(shards))) if num_workers else []
-    self._groups, self._context_args = [[int(s) for s in g] for g in groups], context_args
-    self._prefetcher = None  # the prefetch thread or the WorkerPool: `next()` gives (rows, states)
-    self._closed_worker_stats = collections.Counter()
+    super().__init__(ctx, shards, rows_per_shard, process_index, num_workers, context_args)
+    self.corruption = corruption
     self.spec = FEATURES
-
-  @property
-  def stats(self) -> dict:
-    total = self._ctx.stats + self._closed_worker_stats
-    for worker_stats in getattr(self._prefetcher, "stats", []):
-      total.update(worker_stats)
-    return dict(total)
 
   def shard_rows(self, shard: int) -> ShardRows:
     """A fresh reader of `shard` from this input's position (the tests read its examples one by one)."""
     return ShardRows(self._ctx, shard, self._states[shard], self.corruption)
 
-  def __iter__(self):
-    return self
-
   def __next__(self) -> dict:
-    if self._prefetcher is None and self._groups:
-      self._prefetcher = WorkerPool(self._context_args, self._groups, self._states, self._rows_per_shard,
-                                    make_pieces=worker_pieces)
-    elif self._prefetcher is None:
+    if self._stage is None and self._groups:
+      self._stage = WorkerPool(self._context_args, self._groups, self._states, self._rows_per_shard,
+                               make_pieces=worker_pieces)
+    elif self._stage is None:
       states = dict(self._states)
-      self._prefetcher = Prefetcher(lambda: _batches(self._ctx, self._shards, states, self._rows_per_shard,
-                                                     self.corruption))
+      self._stage = Prefetcher(lambda: _batches(self._ctx, self._shards, states, self._rows_per_shard,
+                                                self.corruption))
     try:
-      batch, states = self._prefetcher.next()
+      batch, states = self._stage.next()
     except BaseException:
       self.close()  # the next call restarts from the consumed position
       raise
     self._states.update(states)
     return batch
 
-  def close(self) -> None:
-    if self._prefetcher is not None:
-      for worker_stats in getattr(self._prefetcher, "stats", []):
-        self._closed_worker_stats.update(worker_stats)
-      self._prefetcher.close()
-      self._prefetcher = None
+  def _position(self) -> dict:
+    return {"builder": BUILDER, "num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard}
 
-  def __del__(self):
-    self.close()
+  def _check_position(self, path, state: dict) -> None:
+    saved = (state.get("builder"), state.get("num_shards"), state.get("rows_per_shard"))
+    if saved != (BUILDER, self._ctx.num_shards, self._rows_per_shard):
+      raise DataError(f"{path}: not a {BUILDER} position of {self._ctx.num_shards} shards of "
+                      f"{self._rows_per_shard} rows (it has {saved}); keep data.example_builder, "
+                      "data.num_shards and the batch size to resume")
 
-  def save(self, directory: str) -> None:
-    shards_lib.write_state(directory, self._process_index,
-                           {"builder": BUILDER, "num_shards": self._ctx.num_shards,
-                            "rows_per_shard": self._rows_per_shard,
-                            "shards": {str(s): self._states[s] for s in self._shards}})
-
-  def restore(self, directory: str) -> None:
-    found = {}
-    for path, state in shards_lib.read_states(directory):
-      saved = (state.get("builder"), state.get("num_shards"), state.get("rows_per_shard"))
-      if saved != (BUILDER, self._ctx.num_shards, self._rows_per_shard):
-        raise DataError(f"{path}: not a {BUILDER} position of {self._ctx.num_shards} shards of "
-                        f"{self._rows_per_shard} rows (it has {saved}); keep data.example_builder, "
-                        "data.num_shards and the batch size to resume")
-      found.update({int(k): v for k, v in state["shards"].items()})
-    missing = [s for s in self._shards if s not in found]
-    if missing:
-      raise DataError(f"{directory}: no saved {BUILDER} position for shards {missing}")
-    self.close()
-    self._states = {s: found[s] for s in self._shards}
+  def _missing(self, directory: str, missing: list[int]) -> str:
+    return f"{directory}: no saved {BUILDER} position for shards {missing}"
 
 
 def _context(data_cfg, split: str, tokens_length: int, max_position_embeddings, model_vocab_size):
