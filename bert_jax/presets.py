@@ -48,13 +48,9 @@ def _family(c: ml_collections.ConfigDict, job: jobs.Job) -> str:
     return "distill"
   if job.schema.kind == config_schema.DATASET:
     return c.task.family
-  if c.model.get("family"):  # a family with an encoder of its own (ModernBERT)
-    return c.model.family
-  if c.objective != "bert":
-    return c.objective
-  if c.model.share_layers == "all":
-    return "albert"
-  return "roberta" if c.model.position_style == "roberta" else "bert"
+  if c.model.get("family") or c.objective == "bert":  # the family the model section names or its switches make
+    return families.model_config(c.model.to_dict()).family
+  return c.objective
 
 
 def _row(file: str, name: str, purpose: str, c: ml_collections.ConfigDict) -> dict[str, Any]:

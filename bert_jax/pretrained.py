@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from bert_jax import params_checkpoint, workdir
 from bert_jax.conversion import common, hf, native, tf_checkpoint
 from bert_jax.conversion import sentence_transformers as st
-from bert_jax.data_pipelines import hf_tokenizer, tokenizers
+from bert_jax.data_pipelines import hf_tokenizer, tokenizer_kinds, tokenizers
 from bert_jax.data_pipelines.tokenizers import kind_of_file
 from bert_jax.errors import UserError
 from bert_jax.models import families
@@ -167,9 +167,9 @@ def with_init_from_model(config: ml_collections.ConfigDict) -> ml_collections.Co
   if "model" not in saved:
     raise UserError(f"init_from: {config.init_from} has no model section in its config.json")
   info = native.tokenizer(config.init_from)
-  if info is None or info.kind == "bpe":
+  if info is None or tokenizer_kinds.get(info.kind).load is None:  # a kind read from checkpoints only (byte-level BPE)
     raise UserError(f"init_from: {config.init_from} has "
-                    + ("no vocabulary" if info is None else "a byte-level BPE tokenizer, which pretraining does not "
+                    + ("no vocabulary" if info is None else f"a {info.kind} tokenizer, which pretraining does not "
                        "read yet") + "; continued pretraining trains on the checkpoint's own vocabulary")
   if config.data.vocab:
     raise UserError(f"data.vocab={config.data.vocab!r}: continued pretraining keeps init_from's vocabulary; leave "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Callable
 
 import ml_collections
 
@@ -61,10 +62,19 @@ def corpus_sentences(limit: int) -> list[str]:
     return list(itertools.islice(usable, limit))
 
 
+# The embedded tasks by task.name: their spec and rows (any other name: "embedded"); `variant` picks one.
+_VARIANTS = {"embedded": (SPEC, make_rows), "first_word": (FIRST_WORD, first_word_rows)}
+
+
+def variant(config: ml_collections.ConfigDict) -> tuple[str, glue.GlueSpec, Callable]:
+  """(name, spec, rows(sentences, seed)) of the embedded task config.task.name names."""
+  name = config.task.name if config.task.name in _VARIANTS else "embedded"
+  return (name, *_VARIANTS[name])
+
+
 def build(config: ml_collections.ConfigDict, tokenizer, *, need_train: bool) -> Task:
   num_dev, num_train = config.task.num_dev, config.task.num_train
-  name = "first_word" if config.task.name == "first_word" else "embedded"
-  spec, rows = (FIRST_WORD, first_word_rows) if name == "first_word" else (SPEC, make_rows)
+  name, spec, rows = variant(config)
   sentences = corpus_sentences(num_dev + num_train)
   dev = glue.eval_set(config, spec, tokenizer, rows(sentences[:num_dev], seed=1), "dev",
                       f"{spec.leaderboard}.dev.tsv")

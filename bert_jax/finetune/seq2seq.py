@@ -95,8 +95,7 @@ def _glue_pairs(config: ml_collections.ConfigDict, split: str) -> list[tuple[str
 
 
 def _embedded_pairs(config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
-  name = "first_word" if config.task.name == "first_word" else "embedded"
-  rows_of = embedded.first_word_rows if name == "first_word" else embedded.make_rows
+  name, _, rows_of = embedded.variant(config)
   num_dev, num_train = config.task.num_dev, config.task.num_train
   sentences = embedded.corpus_sentences(num_dev + num_train)
   chosen = sentences[:num_dev] if split == "dev" else sentences[num_dev:]
