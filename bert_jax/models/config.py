@@ -38,6 +38,7 @@ def check_choices(config: Any, choices: Mapping[str, tuple[str, ...]]) -> None:
     if getattr(config, name) not in allowed:
       raise UserError(f"model.{name}={getattr(config, name)!r} is not one of {allowed}")
 
+
 # A key older configs wrote, and what its values became (`attention`).
 _LEGACY_ATTENTION = {"auto": "dot", "xla": "dot", "cudnn": "cudnn"}
 

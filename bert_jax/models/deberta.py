@@ -49,7 +49,8 @@ from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {"hidden_act": activations.NAMES, "pooler_act": (*activations.NAMES, "tanh"), "norm_rel_ebd": ("layer_norm", "none")}
+_CHOICES = {"hidden_act": activations.NAMES, "pooler_act": (*activations.NAMES, "tanh"),  # tanh: HF's ContextPooler
+            "norm_rel_ebd": ("layer_norm", "none")}
 _POSITION_TERMS = ("c2p", "p2c")
 
 

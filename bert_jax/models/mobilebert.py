@@ -40,8 +40,8 @@ from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {"hidden_act": activations.NAMES, "normalization_type": ("no_norm", "layer_norm"), "sentence_head": ("nsp", "none"),
-            "attention": attention.BACKENDS}
+_CHOICES = {"hidden_act": activations.NAMES, "normalization_type": ("no_norm", "layer_norm"),
+            "sentence_head": ("nsp", "none"), "attention": attention.BACKENDS}
 TORCH_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, where Hugging Face passes no eps
 
 

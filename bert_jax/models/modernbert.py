@@ -37,7 +37,8 @@ from bert_jax.models.dropout import Dropout
 
 Array = jax.Array
 
-_CHOICES = {"hidden_act": activations.NAMES, "head_act": activations.NAMES, "pooling": ("cls", "mean"), "attention": attention.BACKENDS}
+_CHOICES = {"hidden_act": activations.NAMES, "head_act": activations.NAMES, "pooling": ("cls", "mean"),
+            "attention": attention.BACKENDS}
 
 
 @dataclasses.dataclass(frozen=True)
