@@ -256,3 +256,25 @@ def test_a_truncated_record_file_is_named_with_its_bytes_and_the_rest_skipped(tm
       "record and skips the rest of the file (counted in stats as truncated_files); write it again with "
       "`bert-jax data prepare` to train on all of it"]
   assert stats["truncated_files"] == 1
+
+
+def test_keras_is_hidden_only_while_tensorflow_starts(monkeypatch):
+  """tftools.tf() imports TensorFlow without Keras (~40% of its import): keras can't be imported or found then,
+  and can afterwards; a process that imported keras already is left as it is."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import tftools  # pylint: disable=import-outside-toplevel
+  for name in [m for m in sys.modules if m == "keras" or m.startswith("keras.")]:
+    monkeypatch.delitem(sys.modules, name)  # put back after the test
+  finders = list(sys.meta_path)
+  with tftools._without_keras():  # pylint: disable=protected-access
+    with pytest.raises(ImportError):
+      import keras  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    with pytest.raises(ValueError):  # how TensorFlow looks for keras._tf_keras and keras.api
+      importlib.util.find_spec("keras._tf_keras.keras")
+    assert "keras" not in sys.modules
+  assert sys.meta_path == finders
+  assert importlib.util.find_spec("keras") is not None
+  monkeypatch.setitem(sys.modules, "keras", None)  # imported already (here: marked absent)
+  with tftools._without_keras():  # pylint: disable=protected-access
+    assert sys.meta_path == finders
