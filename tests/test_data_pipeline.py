@@ -278,3 +278,29 @@ def test_keras_is_hidden_only_while_tensorflow_starts(monkeypatch):
   monkeypatch.setitem(sys.modules, "keras", None)  # imported already (here: marked absent)
   with tftools._without_keras():  # pylint: disable=protected-access
     assert sys.meta_path == finders
+
+
+def test_featurizers_of_one_masking_configuration_share_one_traced_function(corpus):
+  """Each run's Featurizers were traced anew (~0.5 s each); the traced function is kept per configuration,
+  keyed on everything it reads: the same features as a fresh trace, and another seed or vocabulary gets its own."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  ctx = shards.make_context(_cfg(corpus), "train", None, None)
+  stream = shards.ShardStream(ctx, 0)
+  rows = [(list(row.ids), counter) for (row, counter), _ in zip(stream, range(8))]
+  stacked = shards._stack([Row(ids, [0] * len(ids)) for ids, _ in rows], [c for _, c in rows], [0] * len(rows),
+                          ctx.max_seq_length)  # pylint: disable=protected-access
+  args = (ctx.spec, ctx.max_seq_length)
+  first, second = (features.Featurizer(ctx.masking, ctx.seeds, *args) for _ in range(2))
+  assert first._fn is second._fn  # pylint: disable=protected-access
+  fresh = features._traced_featurize(ctx.masking, ctx.seeds, *args)  # pylint: disable=protected-access
+  steps = features.rates_at(ctx.masking, np.zeros(len(rows), np.int64))
+  want = fresh(*(stacked[name] for name in features.ROW_FIELDS), steps)
+  got = second(stacked)
+  for name, value in want.items():
+    assert np.array_equal(np.asarray(value), got[name]), name
+  reseeded = features.Featurizer(ctx.masking, (ctx.seeds[0] + 1, ctx.seeds[1]), *args)
+  assert not np.array_equal(reseeded(stacked)["input_ids"], got["input_ids"])
+  special = ctx.masking.special.copy()
+  special[-1] = not special[-1]
+  other_vocab = features.Featurizer(dataclasses.replace(ctx.masking, special=special), ctx.seeds, *args)
+  assert len({id(f._fn) for f in (first, reseeded, other_vocab)}) == 3  # pylint: disable=protected-access
