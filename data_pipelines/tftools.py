@@ -41,10 +41,11 @@ class _HideKeras(importlib.abc.MetaPathFinder):
 
 @contextlib.contextmanager
 def _without_keras():
-  """TensorFlow imports Keras 3 as it starts, for `tf.keras` and SavedModel's Keras optimizers; bert_jax uses
-  neither, and Keras was ~40% of TensorFlow's import: 9.5-11.6 s with it, 5.1-6.9 s without (3 alternating
-  imports each on 2 busy cores, 2026-11-29), paid by every process that builds rows (data workers included).
-  `tf.keras` still imports it when first used. Not hidden where this process imported Keras already."""
+  """TensorFlow imports Keras 3 as it starts, for `tf.keras` and SavedModel's Keras optimizers, and Keras was
+  ~40% of TensorFlow's import: 9.5-11.6 s with it, 5.1-6.9 s without (3 alternating imports each on 2 busy
+  cores, 2026-11-29). `tf.keras` still imports it when first used: a training run does, through clu's TensorBoard
+  writer (tensorboard's hparams plugin subclasses a Keras callback); processes that only build rows (data
+  workers, `data preview`, `predict`) no longer do. Not hidden where this process imported Keras already."""
   if "keras" in sys.modules:
     yield
     return
