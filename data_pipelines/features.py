@@ -6,6 +6,9 @@ on any host count and with any number of threads.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
+
 import numpy as np
 
 from bert_jax.data_pipelines import span_corruption
@@ -99,34 +102,57 @@ def position_ids(document_ids):
   return t.where(document_ids > 0, pos - start_of, 0)
 
 
+def _traced_featurize(masking: MaskingConfig, seeds: tuple, spec: dict, max_seq_length: int):
+  """The tf.function that masks a batch of rows into the features of `spec`."""
+  t = tf()
+  width = max_seq_length
+
+  def featurize(ids, length, segment_ids, label, document_ids, shard, counter, rates):
+    keys = row_keys(seeds, shard, counter)
+    tags = None
+    if masking.strategy == "knowledge":  # rows of tagged ids (knowledge.py)
+      ids, tags = split_tags(ids)
+    masked = mask_batch(ids, length, keys, masking, tags, rates)
+    if "shuffled_positions" in spec:
+      masked.update(shuffle_trigrams(ids, length, masked, keys, masking))
+    real = t.range(width)[None] < length[:, None]
+    out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
+           "next_sentence_labels": label, "document_ids": document_ids, "knowledge_units": tags}
+    if "position_ids" in spec:
+      out["position_ids"] = position_ids(document_ids)
+    return {name: out[name] for name in spec if name not in ERNIE_FEATURES}
+
+  rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
+          t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
+          t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int64), t.TensorSpec([None], t.int64),
+          t.TensorSpec([None], t.float64)]
+  return t.function(featurize, input_signature=rows)
+
+
+def _masking_key(masking: MaskingConfig) -> tuple:
+  """MaskingConfig's fields as a hashable key: its arrays by dtype, shape and bytes."""
+  return tuple((f.name, (v.dtype.str, v.shape, v.tobytes()) if isinstance(v, np.ndarray) else v)
+               for f in dataclasses.fields(masking) for v in [getattr(masking, f.name)])
+
+
+# A run builds a Featurizer for its training and one for its held-out input, and every run in a process (tests,
+# sweeps, a notebook) built them anew: ~0.5 s of tf.function tracing each (2026-11-29). The traced functions of
+# the last few masking configurations are kept, keyed on everything `featurize` reads.
+_TRACED: collections.OrderedDict = collections.OrderedDict()
+_TRACED_KEEP = 16
+
+
 class Featurizer:
   """Unmasked row batches (numpy, ROW_FIELDS) -> the contract's features (numpy), masked in TensorFlow."""
 
   def __init__(self, masking: MaskingConfig, seeds: tuple, spec: dict, max_seq_length: int):
-    self._spec, t = spec, tf()
-    width = max_seq_length
-
-    def featurize(ids, length, segment_ids, label, document_ids, shard, counter, rates):
-      keys = row_keys(seeds, shard, counter)
-      tags = None
-      if masking.strategy == "knowledge":  # rows of tagged ids (knowledge.py)
-        ids, tags = split_tags(ids)
-      masked = mask_batch(ids, length, keys, masking, tags, rates)
-      if "shuffled_positions" in spec:
-        masked.update(shuffle_trigrams(ids, length, masked, keys, masking))
-      real = t.range(width)[None] < length[:, None]
-      out = {**masked, "input_mask": t.cast(real, t.int32), "segment_ids": segment_ids,
-             "next_sentence_labels": label, "document_ids": document_ids, "knowledge_units": tags}
-      if "position_ids" in spec:
-        out["position_ids"] = position_ids(document_ids)
-      return {name: out[name] for name in spec if name not in ERNIE_FEATURES}
-
-    rows = [t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
-            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int32),
-            t.TensorSpec([None, width], t.int32), t.TensorSpec([None], t.int64), t.TensorSpec([None], t.int64),
-            t.TensorSpec([None], t.float64)]
-    self._fn = t.function(featurize, input_signature=rows)
-    self._masking = masking
+    self._spec, self._masking = spec, masking
+    key = (_masking_key(masking), tuple(int(s) for s in seeds), tuple(spec), max_seq_length)
+    if key not in _TRACED:
+      _TRACED[key] = _traced_featurize(masking, seeds, spec, max_seq_length)
+      while len(_TRACED) > _TRACED_KEEP:
+        _TRACED.popitem(last=False)
+    self._fn = _TRACED[key]
 
   def __call__(self, rows: dict) -> dict:
     """rows: ROW_FIELDS, and `step` int64[N] (each row's batch: data.mask_rate_schedule's rate; 0 without)."""

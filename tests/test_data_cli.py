@@ -4,6 +4,7 @@ import glob
 import os
 
 import numpy as np
+import pytest
 
 import data_fixtures
 from bert_jax.cli import data as cli
@@ -36,6 +37,10 @@ def test_prepare_then_preview(tmp_path, capsys):
   assert [vocab[i] for i in saved["special_token_ids"]] == ["[CLS]", "[SEP]", "[MASK]", "[PAD]"]
 
 
+class _FirstBatch(Exception):
+  pass
+
+
 def test_preview_shows_the_trainers_first_batch(tmp_path, monkeypatch):
   """One seed path (data.seed) from config to batch: preview's first batch is the one the train step gets."""
   from bert_jax.training import partitioning, trainer
@@ -45,9 +50,15 @@ def test_preview_shows_the_trainers_first_batch(tmp_path, monkeypatch):
   out = str(tmp_path / "preview.npz")
   _run(["data", "preview", "--config", "configs/bert.py:demo", "--num-batches", "1", "--output", out], overrides)
   seen = []
-  real = partitioning.global_batch
-  monkeypatch.setattr(partitioning, "global_batch", lambda batch, mesh: seen.append(batch) or real(batch, mesh))
-  trainer.pretrain(trainer.load_run_config("configs/bert.py:demo", overrides), str(tmp_path / "run"))
+
+  def first_batch(batch, mesh):  # what the first train step would get; the run stops there (not compiled)
+    del mesh
+    seen.append(batch)
+    raise _FirstBatch
+
+  monkeypatch.setattr(partitioning, "global_batch", first_batch)
+  with pytest.raises(_FirstBatch):
+    trainer.pretrain(trainer.load_run_config("configs/bert.py:demo", overrides), str(tmp_path / "run"))
   previewed = np.load(out)
   assert seen and set(seen[0]) <= set(previewed)
   for name, value in seen[0].items():

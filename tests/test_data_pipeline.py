@@ -256,3 +256,51 @@ def test_a_truncated_record_file_is_named_with_its_bytes_and_the_rest_skipped(tm
       "record and skips the rest of the file (counted in stats as truncated_files); write it again with "
       "`bert-jax data prepare` to train on all of it"]
   assert stats["truncated_files"] == 1
+
+
+def test_keras_is_hidden_only_while_tensorflow_starts(monkeypatch):
+  """tftools.tf() imports TensorFlow without Keras (~40% of its import): keras can't be imported or found then,
+  and can afterwards; a process that imported keras already is left as it is."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from bert_jax.data_pipelines import tftools  # pylint: disable=import-outside-toplevel
+  for name in [m for m in sys.modules if m == "keras" or m.startswith("keras.")]:
+    monkeypatch.delitem(sys.modules, name)  # put back after the test
+  finders = list(sys.meta_path)
+  with tftools._without_keras():  # pylint: disable=protected-access
+    with pytest.raises(ImportError):
+      import keras  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    with pytest.raises(ValueError):  # how TensorFlow looks for keras._tf_keras and keras.api
+      importlib.util.find_spec("keras._tf_keras.keras")
+    assert "keras" not in sys.modules
+  assert sys.meta_path == finders
+  assert importlib.util.find_spec("keras") is not None
+  monkeypatch.setitem(sys.modules, "keras", None)  # imported already (here: marked absent)
+  with tftools._without_keras():  # pylint: disable=protected-access
+    assert sys.meta_path == finders
+
+
+def test_featurizers_of_one_masking_configuration_share_one_traced_function(corpus):
+  """Each run's Featurizers were traced anew (~0.5 s each); the traced function is kept per configuration,
+  keyed on everything it reads: the same features as a fresh trace, and another seed or vocabulary gets its own."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  ctx = shards.make_context(_cfg(corpus), "train", None, None)
+  stream = shards.ShardStream(ctx, 0)
+  rows = [(list(row.ids), counter) for (row, counter), _ in zip(stream, range(8))]
+  stacked = shards._stack([Row(ids, [0] * len(ids)) for ids, _ in rows], [c for _, c in rows], [0] * len(rows),
+                          ctx.max_seq_length)  # pylint: disable=protected-access
+  args = (ctx.spec, ctx.max_seq_length)
+  first, second = (features.Featurizer(ctx.masking, ctx.seeds, *args) for _ in range(2))
+  assert first._fn is second._fn  # pylint: disable=protected-access
+  fresh = features._traced_featurize(ctx.masking, ctx.seeds, *args)  # pylint: disable=protected-access
+  steps = features.rates_at(ctx.masking, np.zeros(len(rows), np.int64))
+  want = fresh(*(stacked[name] for name in features.ROW_FIELDS), steps)
+  got = second(stacked)
+  for name, value in want.items():
+    assert np.array_equal(np.asarray(value), got[name]), name
+  reseeded = features.Featurizer(ctx.masking, (ctx.seeds[0] + 1, ctx.seeds[1]), *args)
+  assert not np.array_equal(reseeded(stacked)["input_ids"], got["input_ids"])
+  special = ctx.masking.special.copy()
+  special[-1] = not special[-1]
+  other_vocab = features.Featurizer(dataclasses.replace(ctx.masking, special=special), ctx.seeds, *args)
+  assert len({id(f._fn) for f in (first, reseeded, other_vocab)}) == 3  # pylint: disable=protected-access
