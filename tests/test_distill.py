@@ -123,6 +123,26 @@ def _command(workdir, teacher, data, *extra):
           f"--config.distill.teacher={teacher}", f"--config.data.data_dir={data}", *extra]
 
 
+def test_a_student_copied_from_its_teacher_starts_at_zero_distillation_loss(task_teacher, tmp_path, capsys):
+  """A student made of all the teacher's layers (student_layers=0,1), dropout off: its first step's soft-target
+  KL and hidden-state MSE are 0 (the teacher's params reached the step and the student starts as the teacher);
+  the run ends with a `done:` line and the student's params without the distillation extras."""
+  teacher, data = task_teacher
+  workdir = tmp_path / "copy"
+  assert cli.main(_command(workdir, teacher, data, "--config.distill.student_layers=0,1",
+                           "--config.model.hidden_dropout=0", "--config.model.attention_dropout=0",
+                           "--config.head.dropout=0", "--config.train.epochs=1")) == 0
+  assert capsys.readouterr().out.strip().splitlines()[-1].startswith("done: dev accuracy ")
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  first = next(r for r in rows if r["step"] == 1 and not r.get("eval"))
+  assert first["soft_loss"] == pytest.approx(0, abs=1e-6) and first["hidden_loss"] == pytest.approx(0, abs=1e-6)
+  assert first["hard_loss"] > 0.1  # random labels of a random teacher: the hard loss is not 0
+  last = [r for r in rows if not r.get("eval")][-1]
+  assert last["step"] == 4 and last["soft_loss"] > 1e-8  # the student moved away from its teacher
+  params, _ = checkpoint.load_params(workdir)
+  assert "distill" not in params
+
+
 @slow  # ~20 s quiet: the one driver's pause path is covered by pretraining's and fine-tuning's SIGTERM tests
 def test_sigterm_during_distill_saves_says_where_and_the_same_command_resumes(task_teacher, tmp_path, monkeypatch,
                                                                                capsys):
