@@ -11,7 +11,15 @@ executes and the earlier did not is *gained*. Prints one line of totals and then
         --after /work/cov/after/.coverage --after-rev HEAD --json
 
 Files are matched by their path below the tree's root (the databases hold absolute paths; the root is the
-directory that holds `bert_jax/`).
+directory that holds `bert_jax/`). Each database as issue 50's figures were taken (2026-11-29), in a checkout
+of each commit, with a coverage rc file holding `[run] parallel = true`, `patch = subprocess` and
+`source = bert_jax, data_pipelines`:
+
+    COVERAGE_RCFILE=cov.rc COVERAGE_FILE=$OUT/.coverage PYTHONPATH=. python3 -m pytest -q -n 2 --dist loadfile \
+        --cov --cov-config=cov.rc --cov-context=test --cov-report= tests
+    cd $OUT && COVERAGE_FILE=$OUT/.coverage coverage combine --append --rcfile=cov.rc
+
+(`--append`: the subprocesses' files join the suite's; without it, combine replaces the suite's data.)
 """
 from __future__ import annotations
 

@@ -131,6 +131,22 @@ def test_the_compiled_ranking_step_all_gathers_the_embeddings(loss, gathers):
   assert any(shape[-1] == 32 and np.prod(shape[:-1]) == 2 * 16 for shape in shapes) == gathers, shapes
 
 
+def test_a_run_from_a_checkpoint_starts_at_its_pooled_encoders_dev_score(sst2_finetuned, tmp_path, capsys):
+  """init_from a fine-tuned workdir (the session's sst2 model): the run says so, and its starting dev Spearman
+  is the one `Embedder.load` of that checkpoint scores independently (the learning chain is weekly, below)."""
+  _, start, _ = sst2_finetuned
+  workdir = tmp_path / "sts"
+  args = [f"--config.init_from={start}", "--config.data.max_seq_length=32", "--config.data.embedded_train=64",
+          "--config.data.embedded_dev=48", "--config.train.batch_size=16", "--config.train.eval_batch_size=16",
+          "--config.train.num_steps=2", "--config.train.tensorboard=false"]
+  assert cli.main(["finetune", "--config", "configs/sbert.py:sts", "--workdir", str(workdir), *args]) == 0
+  assert f"initialised the encoder from {start}" in capsys.readouterr().out
+  _, dev = embedded.splits(64, 48)
+  baseline = evaluate.sts(bert_jax.Embedder.load(start, batch_size=16), dev)["spearman"]
+  results = json.loads((workdir / "eval_results.json").read_text())
+  assert results["initial/spearman"] == pytest.approx(baseline, abs=1e-5) and abs(baseline) > 0.05
+
+
 @slow  # a learning chain (~30 s quiet); the job's steps and losses are covered by the default tests
 def test_training_from_a_checkpoint_beats_its_untrained_pooling_on_the_embedded_sts_set(sst2_finetuned, tmp_path, capsys):
   """A tiny encoder (the session's fine-tuned sst2 model, tests/conftest.py) trained with the cosine loss for
