@@ -79,19 +79,17 @@ class PretrainInput(ShardedInput):
   def spec(self) -> dict:
     return self._ctx.spec
 
-  def __next__(self) -> dict:
+  def _source(self):
     if self._stage is None:
       if self._groups:
         self._stage = _RowWorkers(self._context_args, self._groups, self._states, self._rows_per_shard, self._step)
       else:
         self._stage = _RowThread(self._ctx, self._shards, self._states, self._rows_per_shard, self._step)
         self._masker = Prefetcher(lambda: _masked(self._stage, self._featurize))
-    try:
-      batch, states = (self._masker or self._stage).next()  # workers mask their own rows
-    except BaseException:
-      self.close()  # a stage failed or we were interrupted: the next call restarts from the consumed position
-      raise
-    self._states.update(states)
+    return self._masker or self._stage  # workers mask their own rows
+
+  def __next__(self) -> dict:
+    batch = super().__next__()
     self._step += 1
     return batch
 

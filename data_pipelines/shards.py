@@ -316,8 +316,9 @@ class ShardedInput:
   each shard's position (`_states`), saved and restored as one JSON file per process; the shard groups of
   data.num_workers' processes; the counted skips, a closed stage's too; `close`, which stops the running stage
   (`_stage`: `.close()`, and its workers' `.stats` where it has workers) so that the next batch starts again from
-  the consumed position. A subclass says what its saved position holds besides the shards' (`_position`), checks
-  a saved one (`_check_position`) and words the error for shards without one (`_missing`)."""
+  the consumed position. A subclass starts its stage (`_source`: the object whose `next()` gives a batch and
+  the shards' states, started where none runs), says what its saved position holds besides the shards'
+  (`_position`), checks a saved one (`_check_position`) and words the error for shards without one (`_missing`)."""
 
   def __init__(self, ctx: Context, shards: range, rows_per_shard: int, process_index: int, num_workers: int,
                context_args: dict | None):
@@ -340,6 +341,16 @@ class ShardedInput:
 
   def __iter__(self):
     return self
+
+  def __next__(self) -> dict:
+    source = self._source()
+    try:
+      batch, states = source.next()
+    except BaseException:
+      self.close()  # a stage failed or we were interrupted: the next call restarts from the consumed position
+      raise
+    self._states.update(states)
+    return batch
 
   def close(self) -> None:
     """Stops the stage (threads, worker processes); the next `next()` starts again from the consumed position."""

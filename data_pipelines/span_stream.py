@@ -112,7 +112,7 @@ class SpanCorruptionInput(shards_lib.ShardedInput):
     """A fresh reader of `shard` from this input's position (the tests read its examples one by one)."""
     return ShardRows(self._ctx, shard, self._states[shard], self.corruption)
 
-  def __next__(self) -> dict:
+  def _source(self):
     if self._stage is None and self._groups:
       self._stage = WorkerPool(self._context_args, self._groups, self._states, self._rows_per_shard,
                                make_pieces=worker_pieces)
@@ -120,13 +120,7 @@ class SpanCorruptionInput(shards_lib.ShardedInput):
       states = dict(self._states)
       self._stage = Prefetcher(lambda: _batches(self._ctx, self._shards, states, self._rows_per_shard,
                                                 self.corruption))
-    try:
-      batch, states = self._stage.next()
-    except BaseException:
-      self.close()  # the next call restarts from the consumed position
-      raise
-    self._states.update(states)
-    return batch
+    return self._stage
 
   def _position(self) -> dict:
     return {"builder": BUILDER, "num_shards": self._ctx.num_shards, "rows_per_shard": self._rows_per_shard}

@@ -56,7 +56,7 @@ def torus_mesh(shape: Sequence[int], devices: Sequence[jax.Device]) -> Mesh:
   hold is one line."""
   try:
     return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices, axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
-  except NotImplementedError as e:
+  except NotImplementedError as e:  # JAX's own exception for a mesh the torus cannot hold; not a stub
     physical = re.search(r"mesh \[([\d, ]+)\]", str(e))
     torus = f" ({physical.group(1).replace(', ', 'x')} torus)" if physical else ""
     raise UserError(f"mesh {dict(zip(MESH_AXES, shape))} does not lay out on these {len(devices)} devices{torus}: "
