@@ -8,12 +8,13 @@ or one help topic, shuffled with a fixed seed and written one sentence per line.
 CamemBERT's and XLM-R's kinds a unigram one (spm-unigram-fairseq/sentencepiece.bpe.model). All are
 cached under
 $BERT_JAX_CACHE, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax, in a folder keyed by a hash
-of the recipe and the source files; the folder is built aside and renamed into place, so concurrent
-processes never see half a cache.
+of the recipe and the source files; each is built aside and renamed into place under a lock, so concurrent
+processes never see half a cache and build it once.
 """
 from __future__ import annotations
 
 import ast
+import fcntl
 import functools
 import hashlib
 import os
@@ -112,7 +113,7 @@ def default_vocab(data_cfg) -> str:
   if data_cfg.tokenizer in fairseq_spm.KINDS:
     return ensure_fairseq_sentencepiece()
   if data_cfg.tokenizer == t5_spm.KIND:
-    return t5_spm.ensure_embedded_model(ensure_embedded()[0])
+    return ensure_t5_sentencepiece()
   return ensure_embedded()[1]
 
 
@@ -120,37 +121,38 @@ def ensure_sentencepiece(lower_case: bool) -> str:
   """spm-bpe-{cased,uncased}.model: a SentencePiece BPE model (RoBERTa's kind) of at most VOCAB_SIZE pieces
   learnt from the embedded corpus, built on first use (a few seconds) next to it and cached."""
   corpus, _ = ensure_embedded()
-  folder = os.path.dirname(corpus)
-  final = os.path.join(folder, f"spm-bpe-{'uncased' if lower_case else 'cased'}.model")
-  if not os.path.exists(final):
-    print(f"learning a SentencePiece BPE vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus "
-          f"(once; cached in {folder})", flush=True)
+  return build_once(
+      os.path.join(os.path.dirname(corpus), f"spm-bpe-{'uncased' if lower_case else 'cased'}.model"),
+      lambda staging: vocab.train_sentencepiece(_lines(corpus), VOCAB_SIZE, staging, lower_case, "bpe"),
+      f"learning a SentencePiece BPE vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus")
+
+
+def _lines(corpus: str):
+  with open(corpus, encoding="utf-8") as f:
+    yield from (line.strip() for line in f if line.strip())
+
+
+def build_once(final: str, build, message: str = "") -> str:
+  """`final` (a file or a folder), built once: `build(staging)` fills a fresh staging folder beside it and returns
+  the path to rename to `final` (the staging folder itself when it returns None), after printing `message` and
+  where it is cached. Concurrent builders take turns on a lock file beside it, so the second one waits for the
+  first's copy instead of building its own (two test workers or two hosts' processes starting together)."""
+  if os.path.exists(final):
+    return final
+  folder = os.path.dirname(final)
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, f".{os.path.basename(final)}.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.exists(final):
+      return final
+    if message:
+      print(f"{message} (once; cached in {folder})", flush=True)
     staging = tempfile.mkdtemp(prefix=".building-", dir=folder)
     try:
-      with open(corpus, encoding="utf-8") as f:
-        built = vocab.train_sentencepiece((line.strip() for line in f if line.strip()), VOCAB_SIZE, staging,
-                                          lower_case, "bpe")
-      os.replace(built, final)
+      os.rename(build(staging) or staging, final)
     finally:
       shutil.rmtree(staging, ignore_errors=True)
   return final
-
-
-def build_once(final: str, build) -> None:
-  """Builds directory `final` once, atomically: `build(staging)` fills a staging directory beside it, which is
-  renamed to `final` (a concurrent builder that got there first wins; its copy is kept)."""
-  if os.path.isdir(final):
-    return
-  os.makedirs(os.path.dirname(final), exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(final))
-  try:
-    build(staging)
-    os.rename(staging, final)
-  except OSError:
-    if not os.path.isdir(final):
-      raise
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)
 
 
 @functools.cache
@@ -174,20 +176,20 @@ def ensure_fairseq_sentencepiece() -> str:
   pieces trained as CamemBERT's was (vocab.train_fairseq_sentencepiece), from the embedded corpus, built on
   first use next to it and cached; its kind (data.tokenizer) lays it out."""
   corpus, _ = ensure_embedded()
-  folder = os.path.dirname(corpus)
-  final = os.path.join(folder, "spm-unigram-fairseq")
-  if not os.path.exists(final):
-    print(f"learning a SentencePiece unigram vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus "
-          f"(once; cached in {final})", flush=True)
-    staging = tempfile.mkdtemp(prefix=".building-", dir=folder)
-    try:
-      with open(corpus, encoding="utf-8") as f:
-        vocab.train_fairseq_sentencepiece((line.strip() for line in f if line.strip()), VOCAB_SIZE, staging,
-                                          "camembert_spm")
-      try:
-        os.replace(staging, final)
-      except OSError:  # another process got there first
-        pass
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
+  final = build_once(
+      os.path.join(os.path.dirname(corpus), "spm-unigram-fairseq"),
+      lambda staging: os.path.dirname(vocab.train_fairseq_sentencepiece(_lines(corpus), VOCAB_SIZE, staging,
+                                                                         "camembert_spm")),
+      f"learning a SentencePiece unigram vocabulary (at most {VOCAB_SIZE:,} pieces) from the embedded corpus")
   return os.path.join(final, fairseq_spm.HF_MODEL_FILE)
+
+
+def ensure_t5_sentencepiece() -> str:
+  """t5-spiece/spiece.model beside the embedded corpus: T5's SentencePiece layout (t5_spm.train), learnt once (a
+  few seconds), then cached."""
+  corpus, _ = ensure_embedded()
+  final = build_once(
+      os.path.join(os.path.dirname(corpus), "t5-spiece"),
+      lambda staging: os.path.dirname(t5_spm.train(_lines(corpus), t5_spm.EMBEDDED_SIZE, staging)),
+      f"learning T5's SentencePiece vocabulary (at most {t5_spm.EMBEDDED_SIZE:,} pieces) from the embedded corpus")
+  return os.path.join(final, t5_spm.HF_MODEL_FILE)

@@ -4,7 +4,7 @@ T5Tokenizer's layout; seqio's SentencePieceVocabulary(extra_ids=100)).
 
 `encode` is the model's own (its normaliser included, no lower-casing), with `<extra_id_N>` written in the text
 read as its sentinel id; no </s> is added (the example builders add it). The embedded corpus gets its own model
-of this layout (`ensure_embedded_model`), learnt once and cached beside the corpus.
+of this layout (`embedded.ensure_t5_sentencepiece`), learnt once and cached beside the corpus.
 """
 from __future__ import annotations
 
@@ -106,21 +106,3 @@ def train(sentences, size: int, output_dir: str) -> str:
     path = os.path.join(output_dir, HF_MODEL_FILE)
     shutil.copyfile(prefix + ".model", path)
   return path
-
-
-def ensure_embedded_model(corpus: str) -> str:
-  """t5-spiece/spiece.model beside the embedded `corpus`: learnt once (a few seconds), then cached."""
-  folder = os.path.join(os.path.dirname(corpus), "t5-spiece")
-  final = os.path.join(folder, HF_MODEL_FILE)
-  if not os.path.exists(final):
-    print(f"learning T5's SentencePiece vocabulary (at most {EMBEDDED_SIZE:,} pieces) from the embedded corpus "
-          f"(once; cached in {folder})", flush=True)
-    staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(corpus))
-    try:
-      with open(corpus, encoding="utf-8") as f:
-        built = train((line.strip() for line in f if line.strip()), EMBEDDED_SIZE, staging)
-      os.makedirs(folder, exist_ok=True)
-      os.replace(built, final)
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
-  return final

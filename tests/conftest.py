@@ -7,6 +7,8 @@ they were 32 of 52 compiles but 4.5 s in all, so a lower threshold has little to
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +17,24 @@ from core_helpers import xla_flags
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+_EMBEDDED_BUILD = pytest.StashKey[subprocess.Popen]()
+
+
+def pytest_sessionstart(session):
+  """Under xdist the controller, idle while its workers start and collect, builds the embedded corpus and
+  vocabulary in a background process when the cache lacks them (a fresh BERT_JAX_CACHE, as in CI: ~30 s of one
+  core). A worker that needs them sooner waits on embedded.build_once's lock instead of building a second copy."""
+  if getattr(session.config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+    code = "from bert_jax.data_pipelines import embedded; embedded.ensure_embedded()"
+    session.config.stash[_EMBEDDED_BUILD] = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session):
+  build = session.config.stash.get(_EMBEDDED_BUILD, None)
+  if build is not None:
+    build.wait()
 
 
 def _shared_tmp(tmp_path_factory):

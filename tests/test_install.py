@@ -11,10 +11,13 @@ new machine because `tokenizers` was only a test extra).
 import ast
 import importlib.metadata
 import os
+import pathlib
 import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 from core_helpers import slow
 
@@ -121,3 +124,33 @@ def test_embedded_vocabulary_is_byte_identical_across_processes(tmp_path):
   assert built[0] == built[1]
   assert built[0].startswith(b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
   assert 5000 < built[0].count(b"\n") <= 8192
+
+
+def test_concurrent_builders_build_a_cached_file_or_folder_once(tmp_path):
+  """embedded.build_once: of two builders started together, one builds and the other waits for its copy (two
+  test workers did build the embedded corpus and vocabulary twice, ~30 s each); a builder's staging folder goes."""
+  from bert_jax.data_pipelines import embedded  # pylint: disable=import-outside-toplevel
+  calls, results = [], []
+
+  def build(staging):  # a folder of one file, slow enough for the second builder to arrive while it runs
+    calls.append(staging)
+    time.sleep(0.5)
+    (pathlib.Path(staging) / "vocab.txt").write_text("[PAD]\n")
+
+  def build_file(staging):
+    calls.append(staging)
+    (pathlib.Path(staging) / "spm.model").write_bytes(b"model")
+    return os.path.join(staging, "spm.model")
+
+  threads = [threading.Thread(target=lambda: results.append(embedded.build_once(str(tmp_path / "v"), build)))
+             for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert results == [str(tmp_path / "v")] * 2 and len(calls) == 1
+  assert (tmp_path / "v" / "vocab.txt").read_text() == "[PAD]\n"
+  assert embedded.build_once(str(tmp_path / "m.model"), build_file, "learning") == str(tmp_path / "m.model")
+  assert (tmp_path / "m.model").read_bytes() == b"model" and len(calls) == 2
+  assert embedded.build_once(str(tmp_path / "m.model"), build_file) == str(tmp_path / "m.model") and len(calls) == 2
+  assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["m.model", "v"]

@@ -136,7 +136,7 @@ def load_tokenizer(config: ml_collections.ConfigDict):
   if config.init_from:
     import bert_jax  # pylint: disable=import-outside-toplevel
     return bert_jax.load_tokenizer(config.init_from)
-  return load_vocab(t5_spm.ensure_embedded_model(embedded_data.ensure_embedded()[0]), False, kind=t5_spm.KIND)
+  return load_vocab(embedded_data.ensure_t5_sentencepiece(), False, kind=t5_spm.KIND)
 
 
 @dataclasses.dataclass
