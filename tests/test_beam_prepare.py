@@ -16,14 +16,15 @@ import time
 import types
 
 import pytest
-import tensorflow as tf
 
 import data_fixtures
 from core_helpers import slow
 from bert_jax.cli import data as data_cli
 from bert_jax.cli import main
-from bert_jax.data_pipelines import beam_prepare, beam_runner, prepare, prepare_rows, vocab
+from bert_jax.data_pipelines import beam_prepare, beam_runner, prepare, prepare_rows, tftools, vocab
 from bert_jax.data_pipelines.errors import DataError
+
+tf = tftools.tf()  # TensorFlow without Keras, as bert_jax imports it
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = ["--config.data.max_seq_length=48", "--config.data.max_predictions_per_seq=8", "--config.data.num_shards=4",

@@ -3,12 +3,14 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import data_fixtures
 from bert_jax.configs import common
+from bert_jax.data_pipelines import tftools
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
+
+tf = tftools.tf()  # TensorFlow without Keras, as bert_jax imports it
 
 RECORD_LENGTH, RECORD_SLOTS, VOCAB_SIZE = 32, 5, 7716  # the embedded vocabulary
 CLS, SEP, MASK = 2, 3, 4

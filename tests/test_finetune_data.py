@@ -3,13 +3,15 @@ NER first-sub-token labels, leaderboard prediction files."""
 import ml_collections
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from bert_jax.finetune import glue, ner, task_registry
 from bert_jax.configs import glue as glue_configs
 from bert_jax.configs import ner as ner_configs
 from bert_jax.configs import squad as squad_configs
+from bert_jax.data_pipelines import tftools
 from bert_jax.data_pipelines.tokenizers import load_tokenizer
+
+tfds = tftools.tf_module("tensorflow_datasets")  # after TensorFlow without Keras
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "bronco", "##s", "won", "in", "denver", "."]
 

@@ -4,13 +4,15 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import data_fixtures
 from bert_jax.cli import main
 from bert_jax.configs import common
+from bert_jax.data_pipelines import tftools
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.pipeline import make_pretrain_input
+
+tf = tftools.tf()  # TensorFlow without Keras, as bert_jax imports it
 
 BATCH, SHARDS = 16, 4
 

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow as tf
 import torch
 import transformers
 from core_helpers import slow
@@ -20,10 +19,12 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 import bert_jax
 from bert_jax import cli
-from bert_jax.data_pipelines import hf_tokenizer, prepare, shards
+from bert_jax.data_pipelines import hf_tokenizer, prepare, shards, tftools
 from bert_jax.data_pipelines.errors import DataError
 from bert_jax.data_pipelines.tokenizers import BERT_LAYOUT, load_tokenizer
 from bert_jax.models import ModernBertModel
+
+tf = tftools.tf()  # TensorFlow without Keras, as bert_jax imports it
 
 _WORDS = {
     "en": "the quick brown fox jumps over a lazy dog while children play in the garden near old houses".split(),
