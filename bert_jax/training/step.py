@@ -209,7 +209,8 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
   mesh = mesh or partitioning.make_mesh(config.mesh)
   check_batch_layout(config.train, mesh)
   axis_rules = partitioning.rules(config.mesh)
-  tx, schedule = make_tx(jax.eval_shape(init_params, jax.random.key(0)))
+  abstract_params = jax.eval_shape(init_params, jax.random.key(0))  # the one trace of the model's init here
+  tx, schedule = make_tx(abstract_params)
 
   def make_state(params, boxed_carry=False):
     carry = carry_init() if carry_init else None
@@ -218,7 +219,7 @@ def sharded_setup(config: ml_collections.ConfigDict, objective: Objective,
                       carry if boxed_carry else nn.meta.unbox(carry))
 
   # Optimizer moments follow their parameters' logical axes: the shardings come from the boxed tree.
-  abstract_boxed = jax.eval_shape(lambda rng: make_state(init_params(rng), boxed_carry=True), jax.random.key(0))
+  abstract_boxed = jax.eval_shape(lambda params: make_state(params, boxed_carry=True), abstract_params)
   state_shardings = partitioning.logical_shardings(abstract_boxed, mesh, axis_rules)
   abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                 nn.meta.unbox(abstract_boxed), state_shardings)
