@@ -138,29 +138,35 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   check_run_config(config)
   pretrained.check_init_from(config)
   continued = config.get("init_from_model", False)  # configs/continue.py: the model is init_from's
+  setup = None
   if not continued:
     # Before the workdir exists: a step that cannot fit is one line now, not an out-of-memory traceback later.
-    memory.check_fits(build_train_setup(config))
+    setup = build_train_setup(config)
+    memory.check_fits(setup)
   with loop.hold(workdir, restart=config.train.restart) as (run_dir, signals):
     config = pretrained.native_init_from(config, run_dir)
     if continued:
       config = pretrained.with_init_from_model(config)
-      memory.check_fits(build_train_setup(config))
-    return pretrain_in(config, run_dir, signals)
+      setup = build_train_setup(config)
+      memory.check_fits(setup)
+    return pretrain_in(config, run_dir, signals, setup)
 
 
-def pretrain_in(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
+def pretrain_in(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests,
+                setup: TrainSetup | None = None) -> dict[str, Any]:
   """`pretrain` in a workdir the caller holds (loop.hold): general distillation resolves its student there
-  first."""
+  first. `setup`: one already built for this very config (the memory check's), else built here."""
   before = loop.read_finished(run_dir)
   if before is not None and before["step"] >= config.train.num_steps:
     return {**before, "stopped_by": None, "finished_before": True}
-  return _pretrain(config, run_dir, signals)
+  if setup is None or setup.config is not config:  # init_from converted into the workdir: a new config
+    setup = build_train_setup(config)
+  return _pretrain(setup, run_dir, signals)
 
 
-def _pretrain(config: ml_collections.ConfigDict, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
+def _pretrain(setup: TrainSetup, run_dir, signals: loop.StopRequests) -> dict[str, Any]:
+  config = setup.config
   checkpoint.check_same_model(run_dir, config)
-  setup = build_train_setup(config)
   train_cfg = config.train
   ckpt = checkpoint.Checkpointer.for_pretraining(run_dir, config.checkpoint)
   _check_resumable(setup, ckpt, run_dir)
