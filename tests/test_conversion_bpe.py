@@ -74,7 +74,7 @@ def test_converted_roberta_fine_tunes_and_its_tokenizer_travels_on(trained, tmp_
   assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", str(workdir),
                    f"--config.init_from={tmp_path / 'ckpt'}", f"--config.data.data_dir={data}",
                    "--config.data.max_seq_length=32", "--config.train.batch_size=16",
-                   "--config.train.epochs=1"]) == 0
+                   "--config.train.epochs=1", "--config.train.tensorboard=false"]) == 0
   assert 0.0 <= json.load(open(workdir / "eval_results.json"))["accuracy"] <= 1.0
   travelled = bert_jax.load_tokenizer(str(workdir))
   assert isinstance(travelled, ByteLevelBPETokenizer)

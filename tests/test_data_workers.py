@@ -46,12 +46,17 @@ def _assert_same(want, got):
     assert want[k].dtype == got[k].dtype and np.array_equal(want[k], got[k]), k
 
 
+# Packed full-sentence rows with trigram shuffling: their optional features (segment ids, positions, the
+# shuffle's labels) must also fit the shared-memory slots that features.feature_shapes lays out.
+_EVERY_FEATURE = dict(packing=True, example_builder="full_sentences", trigram_shuffle_rate=0.1)
+
+
 def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
   # Each worker masks its pieces of 2 consecutive batches in one call (its pieces are small: chunk_batches),
   # which must not change a row's mask.
   assert workers.chunk_batches(2 * (BATCH // 4) * 64, 2) == 2
-  reference = _input(_cfg(corpus, 0, masking="span"))
-  pool = _input(_cfg(corpus, 3, masking="span"))  # shard groups [0, 1], [2], [3]
+  reference = _input(_cfg(corpus, 0, masking="span", **_EVERY_FEATURE))
+  pool = _input(_cfg(corpus, 3, masking="span", **_EVERY_FEATURE))  # shard groups [0, 1], [2], [3]
   try:
     for _ in range(6):
       _assert_same(next(reference), next(pool))
@@ -63,8 +68,9 @@ def test_workers_give_the_in_process_batches_and_close_stops_them(corpus):
   assert not set(multiprocessing.active_children()) & set(children)
 
 
-@pytest.mark.parametrize("kw", [pytest.param(dict(example_builder="ernie"), marks=slow),  # labels with the rows: weekly
-                                dict(packing=True, example_builder="full_sentences", trigram_shuffle_rate=0.1)])
+# labels with the rows: weekly; packed rows' features cross the slots in the default suite, in the test above
+@pytest.mark.parametrize("kw", [pytest.param(dict(example_builder="ernie"), marks=slow),
+                                pytest.param(_EVERY_FEATURE, marks=slow)])
 def test_every_feature_crosses_the_shared_memory_slots(corpus, kw):
   # A worker's piece travels through slots laid out by features.feature_shapes: every optional feature must fit.
   reference, pool = _input(_cfg(corpus, 0, **kw)), _input(_cfg(corpus, 1, **kw))

@@ -13,7 +13,8 @@ COMMON = ["pretrain", "--config", "configs/bert.py:demo", "--config.data.max_seq
           "--config.data.max_predictions_per_seq=10", "--config.train.batch_size=16",
           "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
           "--config.data.shuffle_buffer=200", "--config.train.num_steps=4",
-          "--config.checkpoint.every_steps=2"]
+          "--config.train.tensorboard=false",  # no TensorBoard writer: clu's writers import Keras (~3 s a process)
+          "--config.checkpoint.every_steps=4"]
 
 
 def _free_port():

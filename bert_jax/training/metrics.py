@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any, Callable
 
+from absl import logging
 import jax
 import numpy as np
 from etils import epath
@@ -125,18 +126,61 @@ class WandbWriter:
     self._run.finish()
 
 
+class _LogWriter:
+  """The scalars and hyperparameters to absl's INFO log, as clu's LoggingWriter writes them: the writer of a
+  run without TensorBoard, and of every process but 0."""
+
+  def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    shown = [f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(scalars.items())]
+    logging.info("[%d] %s", step, ", ".join(shown))
+
+  def write_hparams(self, hparams: dict[str, Any]) -> None:
+    logging.info("[Hyperparameters] %s", hparams)
+
+  def flush(self) -> None:
+    logging.flush()
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _Writers:
+  """Each call to every writer in turn (clu's MultiWriter, without importing clu's writers)."""
+
+  def __init__(self, writers: list):
+    self._writers = writers
+
+  def write_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    for writer in self._writers:
+      writer.write_scalars(step, scalars)
+
+  def write_hparams(self, hparams: dict[str, Any]) -> None:
+    for writer in self._writers:
+      writer.write_hparams(hparams)
+
+  def flush(self) -> None:
+    for writer in self._writers:
+      writer.flush()
+
+  def close(self) -> None:
+    for writer in self._writers:
+      writer.close()
+
+
 class MetricsLogger:
   """Writes train and eval scalars to TensorBoard (clu) and metrics.jsonl, and prints progress."""
 
   def __init__(self, run_dir: epath.Path, num_steps: int, start_step: int, *, tensorboard: bool = True,
                wandb: str = "", clock: Callable[[], float] = time.time):
-    from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
-    metric_writers = tf_module("clu.metric_writers")  # it imports TensorFlow
     self._primary = jax.process_index() == 0
-    self._writer = metric_writers.create_default_writer(os.fspath(run_dir) if tensorboard else None,
-                                                        just_logging=not self._primary)
+    writers: list = [_LogWriter()]
+    if tensorboard and self._primary:
+      # clu's writers import TensorFlow and, through tensorboard's hparams plugin, Keras (2.6 s): only here.
+      from bert_jax.data_pipelines.tftools import tf_module  # pylint: disable=import-outside-toplevel
+      writers = [tf_module("clu.metric_writers").create_default_writer(os.fspath(run_dir))]
     if wandb and self._primary:
-      self._writer = metric_writers.MultiWriter([self._writer, WandbWriter(wandb, run_dir)])
+      writers.append(WandbWriter(wandb, run_dir))
+    self._writer = _Writers(writers)
     self._jsonl = run_dir / workdir.METRICS if self._primary else None
     if self._jsonl:
       drop_rows_after(self._jsonl, start_step)
