@@ -43,10 +43,10 @@ class _HideKeras(importlib.abc.MetaPathFinder):
 def _without_keras():
   """TensorFlow imports Keras 3 as it starts, for `tf.keras` and SavedModel's Keras optimizers, and Keras was
   ~40% of TensorFlow's import: 9.5-11.6 s with it, 5.1-6.9 s without (3 alternating imports each on 2 busy
-  cores, 2026-11-29). `tf.keras` still imports it when first used: a training run with TensorBoard on does, through clu's
-  TensorBoard writer (tensorboard's hparams plugin subclasses a Keras callback; training/metrics.py imports
-  clu's writers only then); processes that only build rows (data workers, `data preview`, `predict`), runs
-  with train.tensorboard=false and processes other than 0 no longer do. Not hidden where this process imported Keras already."""
+  cores, 2026-11-29). `tf.keras` still imports it when first used: a training run with TensorBoard on does,
+  through clu's TensorBoard writer (tensorboard's hparams plugin subclasses a Keras callback; training/metrics.py
+  imports clu's writers only then); processes that only build rows (data workers, `data preview`, `predict`),
+  runs with train.tensorboard=false and processes other than 0 no longer do. Not hidden where this process imported Keras already."""
   if "keras" in sys.modules:
     yield
     return
