@@ -46,7 +46,8 @@ def _without_keras():
   cores, 2026-11-29). `tf.keras` still imports it when first used: a training run with TensorBoard on does,
   through clu's TensorBoard writer (tensorboard's hparams plugin subclasses a Keras callback; training/metrics.py
   imports clu's writers only then); processes that only build rows (data workers, `data preview`, `predict`),
-  runs with train.tensorboard=false and processes other than 0 no longer do. Not hidden where this process imported Keras already."""
+  runs with train.tensorboard=false and processes other than 0 no longer do. Not hidden where this process
+  imported Keras already."""
   if "keras" in sys.modules:
     yield
     return
