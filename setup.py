@@ -32,6 +32,7 @@ setup(
         "orbax-checkpoint>=0.11",
         "ml-collections>=1.0",
         "clu>=0.0.12",
+        "absl-py",  # training/metrics.py logs scalars as clu's LoggingWriter does, without importing clu's writers
         "etils[epath]",
         "tensorboard",
         "numpy",
