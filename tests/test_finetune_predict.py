@@ -1,9 +1,10 @@
 """`bert-jax predict` gives the predictions of the fine-tuning run's own dev evaluation (GLUE TSVs, the
 embedded task, NER, SQuAD), and the HF export of a fine-tuned model gives the same labels in transformers.
 
-The GLUE path is the one users take with a real checkpoint: a Hugging Face BertModel (here random and
-tiny, saved by transformers) -> `convert --from hf` -> `finetune` on sst2-format TSVs -> `predict` on the
-dev sentences -> `convert --to hf` -> BertForSequenceClassification and transformers' pipeline.
+The GLUE path: `finetune` on sst2-format TSVs (the session's fine-tuned model, tests/conftest.py's
+sst2_finetuned) -> `predict` on the dev sentences -> `convert --to hf` -> BertForSequenceClassification and
+transformers' pipeline. (Fine-tuning from a Hugging Face folder, converted as `convert --from hf` does, is
+test_faults.py's test_fine_tuning_from_a_hugging_face_folder; a converted pretraining checkpoint is refused here.)
 """
 import json
 import os
@@ -51,15 +52,10 @@ def _hf_bert(directory):
 
 
 @pytest.fixture(scope="module")
-def sst2_run(tmp_path_factory):
-  root = tmp_path_factory.mktemp("sst2")
-  hf_dir = _hf_bert(root / "hf_bert")
-  assert cli.main(["convert", "--from", "hf", hf_dir, str(root / "ckpt")]) == 0
-  data, workdir = data_fixtures.write_first_word_sst2(root / "data"), str(root / "run")
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *TINY,
-                   f"--config.init_from={root / 'ckpt'}", f"--config.data.data_dir={data}",
-                   "--config.optimizer.learning_rate=1e-2", "--config.train.epochs=3"]) == 0
-  return root, data, workdir
+def sst2_run(tmp_path_factory, sst2_finetuned):
+  """A folder of this module's own, and the session's fine-tuned sst2 model (read only: shared)."""
+  data, workdir, _ = sst2_finetuned
+  return tmp_path_factory.mktemp("sst2"), data, workdir
 
 
 def test_predict_matches_dev_evaluation(sst2_run, capsys):
@@ -69,7 +65,7 @@ def test_predict_matches_dev_evaluation(sst2_run, capsys):
   (root / "dev.txt").write_text("".join(sentence + "\n" for sentence, _ in rows), encoding="utf-8")
   out = str(root / "dev.jsonl")
   assert cli.main(["predict", "--model", workdir, "--input", str(root / "dev.txt"), "--output", out]) == 0
-  assert "48 predictions (sst2, classification)" in capsys.readouterr().err
+  assert "64 predictions (sst2, classification)" in capsys.readouterr().err
   records = _records(out)
   labels = [r["label"] for r in records]
   assert labels == _dev_tsv_predictions(os.path.join(workdir, "predictions", "SST-2.dev.tsv"))
@@ -157,8 +153,11 @@ def test_ner_tags_match_dev_predictions(tmp_path):
   assert cli.main(["predict", "--model", workdir, "--input", str(tmp_path / "dev.txt"),
                    "--output", str(tmp_path / "out.jsonl")]) == 0
   records = _records(tmp_path / "out.jsonl")
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    assert set(json.load(f)) == {"precision", "recall", "f1"}
   with open(os.path.join(workdir, "predictions", "ner.dev.txt")) as f:
     dev = [[line.split() for line in block.splitlines()] for block in f.read().strip().split("\n\n")]
+  assert len(dev) == 16  # every dev sentence
   assert [r["words"] for r in records] == [[w for w, _, _ in block] for block in dev]
   assert [r["tags"] for r in records] == [[p for _, _, p in block] for block in dev]
   assert len({t for r in records for t in r["tags"]}) >= 2
@@ -180,8 +179,12 @@ def test_squad_answers_match_dev_predictions(tmp_path):
   assert cli.main(["predict", "--model", workdir, "--input", str(tmp_path / "dev-v2.0.json"),
                    "--output", str(tmp_path / "out.jsonl")]) == 0
   records = _records(tmp_path / "out.jsonl")
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    results = json.load(f)
+  assert set(results) == {"exact_match", "f1"} and 0.0 <= results["f1"] <= 100.0
   with open(os.path.join(workdir, "predictions", "predictions.dev.json")) as f:
     answers = json.load(f)
+  assert set(answers) == {f"q{i}" for i in range(16)}
   with open(os.path.join(workdir, "predictions", "null_odds.dev.json")) as f:
     null_odds = json.load(f)
   assert {r["id"]: r["answer"] for r in records} == answers
@@ -192,6 +195,7 @@ def test_squad_answers_match_dev_predictions(tmp_path):
 
 def test_predict_refuses_a_pretraining_checkpoint(sst2_run, capsys):
   root, _, _ = sst2_run
+  assert cli.main(["convert", "--from", "hf", _hf_bert(root / "hf_bert"), str(root / "ckpt")]) == 0
   (root / "in.txt").write_text("a sentence\n")
   capsys.readouterr()
   assert cli.main(["predict", "--model", str(root / "ckpt"), "--input", str(root / "in.txt")]) == 2
