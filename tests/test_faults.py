@@ -585,17 +585,8 @@ def test_pretraining_from_a_hugging_face_folder(tmp_path, capsys):
   _assert_holds_the_hf_weights(checkpoint.load_params(str(workdir))[0], model)
 
 
-def test_fine_tuning_from_a_hugging_face_folder(tmp_path, capsys):
-  _hf_bert(tmp_path / "hf", vocab_size=7716, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-           intermediate_size=64, max_position_embeddings=64)
-  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", str(tmp_path / "ft"),
-                   f"--config.init_from={tmp_path / 'hf'}", "--config.data.max_seq_length=32",
-                   "--config.task.num_train=32", "--config.task.num_dev=16", "--config.train.batch_size=16",
-                   "--config.train.eval_batch_size=16", "--config.train.epochs=1",
-                   "--config.train.tensorboard=false"]) == 0
-  assert "is a Hugging Face folder: converted it to" in capsys.readouterr().out
-  assert (tmp_path / "ft" / "init_from" / "config.json").exists()
-  assert (tmp_path / "ft" / "eval_results.json").exists() and not (tmp_path / "ft" / "run.lock").exists()
+# Fine-tuning from a Hugging Face folder (converted once into the workdir, the lock released at the end):
+# test_finetune_predict.py's test_embedded_task, whose run starts from one.
 
 
 def test_every_checkpoint_damaged_starts_again_as_a_fresh_run(healthy, tmp_path, capsys):

@@ -6,6 +6,7 @@ sst2_finetuned) -> `predict` on the dev sentences -> `convert --to hf` -> BertFo
 transformers' pipeline. (Fine-tuning from a Hugging Face folder, converted as `convert --from hf` does, is
 test_faults.py's test_fine_tuning_from_a_hugging_face_folder; a converted pretraining checkpoint is refused here.)
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from bert_jax import cli
 from bert_jax.finetune import embedded
 
 TINY = ["--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
-        "--config.train.log_every_steps=100"]
+        "--config.train.log_every_steps=100", "--config.train.tensorboard=false"]
 TINY_MODEL = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
               "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32"]
 
@@ -109,11 +110,20 @@ def test_hf_export_gives_the_same_labels(sst2_run, capsys):
 
 
 def test_embedded_task(tmp_path, capsys):
+  """Fine-tuned from a Hugging Face folder (init_from; without torch and transformers, from scratch): the folder
+  is converted once into the workdir, and the run ends with its lock released."""
   workdir = str(tmp_path / "run")
   num_dev, num_train = 32, 64
-  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", workdir, *TINY, *TINY_MODEL,
+  hf = importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")
+  start = [f"--config.init_from={_hf_bert(tmp_path / 'hf')}"] if hf else TINY_MODEL
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", workdir, *TINY, *start,
                    f"--config.task.num_dev={num_dev}", f"--config.task.num_train={num_train}",
                    "--config.train.epochs=2", "--config.optimizer.learning_rate=1e-3"]) == 0
+  if hf:
+    assert "is a Hugging Face folder: converted it to" in capsys.readouterr().out
+    assert os.path.exists(os.path.join(workdir, "init_from", "config.json"))
+  assert os.path.exists(os.path.join(workdir, "eval_results.json")) and not os.path.exists(
+      os.path.join(workdir, "run.lock"))
   with open(os.path.join(workdir, "config.json")) as f:
     task = json.load(f)["task"]
   assert (task["head"], task["num_labels"], task["labels"]) == ("classification", 2, ["original", "shuffled"])
