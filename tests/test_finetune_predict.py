@@ -3,8 +3,9 @@ embedded task, NER, SQuAD), and the HF export of a fine-tuned model gives the sa
 
 The GLUE path: `finetune` on sst2-format TSVs (the session's fine-tuned model, tests/conftest.py's
 sst2_finetuned) -> `predict` on the dev sentences -> `convert --to hf` -> BertForSequenceClassification and
-transformers' pipeline. (Fine-tuning from a Hugging Face folder, converted as `convert --from hf` does, is
-test_faults.py's test_fine_tuning_from_a_hugging_face_folder; a converted pretraining checkpoint is refused here.)
+transformers' pipeline. The embedded task's run starts from a Hugging Face folder (a tiny random BertModel saved
+by transformers, converted into the workdir as `convert --from hf` does); a converted checkpoint without a
+fine-tuning head is refused by predict.
 """
 import importlib.util
 import json
