@@ -166,7 +166,7 @@ def test_a_short_pretraining_run_reads_them(records, tmp_path):
       "--config.data.max_predictions_per_seq=5", "--config.data.num_shards=4", "--config.train.batch_size=8",
       "--config.train.num_steps=3", "--config.train.eval_every_steps=0", "--config.train.log_every_steps=1",
       "--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
-      "--config.model.intermediate_size=64"])
+      "--config.model.intermediate_size=64", "--config.train.tensorboard=false"])
   result = trainer.pretrain(config, str(tmp_path / "run"))
   assert result["step"] == 3 and np.isfinite(result["train"]["loss"]) and result["train"]["loss"] > 5
   assert os.path.exists(tmp_path / "run" / "checkpoints" / "3" / "data" / "data_state.process00000.json")

@@ -33,13 +33,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5",
         "--config.train.batch_size=8", "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
         "--config.data.shuffle_buffer=100", "--config.model.num_layers=1", "--config.model.hidden_size=32",
-        "--config.model.intermediate_size=64", "--config.checkpoint.every_steps=2"]
+        "--config.model.intermediate_size=64", "--config.checkpoint.every_steps=2", "--config.train.tensorboard=false"]
 
 
 SMALL = ["--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", "--config.train.batch_size=8",
          "--config.train.eval_batch_size=8", "--config.train.log_every_steps=1", "--config.train.eval_every_steps=0",
          "--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-         "--config.checkpoint.every_steps=2"]
+         "--config.checkpoint.every_steps=2", "--config.train.tensorboard=false"]
 FAMILIES = {  # a tiny pretraining run of each family: its preset and overrides
     "bert": ("configs/bert.py:demo", TINY),
     "modernbert": ("configs/modernbert.py:tiny", SMALL + ["--config.train.batch_warmup_steps=0",
@@ -350,8 +350,9 @@ def test_no_space_is_recognised_through_wrapping():
   assert not orbax_faults.no_space(ValueError("shape mismatch"))
 
 
-def test_a_second_run_is_locked_out(tmp_path):
-  """A holder killed with SIGKILL leaves nothing stale; a live holder locks a second run out in seconds."""
+def test_a_second_run_is_locked_out(tmp_path, capsys):
+  """A holder killed with SIGKILL leaves nothing stale; a live holder (another process) locks a second run
+  (here the CLI in this process) out in seconds."""
   hold = ("import sys, time\nfrom bert_jax import run_lock\nwith run_lock.hold(sys.argv[1]):\n"
           "  print('held', flush=True)\n  time.sleep(600)\n")
   env = dict(os.environ, PYTHONPATH=ROOT)
@@ -359,12 +360,15 @@ def test_a_second_run_is_locked_out(tmp_path):
   try:
     assert holder.stdout.readline() == b"held\n"
     started = time.time()
-    done = _cli(tmp_path, "--config.train.num_steps=2", timeout=120)
-    assert done.returncode == 2, done.stderr[-3000:]
+    capsys.readouterr()
+    code = cli.main(["pretrain", "--config", FAMILIES["bert"][0], "--workdir", str(tmp_path), *TINY,
+                     "--config.train.num_steps=2"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
     assert time.time() - started < 120
-    assert done.stderr.strip().splitlines() == [
+    assert err.strip().splitlines() == [
         f"bert-jax pretrain: error: workdir {tmp_path} is in use by another run (host {os.uname().nodename}, "
-        f"pid {holder.pid}, started " + done.stderr.split("started ")[1].split(")")[0] + "); wait for it to "
+        f"pid {holder.pid}, started " + err.split("started ")[1].split(")")[0] + "); wait for it to "
         "finish or stop it, or use another --workdir"]
     assert not (tmp_path / "config.json").exists()
   finally:
@@ -581,17 +585,8 @@ def test_pretraining_from_a_hugging_face_folder(tmp_path, capsys):
   _assert_holds_the_hf_weights(checkpoint.load_params(str(workdir))[0], model)
 
 
-def test_fine_tuning_from_a_hugging_face_folder(tmp_path, capsys):
-  _hf_bert(tmp_path / "hf", vocab_size=7716, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-           intermediate_size=64, max_position_embeddings=64)
-  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", str(tmp_path / "ft"),
-                   f"--config.init_from={tmp_path / 'hf'}", "--config.data.max_seq_length=32",
-                   "--config.task.num_train=32", "--config.task.num_dev=16", "--config.train.batch_size=16",
-                   "--config.train.eval_batch_size=16", "--config.train.epochs=1",
-                   "--config.train.tensorboard=false"]) == 0
-  assert "is a Hugging Face folder: converted it to" in capsys.readouterr().out
-  assert (tmp_path / "ft" / "init_from" / "config.json").exists()
-  assert (tmp_path / "ft" / "eval_results.json").exists() and not (tmp_path / "ft" / "run.lock").exists()
+# Fine-tuning from a Hugging Face folder (converted once into the workdir, the lock released at the end):
+# test_finetune_predict.py's test_embedded_task, whose run starts from one.
 
 
 def test_every_checkpoint_damaged_starts_again_as_a_fresh_run(healthy, tmp_path, capsys):

@@ -250,38 +250,5 @@ def test_sweep_statistics():
   assert sweep.rung_fractions(0.25, 2) == [0.25, 0.5, 1.0]
 
 
-def _squad_files(directory, n=16):
-  """SQuAD v2.0 JSON: the answer is the context's first word; every fourth question is unanswerable."""
-  qas_per_context = []
-  for i, sentence in enumerate(data_fixtures.real_sentences(n)):
-    first = sentence.split()[0]
-    qa = {"id": f"q{i}", "question": "which word comes first?",
-          "answers": [] if i % 4 == 3 else [{"text": first, "answer_start": 0}], "is_impossible": i % 4 == 3}
-    qas_per_context.append({"context": sentence, "qas": [qa]})
-  for split in ("train", "dev"):
-    (directory / f"{split}-v2.0.json").write_text(json.dumps({"data": [{"title": "t",
-                                                                         "paragraphs": qas_per_context}]}))
-  return str(directory)
-
-
-def test_squad_v2_runs_end_to_end(tmp_path):
-  overrides = TINY + [f"--config.data.data_dir={_squad_files(tmp_path)}", "--config.train.epochs=1",
-                      "--config.task.doc_stride=8", "--config.task.max_query_length=8"]
-  results = trainer.finetune(load_config("configs/squad.py:v2", overrides), str(tmp_path / "run"))["dev"]
-  assert set(results) == {"exact_match", "f1"} and 0.0 <= results["f1"] <= 100.0
-  with open(tmp_path / "run" / "predictions" / "predictions.dev.json") as f:
-    assert set(json.load(f)) == {f"q{i}" for i in range(16)}
-  assert os.path.exists(tmp_path / "run" / "predictions" / "null_odds.dev.json")
-
-
-def test_ner_runs_end_to_end(tmp_path):
-  lines = []
-  for sentence in data_fixtures.real_sentences(16):
-    lines += [f"{w} NN O {'B-PER' if w[0].isupper() else 'O'}" for w in sentence.split()] + [""]
-  for name in ("train.txt", "valid.txt"):
-    (tmp_path / name).write_text("\n".join(lines))
-  overrides = TINY + [f"--config.data.data_dir={tmp_path}", "--config.train.epochs=1"]
-  results = trainer.finetune(load_config("configs/ner.py:conll2003", overrides), str(tmp_path / "run"))["dev"]
-  assert set(results) == {"precision", "recall", "f1"}
-  with open(tmp_path / "run" / "predictions" / "ner.dev.txt") as f:
-    assert len(f.read().split("\n\n")) >= 16
+# SQuAD v2 and NER end to end (their eval_results.json and written predictions): test_finetune_predict.py's
+# test_squad_answers_match_dev_predictions and test_ner_tags_match_dev_predictions run the same tiny tasks.

@@ -1,10 +1,13 @@
 """`bert-jax predict` gives the predictions of the fine-tuning run's own dev evaluation (GLUE TSVs, the
 embedded task, NER, SQuAD), and the HF export of a fine-tuned model gives the same labels in transformers.
 
-The GLUE path is the one users take with a real checkpoint: a Hugging Face BertModel (here random and
-tiny, saved by transformers) -> `convert --from hf` -> `finetune` on sst2-format TSVs -> `predict` on the
-dev sentences -> `convert --to hf` -> BertForSequenceClassification and transformers' pipeline.
+The GLUE path: `finetune` on sst2-format TSVs (the session's fine-tuned model, tests/conftest.py's
+sst2_finetuned) -> `predict` on the dev sentences -> `convert --to hf` -> BertForSequenceClassification and
+transformers' pipeline. The embedded task's run starts from a Hugging Face folder (a tiny random BertModel saved
+by transformers, converted into the workdir as `convert --from hf` does); a converted checkpoint without a
+fine-tuning head is refused by predict.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +21,7 @@ from bert_jax import cli
 from bert_jax.finetune import embedded
 
 TINY = ["--config.data.max_seq_length=32", "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
-        "--config.train.log_every_steps=100"]
+        "--config.train.log_every_steps=100", "--config.train.tensorboard=false"]
 TINY_MODEL = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
               "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=32"]
 
@@ -51,15 +54,10 @@ def _hf_bert(directory):
 
 
 @pytest.fixture(scope="module")
-def sst2_run(tmp_path_factory):
-  root = tmp_path_factory.mktemp("sst2")
-  hf_dir = _hf_bert(root / "hf_bert")
-  assert cli.main(["convert", "--from", "hf", hf_dir, str(root / "ckpt")]) == 0
-  data, workdir = data_fixtures.write_first_word_sst2(root / "data"), str(root / "run")
-  assert cli.main(["finetune", "--config", "configs/glue.py:sst2", "--workdir", workdir, *TINY,
-                   f"--config.init_from={root / 'ckpt'}", f"--config.data.data_dir={data}",
-                   "--config.optimizer.learning_rate=1e-2", "--config.train.epochs=3"]) == 0
-  return root, data, workdir
+def sst2_run(tmp_path_factory, sst2_finetuned):
+  """A folder of this module's own, and the session's fine-tuned sst2 model (read only: shared)."""
+  data, workdir, _ = sst2_finetuned
+  return tmp_path_factory.mktemp("sst2"), data, workdir
 
 
 def test_predict_matches_dev_evaluation(sst2_run, capsys):
@@ -69,7 +67,7 @@ def test_predict_matches_dev_evaluation(sst2_run, capsys):
   (root / "dev.txt").write_text("".join(sentence + "\n" for sentence, _ in rows), encoding="utf-8")
   out = str(root / "dev.jsonl")
   assert cli.main(["predict", "--model", workdir, "--input", str(root / "dev.txt"), "--output", out]) == 0
-  assert "48 predictions (sst2, classification)" in capsys.readouterr().err
+  assert "64 predictions (sst2, classification)" in capsys.readouterr().err
   records = _records(out)
   labels = [r["label"] for r in records]
   assert labels == _dev_tsv_predictions(os.path.join(workdir, "predictions", "SST-2.dev.tsv"))
@@ -113,11 +111,20 @@ def test_hf_export_gives_the_same_labels(sst2_run, capsys):
 
 
 def test_embedded_task(tmp_path, capsys):
+  """Fine-tuned from a Hugging Face folder (init_from; without torch and transformers, from scratch): the folder
+  is converted once into the workdir, and the run ends with its lock released."""
   workdir = str(tmp_path / "run")
   num_dev, num_train = 32, 64
-  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", workdir, *TINY, *TINY_MODEL,
+  hf = importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")
+  start = [f"--config.init_from={_hf_bert(tmp_path / 'hf')}"] if hf else TINY_MODEL
+  assert cli.main(["finetune", "--config", "configs/glue.py:embedded", "--workdir", workdir, *TINY, *start,
                    f"--config.task.num_dev={num_dev}", f"--config.task.num_train={num_train}",
                    "--config.train.epochs=2", "--config.optimizer.learning_rate=1e-3"]) == 0
+  if hf:
+    assert "is a Hugging Face folder: converted it to" in capsys.readouterr().out
+    assert os.path.exists(os.path.join(workdir, "init_from", "config.json"))
+  assert os.path.exists(os.path.join(workdir, "eval_results.json")) and not os.path.exists(
+      os.path.join(workdir, "run.lock"))
   with open(os.path.join(workdir, "config.json")) as f:
     task = json.load(f)["task"]
   assert (task["head"], task["num_labels"], task["labels"]) == ("classification", 2, ["original", "shuffled"])
@@ -157,8 +164,11 @@ def test_ner_tags_match_dev_predictions(tmp_path):
   assert cli.main(["predict", "--model", workdir, "--input", str(tmp_path / "dev.txt"),
                    "--output", str(tmp_path / "out.jsonl")]) == 0
   records = _records(tmp_path / "out.jsonl")
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    assert set(json.load(f)) == {"precision", "recall", "f1"}
   with open(os.path.join(workdir, "predictions", "ner.dev.txt")) as f:
     dev = [[line.split() for line in block.splitlines()] for block in f.read().strip().split("\n\n")]
+  assert len(dev) == 16  # every dev sentence
   assert [r["words"] for r in records] == [[w for w, _, _ in block] for block in dev]
   assert [r["tags"] for r in records] == [[p for _, _, p in block] for block in dev]
   assert len({t for r in records for t in r["tags"]}) >= 2
@@ -180,8 +190,12 @@ def test_squad_answers_match_dev_predictions(tmp_path):
   assert cli.main(["predict", "--model", workdir, "--input", str(tmp_path / "dev-v2.0.json"),
                    "--output", str(tmp_path / "out.jsonl")]) == 0
   records = _records(tmp_path / "out.jsonl")
+  with open(os.path.join(workdir, "eval_results.json")) as f:
+    results = json.load(f)
+  assert set(results) == {"exact_match", "f1"} and 0.0 <= results["f1"] <= 100.0
   with open(os.path.join(workdir, "predictions", "predictions.dev.json")) as f:
     answers = json.load(f)
+  assert set(answers) == {f"q{i}" for i in range(16)}
   with open(os.path.join(workdir, "predictions", "null_odds.dev.json")) as f:
     null_odds = json.load(f)
   assert {r["id"]: r["answer"] for r in records} == answers
@@ -192,6 +206,7 @@ def test_squad_answers_match_dev_predictions(tmp_path):
 
 def test_predict_refuses_a_pretraining_checkpoint(sst2_run, capsys):
   root, _, _ = sst2_run
+  assert cli.main(["convert", "--from", "hf", _hf_bert(root / "hf_bert"), str(root / "ckpt")]) == 0
   (root / "in.txt").write_text("a sentence\n")
   capsys.readouterr()
   assert cli.main(["predict", "--model", str(root / "ckpt"), "--input", str(root / "in.txt")]) == 2

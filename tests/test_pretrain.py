@@ -50,7 +50,8 @@ def test_ctrl_c_saves_and_the_same_command_resumes_exactly(tmp_path, monkeypatch
   averages step 4 alone, says so."""
   overrides = ["--config.train.num_steps=6", "--config.checkpoint.every_steps=100",
                "--config.train.log_every_steps=2", "--config.model.num_layers=1", "--config.model.hidden_size=32",
-               "--config.model.num_heads=2", "--config.model.intermediate_size=64"]
+               "--config.model.num_heads=2", "--config.model.intermediate_size=64",
+               "--config.train.tensorboard=false"]
   trainer.pretrain(_config(*overrides), str(tmp_path / "straight"))
   command = ["pretrain", "--config", "configs/bert.py:demo", "--workdir", str(tmp_path / "resumed"), *FAST,
              *overrides]
