@@ -1,6 +1,7 @@
 """T5 and T5 v1.1 (models/t5.py, models/records/t5.py) against transformers' T5ForConditionalGeneration."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -68,8 +69,8 @@ def test_logits_and_encoder_states_equal_transformers(tmp_path, shape, scan_laye
   model, params = bert_jax.load_pretrained(str(tmp_path), scan_layers=scan_layers)
   assert isinstance(model, T5Model) and model.config.tie_word_embeddings == (shape == "original")
   assert model.config.scale_decoder_outputs == (shape == "original")
-  out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                             decoder_input_ids=jnp.asarray(dec), deterministic=True)
+  out = jax.jit(functools.partial(model.apply, deterministic=True))(
+      {"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask), decoder_input_ids=jnp.asarray(dec))
   real = mask > 0
   np.testing.assert_allclose(np.asarray(out.encoder_last_hidden_state)[real], want_encoded[real], atol=1e-5, rtol=0)
   np.testing.assert_allclose(np.asarray(out.logits), want_logits, atol=1e-5, rtol=0)
@@ -81,8 +82,8 @@ def test_transformers_default_v1_1_is_tied_unscaled(tmp_path):
   model, params = bert_jax.load_pretrained(str(tmp_path))
   assert model.config.tie_word_embeddings and not model.config.scale_decoder_outputs and "lm_head" not in params
   ids, mask, dec = batch(1)
-  out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                    decoder_input_ids=jnp.asarray(dec))
+  out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                             decoder_input_ids=jnp.asarray(dec))
   np.testing.assert_allclose(np.asarray(out.logits), want_logits, atol=1e-5, rtol=0)
 
 
