@@ -289,7 +289,14 @@ def test_rtd_loss_and_gdes_gradients_against_numpy():
   rng = np.random.default_rng(1)  # E_delta away from zeros, so E_D = E + E_delta is tested
   params["discriminator"]["embeddings"]["word_embeddings"]["embedding"] = jnp.asarray(
       0.02 * rng.standard_normal((VOCAB, 32)), jnp.float32)
-  loss = float(jax.jit(lambda p: objective.loss(objective.sums(p, batch, None, True), objective.counts(batch)))(params))
+
+  def part(name):
+    return lambda p: objective.loss({**objective.sums(p, batch, None, True)}, objective.counts(batch)) if name == "all" \
+        else objective.sums(p, batch, None, True)[name]
+  # The loss, its gradients and the MLM loss's gradients in one compiled program.
+  (loss, grads), mlm_grads = jax.jit(lambda p: (jax.value_and_grad(part("all"))(p), jax.grad(part("mlm_loss"))(p)))(
+      params)
+  loss = float(loss)
 
   np_batch = {k: np.asarray(v) for k, v in batch.items()}
   gen = jax.jit(objective.model.generator.apply)({"params": params["generator"]}, batch["input_ids"],
@@ -317,12 +324,6 @@ def test_rtd_loss_and_gdes_gradients_against_numpy():
   real = np_batch["input_mask"]
   want = mlm + 50.0 * (bce * real).sum() / real.sum()
   assert loss == pytest.approx(want, rel=1e-5)
-
-  def part(name):
-    return lambda p: objective.loss({**objective.sums(p, batch, None, True)}, objective.counts(batch)) if name == "all" \
-        else objective.sums(p, batch, None, True)[name]
-  grads = jax.jit(jax.grad(part("all")))(params)
-  mlm_grads = jax.jit(jax.grad(part("mlm_loss")))(params)
   table = ("embeddings", "word_embeddings", "embedding")
   shared = np.asarray(grads["generator"][table[0]][table[1]][table[2]])
   from_mlm = np.asarray(mlm_grads["generator"][table[0]][table[1]][table[2]]) / float(weights.sum())

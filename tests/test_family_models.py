@@ -87,11 +87,17 @@ def _shapes(tree):
   return {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def test_electra_networks_are_bert_model_trees_sharing_embeddings():
+@pytest.fixture(scope="module")
+def electra_setup():
+  """ELECTRA's config, objective, batch and initial parameters: one init compile for the two tests below."""
   config = family_config("electra")
   objective = objectives.make_objective(config)
   batch = make_batch()
-  params = init_params(objective, batch)
+  return config, objective, batch, init_params(objective, batch)
+
+
+def test_electra_networks_are_bert_model_trees_sharing_embeddings(electra_setup):
+  config, objective, batch, params = electra_setup
   inputs = objectives.model_inputs(batch)
   model = ModelConfig.from_dict(config.model.to_dict())
   for net, cfg, tree in (("discriminator", electra.discriminator_config(model), params["discriminator"]),
@@ -103,11 +109,8 @@ def test_electra_networks_are_bert_model_trees_sharing_embeddings():
   assert params["generator"]["encoder"]["layers"]["attention"]["query"]["kernel"].shape == (2, 8, 1, 8)
 
 
-def test_electra_sampling_passes_no_gradient_and_embeddings_learn_from_both_losses():
-  config = family_config("electra")
-  objective = objectives.make_objective(config)
-  batch = make_batch()
-  params = init_params(objective, batch)
+def test_electra_sampling_passes_no_gradient_and_embeddings_learn_from_both_losses(electra_setup):
+  _, objective, batch, params = electra_setup
   counts = objective.counts(batch)
 
   def terms(p):
@@ -213,13 +216,14 @@ def test_albert_full_sharing_is_one_layer_applied_num_layers_times():
   model = BertModel(ModelConfig.from_dict(config.model.to_dict()))
   batch = make_batch()
   inputs = objectives.model_inputs(batch)
-  params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
-  out = model.apply({"params": params}, **inputs, output_hidden_states=True)
-  layer = TransformerLayer(model.config)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+  # Compiled, not run op by op (each op's own compile cost more than the model's).
+  out = jax.jit(functools.partial(model.apply, output_hidden_states=True))({"params": params}, **inputs)
+  layer = jax.jit(TransformerLayer(model.config).apply, static_argnums=(3, 4))
   x = out.hidden_states[0]
   segments = attention.Segments.of(jnp.asarray(batch["input_mask"]), None)
   for _ in range(2):
-    x, _ = layer.apply({"params": params["encoder"]["layers"]}, x, segments, None, True)
+    x, _ = layer({"params": params["encoder"]["layers"]}, x, segments, None, True)
   np.testing.assert_allclose(out.last_hidden_state, x, rtol=1e-5, atol=1e-5)
 
 

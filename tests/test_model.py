@@ -1,4 +1,6 @@
 """The encoder: padding invariance, the masked-position MLM head, scan vs unrolled, hidden states."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,13 @@ CFG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, inte
 
 
 def _init(cfg, ids):
-  return nn.meta.unbox(jax.jit(BertModel(cfg).init)(jax.random.key(0), ids)["params"])
+  """The parameters (from key 0) for `cfg` at ids' shape, compiled once per config and shape in the module."""
+  return _init_at(cfg, np.shape(ids))
+
+
+@functools.lru_cache(maxsize=None)
+def _init_at(cfg, shape):
+  return nn.meta.unbox(jax.jit(BertModel(cfg).init)(jax.random.key(0), jnp.zeros(shape, jnp.int32))["params"])
 
 
 def _apply(cfg):

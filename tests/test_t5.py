@@ -1,7 +1,9 @@
 """T5 and T5 v1.1 (models/t5.py, models/records/t5.py) against transformers' T5ForConditionalGeneration."""
 from __future__ import annotations
 
+import functools
 import json
+import math
 
 import flax.linen as nn
 import jax
@@ -67,8 +69,8 @@ def test_logits_and_encoder_states_equal_transformers(tmp_path, shape, scan_laye
   model, params = bert_jax.load_pretrained(str(tmp_path), scan_layers=scan_layers)
   assert isinstance(model, T5Model) and model.config.tie_word_embeddings == (shape == "original")
   assert model.config.scale_decoder_outputs == (shape == "original")
-  out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                             decoder_input_ids=jnp.asarray(dec), deterministic=True)
+  out = jax.jit(functools.partial(model.apply, deterministic=True))(
+      {"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask), decoder_input_ids=jnp.asarray(dec))
   real = mask > 0
   np.testing.assert_allclose(np.asarray(out.encoder_last_hidden_state)[real], want_encoded[real], atol=1e-5, rtol=0)
   np.testing.assert_allclose(np.asarray(out.logits), want_logits, atol=1e-5, rtol=0)
@@ -80,8 +82,8 @@ def test_transformers_default_v1_1_is_tied_unscaled(tmp_path):
   model, params = bert_jax.load_pretrained(str(tmp_path))
   assert model.config.tie_word_embeddings and not model.config.scale_decoder_outputs and "lm_head" not in params
   ids, mask, dec = batch(1)
-  out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                    decoder_input_ids=jnp.asarray(dec))
+  out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                             decoder_input_ids=jnp.asarray(dec))
   np.testing.assert_allclose(np.asarray(out.logits), want_logits, atol=1e-5, rtol=0)
 
 
@@ -138,8 +140,9 @@ def test_family_record_and_parameter_count():
   assert families.by_model_type("t5", "test") is family
   cfg = T5Config(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_decoder_layers=3, num_heads=2, head_dim=8,
                  intermediate_size=24)
-  params = nn.meta.unbox(T5Model(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
-  counted = sum(x.size for x in jax.tree.leaves(params))
+  # The shapes are what is counted: traced, not run (op by op, the init's compiles took seconds).
+  params = nn.meta.unbox(jax.eval_shape(T5Model(cfg).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"])
+  counted = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   assert counted == family.backbone_params(cfg.to_dict())
   assert params["encoder"]["layers"]["attention"]["query"].shape == (2, 16, 2, 8)
   assert params["decoder"]["layers"]["cross_attention"]["out"].shape == (3, 2, 8, 16)
@@ -197,10 +200,10 @@ def test_remat_gives_the_same_gradients(scan_layers):
   cfg = T5Config(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, intermediate_size=24,
                  scan_layers=scan_layers)
   ids = jnp.asarray(np.arange(10).reshape(2, 5) + 2)
-  params = nn.meta.unbox(T5Model(cfg).init(jax.random.key(0), ids)["params"])
+  params = nn.meta.unbox(jax.jit(T5Model(cfg).init)(jax.random.key(0), ids)["params"])
 
-  def grads(remat):
+  def grads(remat):  # compiled: op by op, the backward pass's compiles took seconds
     model = T5Model(cfg.replace(remat=remat))
-    return jax.grad(lambda p: model.apply({"params": p}, ids, decoder_input_ids=ids).logits.sum())(params)
+    return jax.jit(jax.grad(lambda p: model.apply({"params": p}, ids, decoder_input_ids=ids).logits.sum()))(params)
   for a, b in zip(jax.tree.leaves(grads("none")), jax.tree.leaves(grads("full"))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)  # gradients up to ~40
