@@ -49,7 +49,8 @@ def _two_and_one(tmp_path, command=COMMON):
 
 def test_two_processes_equal_one(tmp_path):
   """With micro-batches: each process sums its two micro-batches' gradients, then one all-reduce
-  across the processes (training/accumulate.py); dropout draws the whole batch's masks."""
+  across the processes (training/accumulate.py); dropout draws what one process draws for those
+  micro-batches."""
   small = ["--config.model.num_layers=1", "--config.model.hidden_size=32", "--config.model.num_heads=2",
            "--config.model.intermediate_size=64"]
   outputs = _two_and_one(tmp_path, COMMON + small + ["--config.train.grad_accum_steps=2"])

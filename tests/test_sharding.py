@@ -45,7 +45,8 @@ def one_device():
                          ids=["unrolled-scan", "rolled-scan-micro-batches"])
 def test_2x2x2_mesh_equals_one_device(one_device, unroll, accum):
   """With micro-batches the step accumulates per device and reduces once (training/accumulate.py); with
-  dropout on, the masks are still the whole batch's (models/batch_rows.py)."""
+  dropout on, each micro-batch draws the masks it draws on one device (rows numbered globally,
+  models/batch_rows.py). They are not the one-pass step's masks: each micro-batch folds its index into the key."""
   assert jax.device_count() == 8
   config = tiny_config(*LAMB, *MESH_2X2X2, f"--config.model.scan_unroll={unroll}",
                        f"--config.train.grad_accum_steps={accum}")

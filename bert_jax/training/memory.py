@@ -166,8 +166,8 @@ def _surely_fits(setup, capacity: int) -> bool:
 
 def check_fits(setup) -> Estimate | None:
   """The estimate (None when a loose bound shows it fits: no trace needed), or UserError when the train
-  step will not fit: how much it needs, how much there is, and the micro-batches (same batch, same
-  updates) or batch size that would fit."""
+  step will not fit: how much it needs, how much there is, and the micro-batches (same batch, same updates
+  but for dropout's draws) or batch size that would fit."""
   capacity, where = available(jax.devices()[0])
   if capacity is None or _surely_fits(setup, capacity):
     return None
