@@ -28,12 +28,25 @@ def rows(n=6, t=12, seed=0):
           "label": rng.randint(0, 3, n).astype(np.int32)}
 
 
+def init_like(model, seed, *args):
+  """The init's distribution at the init's shapes, drawn by NumPy (N(0, initializer_range) weights, zero biases,
+  unit LayerNorm scales): the init itself, run eagerly, compiled each of its many RNG ops on its own (~5 s)."""
+  abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(seed), *args)["params"])
+  rng = np.random.default_rng(seed)
+
+  def draw(path, x):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['bias']") or name.endswith("['scale']"):
+      return np.full(x.shape, float(name.endswith("['scale']")), x.dtype)
+    return (CONFIG.initializer_range * rng.standard_normal(x.shape)).astype(x.dtype)
+  return jax.tree_util.tree_map_with_path(draw, abstract)
+
+
 def fine_tuned():
   config = CONFIG.replace(use_pooler=True)
   model = heads.FinetuneModel(config, "classification", 3, "pooled", 0.0)
   features = rows()
-  params = nn.meta.unbox(model.init(jax.random.key(0), *(jnp.asarray(features[k]) for k in
-                                                         ("input_ids", "attention_mask", "token_type_ids")))["params"])
+  params = init_like(model, 0, *(jnp.asarray(features[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
   dev = tasks.EvalSet("dev", features, lambda out: {}, lambda directory, out: None)
   task = tasks.Task("toy", "classification", 3, None, [dev], [], ("accuracy",))
   return finetuned.FineTuned("toy", config, FinetuneObjective(model), params, task, batch_size=3)
@@ -79,7 +92,7 @@ def numpy_effective(a, e, wv, bv, wo, n):
 
 def test_effective_attention_matches_numpy_null_space():
   batch = {k: jnp.asarray(v) for k, v in rows(n=4, t=12, seed=2).items()}
-  params = nn.meta.unbox(BertModel(CONFIG).init(jax.random.key(3), batch["input_ids"])["params"])
+  params = init_like(BertModel(CONFIG), 3, batch["input_ids"])
   out = inputs.run(CONFIG, params, batch)
   layer = 1
   attention = inputs.layer_params(params, CONFIG, layer)["attention"]

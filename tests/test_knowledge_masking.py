@@ -82,11 +82,14 @@ def _tagged_rows(n, length=128, seed=0):
   """Random rows of words (a piece plus 0-2 continuation pieces), with phrase spans of 2-3 words and entity
   spans of 2-4 words laid over some of them; returns ids, tags and each row's units as (start, end, level)."""
   rng = np.random.default_rng(seed)
+  cdf = np.cumsum([0.7, 0.1, 0.2])
+  cdf /= cdf[-1]
   ids, tags, units = [], [], []
   for _ in range(n):
     row_ids, row_tags, row_units = [CLS], [0], []
     while len(row_ids) < length - 1:
-      level = rng.choice([0, 1, 2], p=[0.7, 0.1, 0.2])
+      # rng.choice([0, 1, 2], p=[0.7, 0.1, 0.2]) as numpy computes it (the same draw), at a 50th of its cost
+      level = int(cdf.searchsorted(rng.random(), side="right"))
       words = 1 if level == 0 else int(rng.integers(2, 4 if level == 1 else 5))
       start, span_ids = len(row_ids), []
       for _ in range(words):
@@ -296,8 +299,11 @@ def _write_corpus(path):
 
 
 def _occurrences(row, name_ids):
-  n = len(name_ids)
-  return [i for i in range(len(row) - n + 1) if list(row[i:i + n]) == name_ids]
+  """The starts of `name_ids` in `row` (NumPy's windows: a Python loop over slices took ~20 s a test)."""
+  if len(name_ids) > len(row):
+    return []
+  windows = np.lib.stride_tricks.sliding_window_view(row, len(name_ids))
+  return np.flatnonzero((windows == np.asarray(name_ids)).all(axis=1)).tolist()
 
 
 def _name_statistics(saved, tokenizer):

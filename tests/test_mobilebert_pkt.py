@@ -107,11 +107,22 @@ def _objective(stage_steps=2, **distill):
   return ProgressiveTransfer(_model(**STUDENT), _model(**TEACHER), "unused", _pkt_cfg(stage_steps, **distill))
 
 
+def _random_like(abstract, std, seed):
+  """NumPy weights of `abstract`'s shapes: N(0, std) (the configs' initializer_range), norm scales 1 + N(0, std).
+  Not the models' init programs: their many RNG calls took XLA:CPU ~3-4 s each to compile."""
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + std * rng.standard_normal(x.shape))
+      .astype(x.dtype), abstract)
+
+
 def _init(objective, batch):
-  student = nn.meta.unbox(jax.jit(objective.init)(jax.random.key(0), batch))
-  teacher = nn.meta.unbox(jax.jit(lambda r: objective.teacher.init(r, **model_inputs(batch))["params"])(
-      jax.random.key(1)))
-  return student, teacher
+  """Student and teacher weights, wide (std 0.3) so that attention rows are far from uniform."""
+  student = nn.meta.unbox(jax.eval_shape(objective.init, jax.random.key(0), batch))
+  teacher = nn.meta.unbox(jax.eval_shape(lambda r: objective.teacher.init(r, **model_inputs(batch))["params"],
+                                         jax.random.key(1)))
+  return (jax.tree.map(jnp.asarray, _random_like(student, STUDENT["initializer_range"], 0)),
+          jax.tree.map(jnp.asarray, _random_like(teacher, TEACHER["initializer_range"], 1)))
 
 
 @pytest.fixture(scope="module")
@@ -256,18 +267,20 @@ RUN = NARROW + [
     "--config.optimizer.decay=constant", "--config.optimizer.warmup_steps=0", "--config.train.log_every_steps=1"]
 
 
-@pytest.fixture(scope="module")
-def ib_teacher(tmp_path_factory):
+def _ib_teacher(directory, initialised=True):
   """An IB-BERT teacher's workdir (ib_tiny's kind of network at the student's width, random init, wide enough
-  weights that its attention rows are far from uniform) with the embedded corpus's vocabulary."""
+  weights that its attention rows are far from uniform) with the embedded corpus's vocabulary; not
+  `initialised`: zeros of the same shapes, for a test that reads only its config and shapes (no init program
+  to compile)."""
   student = load_config("configs/mobilebert.py:pkt_tiny", NARROW)
   model = load_config("configs/mobilebert.py:ib_tiny", NARROW[:2] + [
       "--config.model.embedding_size=16", "--config.model.intermediate_size=128",
       "--config.model.intra_bottleneck_size=64", "--config.model.initializer_range=0.2"]).model.to_dict()
   network = families.build(families.model_config(model))
   batch = random_batch(batch=1, vocab=VOCAB)
-  params = nn.meta.unbox(jax.jit(lambda r: network.init(r, **model_inputs(batch))["params"])(jax.random.key(7)))
-  directory = tmp_path_factory.mktemp("ib") / "teacher"
+  init = lambda r: network.init(r, **model_inputs(batch))["params"]  # noqa: E731
+  params = nn.meta.unbox(jax.jit(init)(jax.random.key(7)) if initialised else
+                         jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), jax.eval_shape(init, jax.random.key(7))))
   directory.mkdir()
   shutil.copy(embedded.default_vocab(student.data), directory / "vocab.txt")
   params_checkpoint.save_params(directory, params, {"objective": "bert", "model": model,
@@ -276,9 +289,15 @@ def ib_teacher(tmp_path_factory):
   return directory
 
 
-def test_info_builds_the_staged_student_from_an_ib_bert_workdir(ib_teacher, capsys):
+@pytest.fixture(scope="module")
+def ib_teacher(tmp_path_factory):
+  return _ib_teacher(tmp_path_factory.mktemp("ib") / "teacher")
+
+
+def test_info_builds_the_staged_student_from_an_ib_bert_workdir(tmp_path, capsys):
   """`bert-jax info` of pkt_tiny reads the MobileBERT teacher's config, builds the staged step without data
   and counts the student."""
+  ib_teacher = _ib_teacher(tmp_path / "teacher", initialised=False)
   assert cli.main(["info", "--json", "--config", "configs/mobilebert.py:pkt_tiny", *NARROW,
                    f"--config.distill.teacher={ib_teacher}", "--config.data.max_seq_length=32"]) == 0
   counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_params"]

@@ -145,11 +145,14 @@ def test_a_step_that_cannot_fit_is_one_line_naming_what_fits(tiny_setup, monkeyp
   capacity = 2 ** 30
   monkeypatch.setattr(memory, "host_available_bytes", lambda: 2 * capacity)  # a host with 2 GiB free
   big = build_train_setup(tiny_config("--config.train.batch_size=65536"))
+  made, estimate = [], memory.estimate  # the estimate check_fits makes (a trace of the step's backward pass)
+  monkeypatch.setattr(memory, "estimate", lambda setup: made.append(estimate(setup)) or made[-1])
   with pytest.raises(UserError) as raised:
     memory.check_fits(big)
   message = str(raised.value)
   assert "\n" not in message and "GiB are available on this host" in message
-  est = memory.estimate(big)
+  [est] = made
+  assert est.rows == 65536 and est.accum == 1
   assert f"needs about {est.needed / 2 ** 30:.1f} GiB" in message
   # The fewest micro-batches whose estimate fits in 80% of the capacity, and the next fewer do not.
   accum = int(message.split("grad_accum_steps=")[1].split()[0])
