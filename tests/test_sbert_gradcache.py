@@ -37,11 +37,12 @@ def _setup(args, devices):
   return setup
 
 
-def _run(args, devices, steps=3):
-  """(losses, gradient norms, parameters) after `steps` steps from the same initial parameters; then the
-  setup and those initial parameters."""
+def _run(args, devices, steps=3, initial=None):
+  """(losses, gradient norms, parameters) after `steps` steps from the same initial parameters (`initial`,
+  else the setup's init from key 0); then the setup and those initial parameters."""
   setup = _setup(args, devices)
-  state, losses, norms = setup.init_state(jax.random.key(0)), [], []
+  state = setup.init_state(jax.random.key(0)) if initial is None else setup.make_state(initial)
+  losses, norms = [], []
   initial = jax.device_get(state.params)  # before the steps (they donate the state)
   for i in range(steps):
     state, metrics = setup.train_step(state, partitioning.global_batch(_batch(i), setup.mesh), jax.random.key(1))
@@ -87,7 +88,10 @@ def test_cached_symmetric_steps_on_a_2x2x2_mesh_are_the_one_device_steps():
   tensor 2, 2 chunks of 2 rows per device (the embeddings all-gathered, their gradients reduce-scattered back
   to their devices), dropout on: the one-device one-pass steps."""
   assert jax.device_count() == 8
-  _same(_run(MESH + SYMMETRIC + ["--config.train.grad_accum_steps=2"], jax.devices()), _one_pass(*SYMMETRIC))
+  reference = _one_pass(*SYMMETRIC)
+  # from the one device's initial parameters, put on the mesh (a sharded init equals one device's: test_sharding.py)
+  _same(_run(MESH + SYMMETRIC + ["--config.train.grad_accum_steps=2"], jax.devices(), initial=reference[4]),
+        reference)
 
 
 def test_a_chunk_takes_less_memory_than_the_batch():

@@ -81,10 +81,11 @@ def _setup(loss, mesh_args, devices):
   return setup, objective
 
 
-def _steps(mesh_args, devices, steps=2):
+def _steps(mesh_args, devices, steps=2, initial=None):
   from bert_jax.training import partitioning
   setup, objective = _setup("ranking", mesh_args, devices)
-  state, losses, norms = setup.init_state(jax.random.key(0)), [], []
+  state = setup.init_state(jax.random.key(0)) if initial is None else setup.make_state(initial)
+  losses, norms = [], []
   initial = jax.device_get(state.params)  # before the steps (they donate the state)
   for i in range(steps):
     state, metrics = setup.train_step(state, partitioning.global_batch(_ranking_batch(i), setup.mesh),
@@ -100,8 +101,9 @@ def test_ranking_negatives_are_the_global_batch_on_a_2x2x2_mesh():
   not a mean of each data shard's own (which the per-shard rows would give)."""
   assert jax.device_count() == 8
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
-  losses, norms, params, _, _ = _steps(mesh, jax.devices())
   ref_losses, ref_norms, ref_params, objective, fresh = _steps([], jax.devices()[:1])
+  # from the one device's initial parameters, put on the mesh (a sharded init equals one device's: test_sharding.py)
+  losses, norms, params, _, _ = _steps(mesh, jax.devices(), initial=fresh)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   np.testing.assert_allclose(norms, ref_norms, rtol=1e-4)
   assert losses[1] != losses[0]
