@@ -140,11 +140,17 @@ def tiny_folder(tmp_path_factory):
   return root, sentences, reference.encode(sentences, convert_to_numpy=True)
 
 
-def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_embedder(tiny_folder):
+  """The converted tiny folder's Embedder (8 sentences a call), loaded and traced once for the tests that call it."""
+  return bert_jax.Embedder.load(str(tiny_folder[0] / "ours"), batch_size=8)
+
+
+def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tiny_embedder, tmp_path):
   root, sentences, expected = tiny_folder
   with open(root / "ours" / "config.json", encoding="utf-8") as f:
     assert json.load(f)["sentence_embedding"] == {"modes": ["cls", "max"], "normalize": False, "max_seq_length": 12}
-  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  embedder = tiny_embedder
   assert embedder.buckets == (12,) and embedder.dimension == 64
   np.testing.assert_allclose(embedder(sentences), expected, atol=1e-5)
   unpacked = bert_jax.Embedder.load(str(root / "ours"), batch_size=8, pack=False)  # one sentence per row
@@ -218,11 +224,11 @@ def test_a_folder_bert_jax_cannot_represent_is_refused_in_one_line(tiny_folder, 
   assert not (tmp_path / "out").exists()
 
 
-def test_one_string_is_one_sentence(tiny_folder):
+def test_one_string_is_one_sentence(tiny_folder, tiny_embedder):
   """A plain string is one sentence (one vector, as sentence-transformers' encode("text")), not a list of
   characters; a tuple or a generator of strings is a list of sentences."""
-  root, sentences, expected = tiny_folder
-  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  _, sentences, expected = tiny_folder
+  embedder = tiny_embedder
   one = embedder(sentences[10])
   assert one.shape == (64,)
   np.testing.assert_allclose(one, expected[10], atol=1e-5)
