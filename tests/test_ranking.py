@@ -70,11 +70,13 @@ def test_grouped_rows_run_as_rows_through_the_model():
   params = jax.jit(objective.init)(jax.random.key(0), {k: v[0] for k, v in batch.items() if v.ndim == 3})
   logits = jax.jit(lambda p, b: objective.apply(p, b)["logits"])  # compiled: eager ops compile one by one
   flat = logits(params, {k: v.reshape(6, 16) for k, v in batch.items() if v.ndim == 3})
-  grouped = logits(params, batch)
+  # the grouped batch's scores and the objective's loss on it, in one compiled program
+  grouped, loss = jax.jit(lambda p, b: (objective.apply(p, b)["logits"],
+                                        objective.loss(objective.sums(p, b, None, True), objective.counts(b))))(
+                                            params, batch)
   assert grouped.shape == (2, 3)
   np.testing.assert_allclose(np.asarray(grouped).reshape(-1), flat, rtol=1e-5, atol=1e-6)
-  loss = jax.jit(lambda p, b: objective.loss(objective.sums(p, b, None, True), objective.counts(b)))
-  assert float(loss(params, batch)) == pytest.approx(
+  assert float(loss) == pytest.approx(
       _numpy_loss(np.asarray(flat).reshape(2, 3), batch["candidate_mask"], batch["label"], batch["scale"]) / 2,
       rel=1e-5)
 

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 sentence_transformers = pytest.importorskip("sentence_transformers")
 scipy_stats = pytest.importorskip("scipy.stats")
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import bert_jax  # noqa: E402
@@ -71,25 +72,27 @@ def _unit(x):
 
 
 def test_losses_match_numpy():
+  softmax, cosine_regression = jax.jit(losses.softmax), jax.jit(losses.cosine_regression)
+  ranking_rows = jax.jit(losses.ranking_rows)  # compiled: eager, each of their ops compiles on its own
   rng = np.random.default_rng(1)
   u, v, negatives = (rng.normal(size=(4, 6)).astype(np.float32) for _ in range(3))
   kernel, bias = rng.normal(size=(18, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
   labels = np.array([0, 2, 1, 2])
   logits = np.concatenate([u, v, np.abs(u - v)], 1) @ kernel + bias
-  np.testing.assert_allclose(losses.softmax(u, v, kernel, bias, labels), -_log_softmax(logits)[np.arange(4), labels],
+  np.testing.assert_allclose(softmax(u, v, kernel, bias, labels), -_log_softmax(logits)[np.arange(4), labels],
                              rtol=1e-5)
   scores = np.array([0.9, -0.2, 0.5, 0.0], np.float32)
   cosines = np.sum(_unit(u) * _unit(v), 1)
-  np.testing.assert_allclose(losses.cosine_regression(u, v, scores), (cosines - scores) ** 2, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(cosine_regression(u, v, scores), (cosines - scores) ** 2, rtol=1e-5, atol=1e-7)
   candidates = np.concatenate([v, negatives])  # in-batch positives, then hard negatives
   for scale in (1.0, 20.0):
     expected = -_log_softmax(scale * _unit(u) @ _unit(candidates).T)[np.arange(4), np.arange(4)]
     batch = np.stack([u, v, negatives], 1)
-    np.testing.assert_allclose(losses.ranking_rows(batch, batch, 0, scale), expected, rtol=1e-5)
-    np.testing.assert_allclose(losses.ranking_rows(batch[1:3], batch, 1, scale), expected[1:3], rtol=1e-5)
+    np.testing.assert_allclose(ranking_rows(batch, batch, 0, scale), expected, rtol=1e-5)
+    np.testing.assert_allclose(ranking_rows(batch[1:3], batch, 1, scale), expected[1:3], rtol=1e-5)
   same = np.stack([u, u * 3.0], 1)
   pairs = batch[:, :2]
-  assert float(losses.ranking_rows(same, same, 0).mean()) < float(losses.ranking_rows(pairs, pairs, 0).mean())
+  assert float(ranking_rows(same, same, 0).mean()) < float(ranking_rows(pairs, pairs, 0).mean())
 
 
 def test_sts_and_retrieval_match_scipy_and_hand_counts():
@@ -140,11 +143,17 @@ def tiny_folder(tmp_path_factory):
   return root, sentences, reference.encode(sentences, convert_to_numpy=True)
 
 
-def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_embedder(tiny_folder):
+  """The converted tiny folder's Embedder (8 sentences a call), loaded and traced once for the tests that call it."""
+  return bert_jax.Embedder.load(str(tiny_folder[0] / "ours"), batch_size=8)
+
+
+def test_a_tiny_folder_embeds_as_sentence_transformers_does(tiny_folder, tiny_embedder, tmp_path):
   root, sentences, expected = tiny_folder
   with open(root / "ours" / "config.json", encoding="utf-8") as f:
     assert json.load(f)["sentence_embedding"] == {"modes": ["cls", "max"], "normalize": False, "max_seq_length": 12}
-  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  embedder = tiny_embedder
   assert embedder.buckets == (12,) and embedder.dimension == 64
   np.testing.assert_allclose(embedder(sentences), expected, atol=1e-5)
   unpacked = bert_jax.Embedder.load(str(root / "ours"), batch_size=8, pack=False)  # one sentence per row
@@ -218,11 +227,11 @@ def test_a_folder_bert_jax_cannot_represent_is_refused_in_one_line(tiny_folder, 
   assert not (tmp_path / "out").exists()
 
 
-def test_one_string_is_one_sentence(tiny_folder):
+def test_one_string_is_one_sentence(tiny_folder, tiny_embedder):
   """A plain string is one sentence (one vector, as sentence-transformers' encode("text")), not a list of
   characters; a tuple or a generator of strings is a list of sentences."""
-  root, sentences, expected = tiny_folder
-  embedder = bert_jax.Embedder.load(str(root / "ours"), batch_size=8)
+  _, sentences, expected = tiny_folder
+  embedder = tiny_embedder
   one = embedder(sentences[10])
   assert one.shape == (64,)
   np.testing.assert_allclose(one, expected[10], atol=1e-5)

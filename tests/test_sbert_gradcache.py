@@ -37,15 +37,18 @@ def _setup(args, devices):
   return setup
 
 
-def _run(args, devices, steps=3):
-  """(losses, gradient norms, parameters) after `steps` steps from the same initial parameters."""
+def _run(args, devices, steps=3, initial=None):
+  """(losses, gradient norms, parameters) after `steps` steps from the same initial parameters (`initial`,
+  else the setup's init from key 0); then the setup and those initial parameters."""
   setup = _setup(args, devices)
-  state, losses, norms = setup.init_state(jax.random.key(0)), [], []
+  state = setup.init_state(jax.random.key(0)) if initial is None else setup.make_state(initial)
+  losses, norms = [], []
+  initial = jax.device_get(state.params)  # before the steps (they donate the state)
   for i in range(steps):
     state, metrics = setup.train_step(state, partitioning.global_batch(_batch(i), setup.mesh), jax.random.key(1))
     losses.append(float(metrics["loss"]))
     norms.append(float(metrics["grad_norm"]))
-  return np.array(losses), np.array(norms), jax.device_get(state.params)
+  return np.array(losses), np.array(norms), jax.device_get(state.params), setup, initial
 
 
 def _same(run, reference, rtol=1e-5, atol=1e-5):
@@ -67,12 +70,13 @@ def test_cached_steps_are_the_one_pass_steps_with_its_dropout_masks():
   """K=8 chunks of 2 rows, dropout 0.1, on one device: the same losses, gradient norms and parameters after 3
   Adam steps as one pass over the 16 rows (batch_rows.chunk numbers a chunk's rows as the batch's, so the
   masks are the one pass's). Dropout is on (the loss is not the deterministic one), and the loss is the
-  global batch's, not the mean of the 8 chunks' own."""
-  reference = _one_pass()
-  _same(_run(["--config.train.grad_accum_steps=8"], jax.devices()[:1]), reference)
+  global batch's, not the mean of the 8 chunks' own. The symmetric loss (both directions), whose one-pass
+  steps the mesh test below shares; the one-direction loss's chunks are the token-budget test's."""
+  reference = _one_pass(*SYMMETRIC)
+  _same(_run(SYMMETRIC + ["--config.train.grad_accum_steps=8"], jax.devices()[:1]), reference)
   assert len(set(np.round(reference[0], 4))) == 3  # the steps move the loss
-  setup = _setup([], jax.devices()[:1])
-  per_row, params = jax.jit(setup.objective.per_row), setup.init_params(jax.random.key(0))
+  setup, params = reference[3], reference[4]  # the one pass's setup and initial parameters
+  per_row = jax.jit(setup.objective.per_row)
   batch = _batch(0)
   assert abs(float(np.mean(per_row(params, batch))) - reference[0][0]) > 1e-3
   chunks = [float(np.mean(per_row(params, {k: v[i:i + 2] for k, v in batch.items()}))) for i in range(0, 16, 2)]
@@ -84,7 +88,10 @@ def test_cached_symmetric_steps_on_a_2x2x2_mesh_are_the_one_device_steps():
   tensor 2, 2 chunks of 2 rows per device (the embeddings all-gathered, their gradients reduce-scattered back
   to their devices), dropout on: the one-device one-pass steps."""
   assert jax.device_count() == 8
-  _same(_run(MESH + SYMMETRIC + ["--config.train.grad_accum_steps=2"], jax.devices()), _one_pass(*SYMMETRIC))
+  reference = _one_pass(*SYMMETRIC)
+  # from the one device's initial parameters, put on the mesh (a sharded init equals one device's: test_sharding.py)
+  _same(_run(MESH + SYMMETRIC + ["--config.train.grad_accum_steps=2"], jax.devices(), initial=reference[4]),
+        reference)
 
 
 def test_a_chunk_takes_less_memory_than_the_batch():

@@ -81,16 +81,18 @@ def _setup(loss, mesh_args, devices):
   return setup, objective
 
 
-def _steps(mesh_args, devices, steps=2):
+def _steps(mesh_args, devices, steps=2, initial=None):
   from bert_jax.training import partitioning
-  setup, _ = _setup("ranking", mesh_args, devices)
-  state, losses, norms = setup.init_state(jax.random.key(0)), [], []
+  setup, objective = _setup("ranking", mesh_args, devices)
+  state = setup.init_state(jax.random.key(0)) if initial is None else setup.make_state(initial)
+  losses, norms = [], []
+  initial = jax.device_get(state.params)  # before the steps (they donate the state)
   for i in range(steps):
     state, metrics = setup.train_step(state, partitioning.global_batch(_ranking_batch(i), setup.mesh),
                                       jax.random.key(1))
     losses.append(float(metrics["loss"]))
     norms.append(float(metrics["grad_norm"]))
-  return losses, norms, jax.device_get(state.params)
+  return losses, norms, jax.device_get(state.params), objective, initial
 
 
 def test_ranking_negatives_are_the_global_batch_on_a_2x2x2_mesh():
@@ -99,17 +101,16 @@ def test_ranking_negatives_are_the_global_batch_on_a_2x2x2_mesh():
   not a mean of each data shard's own (which the per-shard rows would give)."""
   assert jax.device_count() == 8
   mesh = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
-  losses, norms, params = _steps(mesh, jax.devices())
-  ref_losses, ref_norms, ref_params = _steps([], jax.devices()[:1])
+  ref_losses, ref_norms, ref_params, objective, fresh = _steps([], jax.devices()[:1])
+  # from the one device's initial parameters, put on the mesh (a sharded init equals one device's: test_sharding.py)
+  losses, norms, params, _, _ = _steps(mesh, jax.devices(), initial=fresh)
   np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
   np.testing.assert_allclose(norms, ref_norms, rtol=1e-4)
   assert losses[1] != losses[0]
   # Adam's first steps move each weight by ~lr * sign(gradient): a gradient near zero, summed in another
   # order on the mesh, may move by up to ~3e-5 (1 of 1,024 entries once).
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), params, ref_params)
-  setup, objective = _setup("ranking", [], jax.devices()[:1])
-  fresh = jax.jit(setup.init_params)(jax.random.key(0))
-  batch = _ranking_batch(0)
+  batch = _ranking_batch(0)  # fresh: the one-device run's initial parameters
   per_row = jax.jit(objective.per_row)  # compiled: eager, each op of the encoder compiles on its own
   whole = float(np.mean(per_row(fresh, batch)))
   shards = [float(np.mean(per_row(fresh, {k: v[i:i + 4] for k, v in batch.items()}))) for i in (0, 4, 8, 12)]
