@@ -123,24 +123,15 @@ def test_each_row_continues_the_same_rows_stream(tmp_path):
 
 # --- Memory across steps ----------------------------------------------------------------------------------------
 
-def _references(objective):
-  """One jitted program (one compile for every step) of a step's references from the objective alone: the
-  model's hidden states under the step's factorisation with the memory `mems` [B, L, M, H], and the objective's
-  sums with that memory and without any."""
-  @jax.jit
-  def references(params, batch, step_rng, mems):
-    inputs, _ = objective._inputs(batch, jax.random.split(step_rng)[0])
-    states = objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1),
-                                   output_hidden_states=True).hidden_states
-    return (states, objective.sums(params, {**batch, objectives.CARRY: mems}, step_rng, True),
-            objective.sums(params, batch, step_rng, True))
-  return references
-
-
-def _expected_memory(hidden_states, mems):
+def _expected_memory(objective, params, batch, step_rng, mems):
   """[B, L, M, H]: the last mem_len of [memory, each layer's input at the first reuse_len tokens], from the
   model's hidden states (not its `mems` output), under the step's factorisation."""
-  layer_inputs = np.asarray(hidden_states)[:-1, :, :REUSE]  # [L, B, reuse, H]
+  @jax.jit
+  def hidden_states(params, batch, step_rng, mems):
+    inputs, _ = objective._inputs(batch, jax.random.split(step_rng)[0])
+    return objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1),
+                                 output_hidden_states=True).hidden_states
+  layer_inputs = np.asarray(hidden_states(params, batch, step_rng, mems))[:-1, :, :REUSE]  # [L, B, reuse, H]
   both = np.concatenate([np.swapaxes(np.asarray(mems), 0, 1), layer_inputs], axis=2)
   return np.swapaxes(both[:, :, -MEM:], 0, 1)
 
@@ -153,24 +144,25 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
   assert state.carry.shape == (B, 2, MEM, 32) and not np.asarray(state.carry).any()  # zeros, as train_gpu.py
   inputs = pipeline.for_config(config, "train", B)
   rng = jax.random.key(1)
-  references = _references(setup.objective)
+  sums = jax.jit(lambda params, batch, rng: setup.objective.sums(params, batch, rng, True))
   carry = np.zeros((B, 2, MEM, 32), np.float32)
   history = []
   for s in range(2):
     batch = next(inputs)
     params = jax.device_get(state.params)
     step_rng = jax.random.fold_in(rng, s)
-    hidden_states, with_memory, without = references(params, batch, step_rng, jnp.asarray(carry))
-    expected = _expected_memory(hidden_states, carry)
+    expected = _expected_memory(setup.objective, params, batch, step_rng, carry)
     state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), rng)
     np.testing.assert_allclose(np.asarray(state.carry), expected, atol=1e-5)
     # the step's loss is the objective's with the previous step's memory (dropout is 0 here), not without it
+    with_memory = sums(params, {**batch, objectives.CARRY: jnp.asarray(carry)}, step_rng)
     np.testing.assert_allclose(float(metrics["loss"]), with_memory["plm_loss"] / setup.objective.counts(batch)["plm"],
                                rtol=1e-5)
     history.append((batch, params, expected, float(metrics["loss"])))
     carry = expected
   assert np.abs(carry[:, :, -REUSE - 1]).min() > 0  # step 2's memory: step 1's reuse_len states, then step 2's
-  assert abs(float(without["plm_loss"]) - float(with_memory["plm_loss"])) > 1e-4
+  without = sums(params, batch, step_rng)["plm_loss"]
+  assert abs(float(without) - float(with_memory["plm_loss"])) > 1e-4
   if not os.environ.get("BERT_JAX_SLOW_TESTS"):
     return  # the shard_map path below compiles a second step: the weekly run's
   # through the step's shard_map (a bfloat16 gradient reduction): each device's rows, one here, read their own
