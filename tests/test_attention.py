@@ -107,9 +107,9 @@ def test_bert_inference_path_equals_the_explicit_path():
   positions = jnp.asarray(np.arange(T)[None].repeat(B, 0), jnp.int32)
   model = bert.BertModel(config)
   mask = jnp.asarray(ids > 0, jnp.int32)
-  params = model.init(jax.random.key(0), input_ids, mask)["params"]
-  run = lambda attentions: model.apply({"params": params}, input_ids, mask, position_ids=positions,  # noqa: E731
-                                       document_ids=segments.ids, output_attentions=attentions).last_hidden_state
+  params = jax.jit(model.init)(jax.random.key(0), input_ids, mask)["params"]
+  run = lambda attentions: jax.jit(functools.partial(model.apply, output_attentions=attentions))(  # noqa: E731
+      {"params": params}, input_ids, mask, position_ids=positions, document_ids=segments.ids).last_hidden_state
   want, got = np.asarray(run(True)), np.asarray(run(False))
   real = ids > 0
   np.testing.assert_allclose(got[real], want[real], atol=1e-5, rtol=0)

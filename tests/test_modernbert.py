@@ -1,6 +1,7 @@
 """ModernBERT: Hugging Face's ModernBertForMaskedLM / ModernBertModel (tiny, random, built here) against
 load_pretrained and the export; packed rows against their documents run alone; the presets' sizes;
 the tiny preset trains on the embedded corpus (BERT_JAX_SLOW_TESTS)."""
+import functools
 import json
 import os
 
@@ -230,20 +231,30 @@ def _packed_rows():
           "masked_lm_weights": weights, "next_sentence_labels": np.zeros(3, np.int32)}
 
 
+def _packed_config(family, attention):
+  if family == "bert":
+    return model_config(dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
+                             max_position_embeddings=128, attention=attention, attention_dropout=0.0,
+                             use_pooler=False, sentence_head="none"))
+  return _tiny(attention=attention)
+
+
+@functools.lru_cache(maxsize=None)
+def _dot_weights(family):
+  """The family's weights (key 0) from dot's init, compiled once: the attention backend holds no weights, so
+  they serve splash's cases too (splash's init would trace and compile its interpret-mode kernel once more)."""
+  model = build(_packed_config(family, "dot"))
+  return nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **objectives.model_inputs(_packed_rows()))["params"])
+
+
 @pytest.mark.parametrize("family,attention", [("bert", "dot"), ("bert", "splash"), ("modernbert", "dot"),
                                               ("modernbert", "splash")])
 def test_a_packed_rows_loss_is_the_sum_of_its_documents_alone(family, attention):
   """Attention stays inside each document and positions restart in it (absolute for BERT, rotary for
   ModernBERT): the packed row's masked-LM loss is the sum of its documents' losses, each alone in a row."""
-  if family == "bert":
-    config = model_config(dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=48,
-                               max_position_embeddings=128, attention=attention, attention_dropout=0.0,
-                               use_pooler=False, sentence_head="none"))
-  else:
-    config = _tiny(attention=attention)
-  model, batch = build(config), _packed_rows()
+  model, batch = build(_packed_config(family, attention)), _packed_rows()
   inputs = objectives.model_inputs(batch)
-  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), **inputs)["params"])
+  params = _dot_weights(family)
   logits = jax.jit(model.apply)({"params": params}, **inputs).mlm_logits
   per_row = [float(mlm_sums(logits[i:i + 1], {k: v[i:i + 1] for k, v in batch.items()})["mlm_loss"])
              for i in range(3)]
@@ -256,7 +267,7 @@ def test_scanned_layers_alternate_like_unrolled_ones_under_splash():
   batch = {k: v[:1] for k, v in _packed_rows().items()}  # the packed row
   inputs = objectives.model_inputs(batch)
   scanned = ModernBertModel(_tiny(attention="splash"))
-  params = nn.meta.unbox(jax.jit(scanned.init)(jax.random.key(1), **inputs)["params"])
+  params = _dot_weights("modernbert")  # _tiny()'s: the same tree as splash's
   encoder = dict(params["encoder"])
   layers = encoder.pop("layers")
   unrolled = {**params, "encoder": {**encoder, **{f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], layers)
@@ -348,12 +359,14 @@ def test_sequence_sharded_eval_equals_one_device():
           "--config.model.attention=splash"]
   batch = benchmark.synthetic_batch(4, 256, 8, 8192)
   batch["input_mask"][1, 200:] = 0
-  sums = []
+  sums, host = [], None
   for devices, mesh in ((jax.devices()[:1], ["--config.mesh.data=1"]),
                         (jax.devices(), ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
                                          "--config.mesh.shard_sequence=True"])):
     config = load_config("configs/modernbert.py:tiny", base + mesh)
     setup = build_train_setup(config, partitioning.make_mesh(config.mesh, devices))
-    params = jax.device_put(jax.device_get(setup.init_params(jax.random.key(0))), setup.state_shardings.params)
+    if host is None:  # initialised once (one device), then laid out over each mesh: the same weights
+      host = jax.device_get(setup.init_params(jax.random.key(0)))
+    params = jax.device_put(host, setup.state_shardings.params)
     sums.append(setup.eval_step(params, partitioning.global_batch(batch, setup.mesh)))
   np.testing.assert_allclose(float(sums[1]["sum/mlm_loss"]), float(sums[0]["sum/mlm_loss"]), rtol=1e-5)

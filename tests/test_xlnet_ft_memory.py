@@ -95,9 +95,9 @@ def test_windows_match_transformers_window_by_window(models):
   types[:, -1] = 2  # XLNet's a <sep> b <sep> <cls>: <cls> at the end of the last window
   want_logits, want_states, want_mems = _hf_windows(hf_model, ids, mask, types)
   inputs = [jnp.asarray(x) for x in (ids, mask, types)]
-  logits = model.apply({"params": params}, *inputs)["logits"]
+  logits = jax.jit(model.apply)({"params": params}, *inputs)["logits"]
   np.testing.assert_allclose(logits, want_logits, atol=1e-5, rtol=0)
-  out = encoder.apply({"params": {k: v for k, v in params.items() if k != "head"}}, *inputs)
+  out = jax.jit(encoder.apply)({"params": {k: v for k, v in params.items() if k != "head"}}, *inputs)
   np.testing.assert_allclose(out.last_hidden_state, want_states, atol=1e-5, rtol=0)
   np.testing.assert_allclose(out.mems, want_mems, atol=1e-5, rtol=0)
   # the memory matters: the last window alone (no memory) gives other logits
@@ -119,7 +119,8 @@ def test_padding_in_memory_is_masked(models):
     ids[:, -5:], mask[:, -5:], types[:, -5:] = text, 1, text_types
     return ids, mask, types
 
-  two, three = (model.apply({"params": params}, *map(jnp.asarray, padded(n)))["logits"] for n in (2, 3))
+  apply = jax.jit(model.apply)
+  two, three = (apply({"params": params}, *map(jnp.asarray, padded(n)))["logits"] for n in (2, 3))
   np.testing.assert_allclose(two, three, atol=1e-5, rtol=0)
   with torch.no_grad():
     alone = hf_model(torch.tensor(text), token_type_ids=torch.tensor(text_types)).logits.numpy()
@@ -139,12 +140,14 @@ def test_no_gradient_flows_into_the_memory(models):
   def loss(p, ids):
     return jnp.sum(model.apply({"params": p}, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))["logits"] ** 2)
 
-  grads = jax.grad(loss)(params, ids)["embeddings"]["word_embeddings"]["embedding"]
+  value_and_grad = jax.jit(jax.value_and_grad(loss))  # one compile for both calls
+  value, grads = value_and_grad(params, ids)
+  grads = grads["embeddings"]["word_embeddings"]["embedding"]
   first, later = np.unique(ids[:, :W]), np.unique(ids[:, W:])
   assert np.all(grads[first] == 0) and np.abs(grads[later]).max() > 1e-4
   changed = ids.copy()
   changed[:, :W] = rng.randint(6, 20, (2, W))
-  assert abs(float(loss(params, changed)) - float(loss(params, ids))) > 1e-4
+  assert abs(float(value_and_grad(params, changed)[0]) - float(value)) > 1e-4
 
 
 def _config(**task):

@@ -123,14 +123,20 @@ def test_each_row_continues_the_same_rows_stream(tmp_path):
 
 # --- Memory across steps ----------------------------------------------------------------------------------------
 
-def _expected_memory(objective, params, batch, step_rng, mems):
-  """[B, L, M, H]: the last mem_len of [memory, each layer's input at the first reuse_len tokens], from the
-  model's hidden states (not its `mems` output), under the step's factorisation."""
+def _hidden_states(objective):
+  """The model's hidden states under the step's factorisation, with the memory `mems` [B, L, M, H]: jitted
+  once for every step of a test (not traced again each step)."""
   @jax.jit
   def hidden_states(params, batch, step_rng, mems):
     inputs, _ = objective._inputs(batch, jax.random.split(step_rng)[0])
     return objective.model.apply({"params": params}, **inputs, mems=jnp.swapaxes(mems, 0, 1),
                                  output_hidden_states=True).hidden_states
+  return hidden_states
+
+
+def _expected_memory(hidden_states, params, batch, step_rng, mems):
+  """[B, L, M, H]: the last mem_len of [memory, each layer's input at the first reuse_len tokens], from the
+  model's hidden states (not its `mems` output), under the step's factorisation."""
   layer_inputs = np.asarray(hidden_states(params, batch, step_rng, mems))[:-1, :, :REUSE]  # [L, B, reuse, H]
   both = np.concatenate([np.swapaxes(np.asarray(mems), 0, 1), layer_inputs], axis=2)
   return np.swapaxes(both[:, :, -MEM:], 0, 1)
@@ -145,13 +151,14 @@ def test_the_train_state_carries_the_previous_steps_hidden_states(tmp_path):
   inputs = pipeline.for_config(config, "train", B)
   rng = jax.random.key(1)
   sums = jax.jit(lambda params, batch, rng: setup.objective.sums(params, batch, rng, True))
+  hidden_states = _hidden_states(setup.objective)
   carry = np.zeros((B, 2, MEM, 32), np.float32)
   history = []
   for s in range(2):
     batch = next(inputs)
     params = jax.device_get(state.params)
     step_rng = jax.random.fold_in(rng, s)
-    expected = _expected_memory(setup.objective, params, batch, step_rng, carry)
+    expected = _expected_memory(hidden_states, params, batch, step_rng, carry)
     state, metrics = setup.train_step(state, partitioning.global_batch(batch, setup.mesh), rng)
     np.testing.assert_allclose(np.asarray(state.carry), expected, atol=1e-5)
     # the step's loss is the objective's with the previous step's memory (dropout is 0 here), not without it
