@@ -194,8 +194,8 @@ def _independent_train_step_bytes(config, topology, mesh_shape):
 
 
 # Dimensions in multiples of TPU tiles (8 x 128), so padding adds almost nothing to the hand count. One layer:
-# the counts below take the layer count as it is, and each layer more adds ~40% to the two TPU compiles of the
-# train step (test_small_model_...: ~15 s of CPU; 2026-11-30).
+# the counts below take the layer count as it is, and a second layer made the two TPU compiles of the train step
+# ~40% longer (test_small_model_...: 178 s -> 134 s wall on a loaded 2-core machine, 2026-11-30).
 SMALL = ["--config.model.vocab_size=1024", "--config.model.hidden_size=256", "--config.model.num_heads=4",
          "--config.model.intermediate_size=1024", "--config.model.num_layers=1",
          "--config.model.max_position_embeddings=128", "--config.data.max_seq_length=128",
