@@ -178,7 +178,8 @@ class RecordInput:
     shards = t.data.Dataset.range(k)
     if self._service:
       shards = shards.shard(t.data.experimental.SHARD_HINT, t.data.experimental.SHARD_HINT)
-    batches = shards.interleave(t.autograph.experimental.do_not_convert(self._shard_dataset), cycle_length=k, block_length=1,
+    shard_dataset = t.autograph.experimental.do_not_convert(self._shard_dataset)
+    batches = shards.interleave(shard_dataset, cycle_length=k, block_length=1,
                                 num_parallel_calls=t.data.AUTOTUNE, deterministic=True)
     if self._service:
       return batches.apply(t.data.experimental.service.distribute(
