@@ -120,8 +120,10 @@ class RecordInput:
       return records.enumerate().map(lambda j, fr: (e, j, fr[0], fr[1]))
 
     rows = t.data.Dataset.range(epoch, 2 ** 62).flat_map(epoch_records).skip(taken)
-    rows = rows.batch(self._rows_per_shard, drop_remainder=True).map(self._rows, num_parallel_calls=t.data.AUTOTUNE)
-    return rows.map(lambda r: {**self._features(r, t.fill([self._rows_per_shard], shard)), "shard_pos": i},
+    plain = t.autograph.experimental.do_not_convert  # as features.py's featurize: Python branches only
+    rows = rows.batch(self._rows_per_shard, drop_remainder=True).map(plain(self._rows),
+                                                                     num_parallel_calls=t.data.AUTOTUNE)
+    return rows.map(plain(lambda r: {**self._features(r, t.fill([self._rows_per_shard], shard)), "shard_pos": i}),
                     num_parallel_calls=t.data.AUTOTUNE)
 
   def _rows(self, epoch, index, path, payload):
@@ -176,7 +178,8 @@ class RecordInput:
     shards = t.data.Dataset.range(k)
     if self._service:
       shards = shards.shard(t.data.experimental.SHARD_HINT, t.data.experimental.SHARD_HINT)
-    batches = shards.interleave(self._shard_dataset, cycle_length=k, block_length=1,
+    shard_dataset = t.autograph.experimental.do_not_convert(self._shard_dataset)
+    batches = shards.interleave(shard_dataset, cycle_length=k, block_length=1,
                                 num_parallel_calls=t.data.AUTOTUNE, deterministic=True)
     if self._service:
       return batches.apply(t.data.experimental.service.distribute(
