@@ -5,7 +5,6 @@ workdir or seed (and the processes tests start, which inherit it) compile each p
 2026-11-29) 16 cache hits saved 41 s of 53 s of compiling. Programs compiled in under 0.5 s are not cached: there
 they were 32 of 52 compiles but 4.5 s in all, so a lower threshold has little to win."""
 import fcntl
-import gc
 import os
 import shutil
 import subprocess
@@ -30,14 +29,6 @@ def pytest_sessionstart(session):
     code = "from bert_jax.data_pipelines import embedded; embedded.ensure_embedded()"
     session.config.stash[_EMBEDDED_BUILD] = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def pytest_collection_finish(session):
-  """Moves what collection imported (jax, TensorFlow, torch, transformers: ~0.5M objects) out of the cyclic
-  garbage collector's sight: its full collections otherwise walk all of it again and again while tests trace
-  programs. test_family_models.py alone: 2 full collections took 5.9 s, then 0.9 s (2026-11-30, a loaded machine)."""
-  gc.collect()
-  gc.freeze()
 
 
 def pytest_sessionfinish(session):
