@@ -23,6 +23,17 @@ def xla_flags(devices: int = 8) -> str:
           "--xla_cpu_use_fusion_emitters=false")
 
 
+def random_like(abstract, std=0.1, seed=0):
+  """NumPy weights of `abstract`'s shapes: N(0, std), biases included, LayerNorm scales 1 + N(0, std). For tests
+  that do not depend on the model's own initialisation: its program (many RNG calls) takes XLA:CPU ~3-4 s to
+  compile, about a tiny train step's."""
+  import jax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + std * rng.standard_normal(x.shape))
+      .astype(x.dtype), abstract)
+
+
 def tiny_config(*overrides):
   return load_config("configs/bert.py:tiny", TINY + list(overrides))
 

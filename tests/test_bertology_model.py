@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import bert_jax  # noqa: E402
+from core_helpers import random_like  # noqa: E402
 from bert_jax.conversion import hf  # noqa: E402
 from bert_jax.conversion.params import relayout  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
@@ -101,10 +102,7 @@ def tiny(**overrides):
   # NumPy weights of the init's shapes (N(0, 0.1), LayerNorm scales 1 + N(0, 0.1)): these tests compare the
   # model with itself, and the init, run eagerly, compiled each of its many RNG ops on its own (~5 s)
   abstract = nn.meta.unbox(jax.eval_shape(bert.BertModel(config).init, jax.random.key(0), ids)["params"])
-  rng = np.random.default_rng(0)
-  return config, jax.tree_util.tree_map_with_path(
-      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + 0.1 * rng.standard_normal(x.shape))
-      .astype(x.dtype), abstract)
+  return config, random_like(abstract)
 
 
 def test_head_mask_of_one_row_is_every_layer_and_differentiable():

@@ -23,19 +23,10 @@ from bert_jax.models.config import ModelConfig
 from bert_jax.training import trainer
 from bert_jax.training.objectives import make_objective
 from bert_jax.training.objectives.ernie_thu import ErnieThuPretraining
-from core_helpers import slow
+from core_helpers import random_like, slow
 
 SMALL = dict(vocab_size=64, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
              max_position_embeddings=16, hidden_dropout=0.0, attention_dropout=0.0)
-
-
-def _random_like(abstract, std, seed):
-  """NumPy weights of `abstract`'s shapes, N(0, std), LayerNorm scales 1 + N(0, std) (biases non-zero too): for
-  tests that do not depend on the init, whose program (many RNG calls) takes XLA:CPU seconds to compile."""
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + std * rng.standard_normal(x.shape))
-      .astype(x.dtype), abstract)
 
 
 def _gelu(x):
@@ -84,7 +75,7 @@ def test_the_fusion_layer_is_the_papers_equations(fusion):
   layer = KnowledgeLayer(cfg)
   segments, entity_segments = attention.Segments.of(tokens, None), attention.Segments(mask)
   init = lambda r: layer.init(r, x, e, mask, segments, entity_segments, True)  # noqa: E731
-  params = _random_like(nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))["params"], 0.1, 1)  # biases too
+  params = random_like(nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))["params"], 0.1, 1)  # biases too
   got_w, got_e = layer.apply({"params": params}, x, e, mask, segments, entity_segments, True)
   want_w, want_e = _np_knowledge_layer(params, x, e, mask.astype(np.float32), tokens, fusion)
   np.testing.assert_allclose(np.asarray(got_w), want_w, rtol=2e-4, atol=2e-5)
@@ -117,7 +108,7 @@ def test_the_entity_stream_changes_the_tokens_only_through_aligned_entities():
   cfg = ModelConfig(**SMALL, entity_layers=1, entity_dim=8, entity_heads=2)
   model = families.build(cfg)
   ids = jnp.ones((1, 6), jnp.int32)
-  params = _random_like(nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), ids)["params"]), 0.1, 0)
+  params = random_like(nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), ids)["params"]), 0.1, 0)
   vec = np.random.default_rng(0).normal(size=(1, 6, 8)).astype(np.float32)
   apply = jax.jit(lambda p, **entities: model.apply({"params": p}, ids, **entities).last_hidden_state)
   none = apply(params)
@@ -191,7 +182,7 @@ def test_the_dea_loss_against_numpy():
            "next_sentence_labels": np.zeros(2, np.int32),
            "entity_ids": np.array([[0, 3, 0, 5, 3, 0, 1, 0], [0, 0, 2, 0, 0, 0, 0, 0]], np.int32)}
   batch = objective.add_features(batch, np.random.default_rng(1))
-  params = _random_like(nn.meta.unbox(jax.eval_shape(objective.init, jax.random.key(0), batch)), 0.3, 2)
+  params = random_like(nn.meta.unbox(jax.eval_shape(objective.init, jax.random.key(0), batch)), 0.3, 2)
   sums, counts = jax.jit(lambda p, b: objective.sums(p, b, None, True))(params, batch), objective.counts(batch)
   hidden = np.asarray(jax.jit(lambda p, b: objective.apply(p, b, None, True).last_hidden_state)(params, batch))
   head = params["dea_head"]

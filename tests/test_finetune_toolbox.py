@@ -18,20 +18,11 @@ from bert_jax.finetune import heads, modes, smart, sweep, trainer
 from bert_jax.finetune.tasks import Task
 from bert_jax.models import bert, head_kinds
 from bert_jax.models.config import ModelConfig
-from core_helpers import slow
+from core_helpers import random_like, slow
 
 TINY = dict(vocab_size=40, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=16,
             max_position_embeddings=16)
 X = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 40
-
-
-def _random_like(abstract, seed=0):
-  """NumPy weights of `abstract`'s shapes (LayerNorm scales near 1), where a test does not depend on the
-  model's own initialisation: no init program to compile (its many RNG calls take XLA:CPU ~3 s)."""
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + 0.1 * rng.standard_normal(x.shape))
-      .astype(x.dtype), abstract)
 
 
 def _init(kind="classification", pooling="pooled", abstract=False, random=False, **model):
@@ -42,7 +33,7 @@ def _init(kind="classification", pooling="pooled", abstract=False, random=False,
   args = (jax.random.key(0), X, jnp.ones_like(X), jnp.zeros_like(X))
   if abstract or random:
     params = bert.nn.meta.unbox(jax.eval_shape(net.init, *args)["params"])
-    return cfg, net, _random_like(params) if random else params
+    return cfg, net, random_like(params) if random else params
   return cfg, net, jax.tree.map(np.asarray, bert.nn.meta.unbox(jax.jit(net.init)(*args)["params"]))
 
 
@@ -119,7 +110,7 @@ def test_frozen_parameters_do_not_move_and_trainable_ones_do(mode):
   model_cfg = modes.model_config(heads.encoder_config(ModelConfig(**TINY), "classification", "pooled"),
                                  config.train)
   setup = _setup(config, model_cfg)
-  state = setup.make_state(_random_like(setup.abstract_state.params))  # not the init program: ~3 s to compile
+  state = setup.make_state(random_like(setup.abstract_state.params))  # not the init program: ~3 s to compile
   before = jax.device_get(state.params)
   mask = modes.trainable_mask(before, mode)
   batch = trainer.partitioning.global_batch(_batch(), setup.mesh)
@@ -300,7 +291,7 @@ def test_smart_loss_and_momentum_teacher_in_the_shared_step():
                                    "classification", "pooled")
   setup = _setup(config, model_cfg)
   assert setup.num_steps == 80
-  state = setup.make_state(_random_like(setup.abstract_state.params))  # not the init program: ~3 s to compile
+  state = setup.make_state(random_like(setup.abstract_state.params))  # not the init program: ~3 s to compile
   theta0 = jax.device_get(state.params)
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, jax.device_get(state.teacher), theta0)))
   batch = trainer.partitioning.global_batch(_batch(), setup.mesh)

@@ -24,7 +24,7 @@ from bert_jax.ops import distill_losses as losses
 from bert_jax.training import info, step as step_lib
 from bert_jax.training.objectives import model_inputs
 from bert_jax.training.objectives.mobilebert_pkt import ProgressiveTransfer, check
-from core_helpers import random_batch, slow
+from core_helpers import random_batch, random_like, slow
 
 VOCAB = 128
 STUDENT = dict(vocab_size=VOCAB, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=16,
@@ -107,22 +107,13 @@ def _objective(stage_steps=2, **distill):
   return ProgressiveTransfer(_model(**STUDENT), _model(**TEACHER), "unused", _pkt_cfg(stage_steps, **distill))
 
 
-def _random_like(abstract, std, seed):
-  """NumPy weights of `abstract`'s shapes: N(0, std) (the configs' initializer_range), norm scales 1 + N(0, std).
-  Not the models' init programs: their many RNG calls took XLA:CPU ~3-4 s each to compile."""
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: (jax.tree_util.keystr(path).endswith("['scale']") + std * rng.standard_normal(x.shape))
-      .astype(x.dtype), abstract)
-
-
 def _init(objective, batch):
   """Student and teacher weights, wide (std 0.3) so that attention rows are far from uniform."""
   student = nn.meta.unbox(jax.eval_shape(objective.init, jax.random.key(0), batch))
   teacher = nn.meta.unbox(jax.eval_shape(lambda r: objective.teacher.init(r, **model_inputs(batch))["params"],
                                          jax.random.key(1)))
-  return (jax.tree.map(jnp.asarray, _random_like(student, STUDENT["initializer_range"], 0)),
-          jax.tree.map(jnp.asarray, _random_like(teacher, TEACHER["initializer_range"], 1)))
+  return (jax.tree.map(jnp.asarray, random_like(student, STUDENT["initializer_range"], 0)),
+          jax.tree.map(jnp.asarray, random_like(teacher, TEACHER["initializer_range"], 1)))
 
 
 @pytest.fixture(scope="module")
